@@ -1,0 +1,330 @@
+"""Pipeline schedules (GPipe, 1F1B / PipeDream-Flush, interleaved 1F1B) as lockstep tick tables.
+
+Pure Python + numpy (no jax): the executor turns ``Schedule.executor_arrays()`` into the
+per-tick control of a ``lax.scan``.
+
+Vocabulary (Megatron-LM):
+
+* ``p`` pipeline stages (pipeline ranks), ``m`` microbatches, ``v`` virtual stages (model
+  chunks per stage). There are ``p * v`` model chunks; global chunk ``c`` lives on stage
+  ``c % p`` with local (virtual) index ``c // p``: stage ``i`` holds chunks ``i, i+p, i+2p...``.
+* Forward of (mb, c) needs forward of (mb, c-1); backward of (mb, c) needs backward of
+  (mb, c+1); backward of the last chunk needs its own forward (the loss gradient is computed
+  inside the last chunk's forward). Chunk ``c``'s output goes to stage ``(c+1) % p``.
+
+Lockstep execution: at each tick every stage runs at most one op; then activations move one
+stage forward and gradients one stage back. A message produced at tick T is usable from T+1.
+
+With ``t_b = 2 t_f`` a backward is split into two halves of the cost of a forward: ``upper``
+(backward through the upper half of the chunk's layers; local only) then ``lower`` (lower half;
+sends the gradient upstream). Every op then costs one unit, so lockstep loses nothing against the
+asynchronous schedule and the tick count is exactly the theory:
+``3 (m + p - 1)`` ticks for GPipe/1F1B and ``3 (m v + p - 1)`` for interleaved.
+With ``split_backward=False`` (a chunk with a single layer) a backward is one op costing two
+units; ticks mixing forwards and backwards then cost two units although forwards use one, so
+the predicted time exceeds the theory.
+
+Each stage has an op order (``_stage_order``); ops are placed As-Soon-As-Possible: at each tick
+a stage runs its next op in order if the inputs arrived at an earlier tick, else it idles.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+# executor op codes
+IDLE, FWD, BWD_UPPER, BWD_LOWER, BWD_FULL = 0, 1, 2, 3, 4
+_OP_CODE = {("F", "full"): FWD, ("B", "upper"): BWD_UPPER, ("B", "lower"): BWD_LOWER,
+            ("B", "full"): BWD_FULL}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of one stage at one tick."""
+    kind: str        # 'F' or 'B'
+    microbatch: int
+    chunk: int       # GLOBAL chunk index in [0, p*v)
+    half: str        # 'full' for F and unsplit B; 'upper' or 'lower' for split B
+
+    @property
+    def completes_backward(self) -> bool:
+        """True for the op that finishes a backward (and sends the gradient upstream)."""
+        return self.kind == "B" and self.half in ("lower", "full")
+
+
+def bubble_fraction_theory(name: str, p: int, m: int, v: int = 1) -> Fraction:
+    """The paper's bubble fraction: (p-1)/m, or (p-1)/(v m) for the interleaved schedule."""
+    _validate(name, p, m, v)
+    return Fraction(p - 1, m * v if name == "interleaved" else m)
+
+
+def _validate(name: str, p: int, m: int, v: int) -> None:
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; expected one of {SCHEDULES}")
+    for key, val in (("p", p), ("m", m), ("v", v)):
+        if not isinstance(val, (int, np.integer)) or val < 1:
+            raise ValueError(f"{key} must be an integer >= 1, got {key}={val!r}")
+    if name in ("gpipe", "1f1b") and v != 1:
+        raise ValueError(f"schedule {name!r} needs v=1 (one model chunk per stage), got v={v}")
+    if name == "interleaved":
+        if v < 2:
+            raise ValueError(f"interleaved schedule needs v >= 2 model chunks per stage, got v={v}")
+        if m % p != 0:
+            raise ValueError(f"interleaved schedule needs m % p == 0, got m={m}, p={p}")
+
+
+def _stage_order(name: str, p: int, m: int, v: int, r: int) -> list[tuple[str, int, int]]:
+    """Megatron's op order on pipeline rank r as (kind, microbatch, global chunk)."""
+    if name == "gpipe":
+        return [("F", i, r) for i in range(m)] + [("B", i, r) for i in range(m)]
+
+    if name == "1f1b":
+        fwd = [("F", i, r) for i in range(m)]
+        bwd = [("B", i, r) for i in range(m)]
+        warmup = min(p - r - 1, m)
+    else:  # interleaved: Megatron's forward_backward_pipelining_with_interleaving
+        total = m * v
+
+        def seq(k: int, forward: bool) -> tuple[str, int, int]:
+            local = (k // p) % v
+            if not forward:
+                local = v - 1 - local
+            mb = (k // (p * v)) * p + k % p
+            return ("F" if forward else "B", mb, local * p + r)
+
+        fwd = [seq(k, True) for k in range(total)]
+        bwd = [seq(k, False) for k in range(total)]
+        warmup = min(2 * (p - r - 1) + (v - 1) * p, total)
+
+    order = fwd[:warmup]
+    for i in range(len(fwd) - warmup):      # steady state: one forward, one backward
+        order += [fwd[warmup + i], bwd[i]]
+    order += bwd[len(fwd) - warmup:]         # cool-down
+    return order
+
+
+def build_schedule(name: str, p: int, m: int, v: int = 1, split_backward: bool = True) -> "Schedule":
+    """Build the lockstep tick table of schedule ``name`` by ASAP placement of each stage's order."""
+    _validate(name, p, m, v)
+    last = p * v - 1
+    halves = ("upper", "lower") if split_backward else ("full",)
+    queues = []
+    for r in range(p):
+        q = []
+        for kind, mb, c in _stage_order(name, p, m, v, r):
+            q += [Op("F", mb, c, "full")] if kind == "F" else [Op("B", mb, c, h) for h in halves]
+        queues.append(q)
+    final_half = halves[-1]
+
+    def prerequisite(op: Op) -> Op | None:
+        if op.kind == "F":
+            return None if op.chunk == 0 else Op("F", op.microbatch, op.chunk - 1, "full")
+        if op.half == "lower":
+            return Op("B", op.microbatch, op.chunk, "upper")
+        if op.chunk == last:
+            return Op("F", op.microbatch, op.chunk, "full")
+        return Op("B", op.microbatch, op.chunk + 1, final_half)
+
+    done: dict[Op, int] = {}
+    pos = [0] * p
+    table = []
+    while any(pos[r] < len(queues[r]) for r in range(p)):
+        tick = len(table)
+        row: list[Op | None] = [None] * p
+        for r in range(p):
+            if pos[r] < len(queues[r]):
+                op = queues[r][pos[r]]
+                pre = prerequisite(op)
+                if pre is None or done.get(pre, tick) < tick:
+                    row[r] = op
+        if all(o is None for o in row):
+            raise RuntimeError(f"schedule {name} p={p} m={m} v={v} deadlocks at tick {tick}")
+        for r, op in enumerate(row):
+            if op is not None:
+                done[op] = tick
+                pos[r] += 1
+        table.append(tuple(row))
+    return Schedule(name, p, v, m, split_backward, tuple(table))
+
+
+def _allocate(intervals: list[tuple[int, int, int, object]]) -> tuple[dict, int]:
+    """Smallest-free-first slot allocation of inclusive tick intervals (start, end, stage, key).
+
+    Returns ({key: slot}, number of slots used (at least 1)). Processing by start tick makes the
+    slot count equal to the maximum occupancy (interval graphs are perfectly colourable).
+    """
+    slots, busy_until = {}, {}  # busy_until[stage] = list of last occupied tick per slot
+    for start, end, stage, key in sorted(intervals, key=lambda x: (x[0], x[2])):
+        ends = busy_until.setdefault(stage, [])
+        slot = next((i for i, e in enumerate(ends) if e < start), len(ends))
+        if slot == len(ends):
+            ends.append(end)
+        else:
+            ends[slot] = end
+        slots[key] = slot
+    return slots, max([1] + [len(e) for e in busy_until.values()])
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A lockstep pipeline schedule: ``table[tick][stage]`` is the Op run there, or None (idle)."""
+    name: str
+    p: int
+    v: int
+    m: int
+    split_backward: bool
+    table: tuple[tuple[Op | None, ...], ...]
+
+    @property
+    def num_ticks(self) -> int:
+        return len(self.table)
+
+    @property
+    def last_chunk(self) -> int:
+        return self.p * self.v - 1
+
+    # ---- cost model -------------------------------------------------------------------------
+    def op_cost(self, op: Op | None, t_f=1, t_b=2) -> Fraction:
+        """F costs t_f/v, a split backward half t_b/(2v), an unsplit backward t_b/v (exact)."""
+        if op is None:
+            return Fraction(0)
+        if op.kind == "F":
+            return Fraction(t_f) / self.v
+        return Fraction(t_b) / (self.v * (2 if op.half != "full" else 1))
+
+    def tick_costs(self, t_f=1, t_b=2) -> list[Fraction]:
+        """Cost of each tick: the most expensive op run in it (lockstep waits for the slowest)."""
+        return [max(self.op_cost(op, t_f, t_b) for op in row) for row in self.table]
+
+    def predicted_time_exact(self, t_f=1, t_b=2) -> Fraction:
+        return sum(self.tick_costs(t_f, t_b), Fraction(0))
+
+    def predicted_time(self, t_f: float = 1.0, t_b: float = 2.0) -> float:
+        """Time of one pipelined batch in the lockstep cost model (sum of tick costs)."""
+        return float(self.predicted_time_exact(t_f, t_b))
+
+    def ideal_time(self, t_f: float = 1.0, t_b: float = 2.0) -> float:
+        """Time without any bubble: m (t_f + t_b)."""
+        return self.m * (t_f + t_b)
+
+    def bubble_fraction_exact(self, t_f=1, t_b=2) -> Fraction:
+        """(predicted - ideal) / ideal: (p-1)/m for GPipe/1F1B, (p-1)/(v m) interleaved (split B)."""
+        ideal = self.m * (Fraction(t_f) + Fraction(t_b))
+        return (self.predicted_time_exact(t_f, t_b) - ideal) / ideal
+
+    def bubble_fraction(self, t_f: float = 1.0, t_b: float = 2.0) -> float:
+        return float(self.bubble_fraction_exact(t_f, t_b))
+
+    # ---- activation memory --------------------------------------------------------------------
+    @functools.cached_property
+    def _in_flight(self) -> tuple[int, ...]:
+        counts, best = [0] * self.p, [0] * self.p
+        for row in self.table:
+            for s, op in enumerate(row):
+                if op is None:
+                    continue
+                counts[s] += 1 if op.kind == "F" else -1 if op.completes_backward else 0
+                best[s] = max(best[s], counts[s])
+        return tuple(best)
+
+    def max_in_flight(self, stage: int) -> int:
+        """Most (microbatch, chunk) pairs on ``stage`` whose forward ran and backward is not done."""
+        return self._in_flight[stage]
+
+    @property
+    def num_stash_slots(self) -> int:
+        return max(self._in_flight)
+
+    # ---- executor arrays ------------------------------------------------------------------------
+    @functools.cached_property
+    def _arrays(self) -> tuple[dict[str, np.ndarray], int, int]:
+        T, p, last = self.num_ticks, self.p, self.last_chunk
+        arr = {k: np.zeros((T, p), np.int32) for k in ("op", "mb", "vchunk", "is_first", "is_last")}
+        for k in ("stash_slot", "fwd_in_slot", "bwd_in_slot", "loss_ct_slot",
+                  "fwd_recv_slot", "bwd_recv_slot"):
+            arr[k] = np.full((T, p), -1, np.int32)
+        where: dict[Op, tuple[int, int]] = {}
+        for t, row in enumerate(self.table):
+            for s, op in enumerate(row):
+                if op is not None:
+                    where[op] = (t, s)
+                    arr["op"][t, s] = _OP_CODE[op.kind, op.half]
+                    arr["mb"][t, s], arr["vchunk"][t, s] = op.microbatch, op.chunk // p
+                    arr["is_first"][t, s], arr["is_last"][t, s] = op.chunk == 0, op.chunk == last
+        first_b = "upper" if self.split_backward else "full"
+        final_b = "lower" if self.split_backward else "full"
+        # Intervals (first tick, last tick, stage, key); receive buffers are keyed by the
+        # CONSUMER (mb, chunk), so the loss cotangent and the gradient from chunk c+1 share a key.
+        stash, fwd_msgs, bwd_msgs, loss_cts = [], [], [], []
+        for op, (t, s) in where.items():
+            mb, c = op.microbatch, op.chunk
+            if op.kind == "F":
+                stash.append((t, where[Op("B", mb, c, final_b)][0], s, (mb, c)))
+                if c == last:          # loss cotangent written locally by the forward
+                    loss_cts.append((t, where[Op("B", mb, c, first_b)][0], s, (mb, c)))
+                else:                  # activation arrives at the next stage at t+1
+                    assert t + 1 < T, "a message is sent at the last tick"
+                    t_use, s_use = where[Op("F", mb, c + 1, "full")]
+                    fwd_msgs.append((t + 1, t_use, s_use, (mb, c + 1)))
+            elif op.half == final_b and c > 0:   # gradient arrives upstream at t+1
+                assert t + 1 < T, "a message is sent at the last tick"
+                t_use, s_use = where[Op("B", mb, c - 1, first_b)]
+                bwd_msgs.append((t + 1, t_use, s_use, (mb, c - 1)))
+        stash_slot, _ = _allocate(stash)
+        fwd_slot, n_fwd = _allocate(fwd_msgs)
+        bwd_slot, n_bwd = _allocate(bwd_msgs + loss_cts)
+        for op, (t, s) in where.items():
+            key = (op.microbatch, op.chunk)
+            arr["stash_slot"][t, s] = stash_slot[key]
+            if op.kind == "F" and op.chunk > 0:
+                arr["fwd_in_slot"][t, s] = fwd_slot[key]
+            if op.kind == "F" and op.chunk == last:
+                arr["loss_ct_slot"][t, s] = bwd_slot[key]
+            if op.kind == "B" and op.half == first_b:
+                arr["bwd_in_slot"][t, s] = bwd_slot[key]
+        for msgs, slots, name in ((fwd_msgs, fwd_slot, "fwd_recv_slot"),
+                                  (bwd_msgs, bwd_slot, "bwd_recv_slot")):
+            for t0, _, s, key in msgs:
+                assert arr[name][t0, s] == -1, "two messages arrive at one stage in one tick"
+                arr[name][t0, s] = slots[key]
+        return arr, n_fwd, n_bwd
+
+    def executor_arrays(self) -> dict[str, np.ndarray]:
+        """Per-tick, per-stage int32 control arrays of shape (num_ticks, p); see module docs.
+
+        'op' (0 idle, 1 F, 2 B upper, 3 B lower, 4 B full), 'mb', 'vchunk', 'is_first',
+        'is_last', 'stash_slot', 'fwd_in_slot', 'bwd_in_slot', 'loss_ct_slot',
+        'fwd_recv_slot', 'bwd_recv_slot' (-1 where not applicable).
+        """
+        return {k: a.copy() for k, a in self._arrays[0].items()}
+
+    @property
+    def num_fwd_slots(self) -> int:
+        return self._arrays[1]
+
+    @property
+    def num_bwd_slots(self) -> int:
+        return self._arrays[2]
+
+    # ---- debugging ----------------------------------------------------------------------------
+    def render_text(self) -> str:
+        """ASCII grid: rows = stages, columns = ticks. 'F3' forward of microbatch 3, 'b3' upper
+        backward half, 'B3' lower half (or unsplit backward), '.' idle; ':k' local chunk if v>1."""
+        def cell(op: Op | None) -> str:
+            if op is None:
+                return "."
+            text = ("b" if op.half == "upper" else op.kind) + str(op.microbatch)
+            return text + (f":{op.chunk // self.p}" if self.v > 1 else "")
+        cells = [[cell(row[s]) for row in self.table] for s in range(self.p)]
+        width = max(len(c) for line in cells for c in line)
+        return "\n".join(f"stage {s}: " + " ".join(c.ljust(width) for c in line)
+                         for s, line in enumerate(cells))
+
+    def __str__(self) -> str:
+        return (f"{self.name} p={self.p} v={self.v} m={self.m} split_backward={self.split_backward}"
+                f" ticks={self.num_ticks}\n{self.render_text()}")
