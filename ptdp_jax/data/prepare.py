@@ -1,0 +1,224 @@
+"""Tokenize text into the on-disk token format read by :mod:`ptdp_jax.data.dataset`.
+
+A prepared dataset ``PREFIX`` is three files (Megatron's indexed dataset, simplified):
+
+* ``PREFIX.bin``     all token ids back to back, an ``eos`` after every document
+                     (``uint16`` when ``vocab_size <= 65535``, else ``uint32``)
+* ``PREFIX.idx.npy`` ``int64`` document start offsets, length ``num_docs + 1``
+* ``PREFIX.json``    metadata: format version, dtype, num_tokens, num_docs,
+                     vocab_size, eos_id, tokenizer spec, sources
+
+Inputs: a ``.txt`` file is ONE document; a ``.jsonl`` file holds one document
+per line in field ``text_key`` (blank lines are skipped).  Files are written
+under temporary names and renamed; the metadata is written last, so a dataset
+whose ``.json`` exists is complete.
+
+Command line: ``ptdp-prepare-data INPUT [INPUT ...] --out PREFIX
+[--tokenizer byte|bpe|PATH.json] [--vocab-size N] [--text-key text]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from .corpus import default_corpus_documents, default_corpus_name
+from .dataset import TokenDataset
+from .tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
+
+FORMAT_VERSION = 1
+_FLUSH_CHARS = 8 << 20  # tokenize and write after this many buffered characters
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """Smallest unsigned dtype holding ids < ``vocab_size``."""
+    return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
+
+
+def check_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
+    """Input paths, checked: each exists and is a ``.txt`` or ``.jsonl`` file."""
+    paths = [Path(p) for p in inputs]
+    if not paths:
+        raise ValueError("no input files given")
+    for p in paths:
+        if not p.is_file():
+            raise FileNotFoundError(f"input file not found: {p}")
+        if p.suffix not in (".txt", ".jsonl"):
+            raise ValueError(f"{p}: unsupported input type {p.suffix!r} (expected .txt or .jsonl)")
+    return paths
+
+
+def iter_documents(path: str | os.PathLike, text_key: str = "text") -> Iterator[str]:
+    """Documents of one input file (``.txt``: the whole file; ``.jsonl``: one per line)."""
+    path = Path(path)
+    if path.suffix == ".txt":
+        yield path.read_text(encoding="utf-8")
+        return
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            if not isinstance(record, dict) or text_key not in record:
+                raise ValueError(f"{path}:{lineno}: expected a JSON object with key {text_key!r}")
+            if not isinstance(record[text_key], str):
+                raise ValueError(f"{path}:{lineno}: field {text_key!r} is not a string")
+            yield record[text_key]
+
+
+def _encode_docs(tok, texts: list[str]) -> list[np.ndarray]:
+    if isinstance(tok, ByteTokenizer):  # fast path: the bytes are the ids
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
+    if hasattr(tok, "encode_batch"):
+        return [np.asarray(ids, dtype=np.int64) for ids in tok.encode_batch(texts)]
+    return [np.asarray(tok.encode(t), dtype=np.int64) for t in texts]
+
+
+def write_token_dataset(documents: Iterable[str], out_prefix: str | os.PathLike, tok,
+                        tokenizer_spec: str | None = None, sources: list[str] = ()) -> dict:
+    """Tokenize ``documents`` (an ``eos`` after each) into ``out_prefix.{bin,idx.npy,json}``.
+
+    Streams: documents are tokenized in chunks and appended to the open ``.bin``.
+    Empty documents are skipped.  Returns the metadata dict.
+    """
+    prefix = Path(out_prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tok.vocab_size)
+    final = {s: Path(f"{prefix}{s}") for s in (".bin", ".idx.npy", ".json")}
+    tmp = {s: Path(f"{p}.tmp{os.getpid()}") for s, p in final.items()}
+    offsets = [0]
+    eos = np.array([tok.eos_id], dtype=dtype)
+
+    def flush(buffer: list[str], f) -> None:
+        for ids in _encode_docs(tok, buffer):
+            f.write(ids.astype(dtype, copy=False).tobytes())
+            f.write(eos.tobytes())
+            offsets.append(offsets[-1] + len(ids) + 1)
+        buffer.clear()
+
+    try:
+        with open(tmp[".bin"], "wb") as f:
+            buffer, chars = [], 0
+            for doc in documents:
+                if not doc:
+                    continue
+                buffer.append(doc)
+                chars += len(doc)
+                if chars >= _FLUSH_CHARS:
+                    flush(buffer, f)
+                    chars = 0
+            flush(buffer, f)
+        if len(offsets) == 1:
+            inputs = ", ".join(sources) or "-"
+            raise ValueError(f"no documents found for {prefix} (inputs: {inputs})")
+        with open(tmp[".idx.npy"], "wb") as f:
+            np.save(f, np.asarray(offsets, dtype=np.int64))
+        meta = {
+            "format": "ptdp_jax.tokens", "version": FORMAT_VERSION, "dtype": dtype.name,
+            "num_tokens": offsets[-1], "num_docs": len(offsets) - 1,
+            "vocab_size": int(tok.vocab_size), "eos_id": int(tok.eos_id),
+            "tokenizer": tokenizer_spec if tokenizer_spec is not None else tok.spec,
+            "sources": [str(s) for s in sources],
+        }
+        tmp[".json"].write_text(json.dumps(meta, indent=2) + "\n")
+        final[".json"].unlink(missing_ok=True)  # the old dataset is incomplete from here on
+        os.replace(tmp[".bin"], final[".bin"])
+        os.replace(tmp[".idx.npy"], final[".idx.npy"])
+        os.replace(tmp[".json"], final[".json"])
+    finally:
+        for p in tmp.values():
+            p.unlink(missing_ok=True)
+    return meta
+
+
+def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer: str = "byte",
+                    text_key: str = "text", bpe_vocab_size: int | None = None) -> Path:
+    """Tokenize ``inputs`` (.txt / .jsonl files) into the dataset ``out_prefix``.
+
+    ``tokenizer`` is ``'byte'``, a path to a ``tokenizer.json``, or ``'bpe'``
+    together with ``bpe_vocab_size``: then a byte-level BPE is trained on the
+    inputs and saved as ``out_prefix.tokenizer.json`` (recorded in the metadata
+    relative to the dataset's folder).  Returns ``out_prefix`` as a Path.
+    """
+    paths = check_inputs(inputs)
+    prefix = Path(out_prefix)
+
+    def documents() -> Iterator[str]:
+        for p in paths:
+            yield from iter_documents(p, text_key)
+
+    if tokenizer == "bpe":
+        if bpe_vocab_size is None:
+            raise ValueError("tokenizer 'bpe' needs a vocab size (--vocab-size / bpe_vocab_size)")
+        tok = BPETokenizer.train(documents(), bpe_vocab_size)
+        tok_path = Path(f"{prefix}.tokenizer.json")
+        tmp_path = Path(f"{tok_path}.tmp{os.getpid()}.json")
+        tok.save(tmp_path)
+        os.replace(tmp_path, tok_path)
+        tok.path = tok_path.resolve()
+        spec = tok_path.name  # relative to the dataset's folder: survives moving the folder
+    else:
+        if bpe_vocab_size is not None:
+            raise ValueError(f"a BPE vocab size only applies to tokenizer 'bpe', not {tokenizer!r}")
+        tok = load_tokenizer(tokenizer)
+        spec = tok.spec
+    write_token_dataset(documents(), prefix, tok, spec, sources=[str(p.resolve()) for p in paths])
+    return prefix
+
+
+def prepare_default_corpus(cache_dir: str | os.PathLike) -> Path:
+    """Build (once) the byte-tokenized ``pydoc`` corpus in ``cache_dir``; returns its prefix.
+
+    An existing complete copy (metadata present and consistent with ``.bin``)
+    is reused.
+    """
+    prefix = Path(cache_dir) / f"{default_corpus_name()}_byte"
+    try:
+        TokenDataset(prefix)
+        return prefix
+    except (FileNotFoundError, ValueError):
+        pass
+    write_token_dataset(default_corpus_documents(), prefix, ByteTokenizer(),
+                        sources=["pydoc_data.topics"])
+    return prefix
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``ptdp-prepare-data``: tokenize text files into a token dataset."""
+    parser = argparse.ArgumentParser(
+        prog="ptdp-prepare-data",
+        description="Tokenize .txt (one document per file) and .jsonl (one document per line) "
+                    "files into PREFIX.bin / PREFIX.idx.npy / PREFIX.json.")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help=".txt or .jsonl files")
+    parser.add_argument("--out", required=True, metavar="PREFIX", help="output path prefix")
+    parser.add_argument("--tokenizer", default="byte",
+                        help="'byte' (default), 'bpe' (train one; needs --vocab-size) "
+                             "or the path of a tokenizer.json")
+    parser.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size")
+    parser.add_argument("--text-key", default="text", help="JSONL field holding the text")
+    args = parser.parse_args(argv)
+    try:
+        prefix = prepare_dataset(args.inputs, args.out, args.tokenizer, args.text_key,
+                                 args.vocab_size)
+    except (FileNotFoundError, ValueError) as e:
+        parser.exit(2, f"ptdp-prepare-data: error: {e}\n")
+    ds = TokenDataset(prefix)
+    files = [f"{prefix}{s}" for s in (".bin", ".idx.npy", ".json")]
+    if args.tokenizer == "bpe":
+        files.append(f"{prefix}.tokenizer.json")
+    print(f"prepared {ds.num_docs} documents, {ds.num_tokens} tokens "
+          f"(vocab {ds.vocab_size}, {ds.dtype.name}) -> {', '.join(files)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Tests of the numpy data pipeline (tokenizers, prepare, token datasets, blended stream)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from ptdp_jax.data import (
+    BlendedStream,
+    BPETokenizer,
+    ByteTokenizer,
+    TokenDataset,
+    batch_for_step,
+    blending_indices,
+    data_state,
+    default_corpus_documents,
+    load_tokenizer,
+    open_datasets,
+    prepare_dataset,
+    prepare_default_corpus,
+    validate_data_config,
+)
+from ptdp_jax.data.prepare import main
+
+DOCS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Pipeline parallelism splits layers; tensor parallelism splits matrices. ünïcödé ✓",
+    "Data parallel replicas each read a slice of the global batch.",
+    "日本語のテキストも大丈夫です。 emoji: 🚀🚀",
+]
+
+
+def _write_corpus(tmp_path, n_docs=40):
+    """A .txt and a .jsonl input with known documents."""
+    txt = tmp_path / "a.txt"
+    txt.write_text(DOCS[1] * 3, encoding="utf-8")
+    jsonl = tmp_path / "b.jsonl"
+    docs = [f"{DOCS[i % 4]} #{i}" for i in range(n_docs)]
+    lines = [json.dumps({"text": d, "id": i}) for i, d in enumerate(docs)]
+    jsonl.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
+    return txt, jsonl, [DOCS[1] * 3] + docs
+
+
+def _ramp_dataset(tmp_path, name, num_tokens):
+    """A dataset whose token i is i % 251 -- window contents are easy to predict."""
+    prefix = tmp_path / name
+    ids = (np.arange(num_tokens) % 251).astype(np.uint16)
+    ids.tofile(f"{prefix}.bin")
+    np.save(f"{prefix}.idx.npy", np.array([0, num_tokens], dtype=np.int64))
+    meta = {"format": "ptdp_jax.tokens", "version": 1, "dtype": "uint16", "num_tokens": num_tokens,
+            "num_docs": 1, "vocab_size": 257, "eos_id": 256, "tokenizer": "byte", "sources": []}
+    (tmp_path / f"{name}.json").write_text(json.dumps(meta))
+    return TokenDataset(prefix)
+
+
+def test_byte_tokenizer_round_trip():
+    tok = ByteTokenizer()
+    for text in DOCS + [""]:
+        ids = tok.encode(text)
+        assert all(0 <= i < 256 for i in ids)
+        assert tok.decode(ids + [tok.eos_id]) == text
+    assert (tok.vocab_size, tok.eos_id) == (257, 256)
+    assert isinstance(load_tokenizer(tok.spec), ByteTokenizer)
+    assert tok.decode([0xE6]) == "\ufffd"  # truncated UTF-8 is replaced, not an error
+
+
+def test_bpe_train_save_load(tmp_path):
+    tok = BPETokenizer.train(DOCS * 5, vocab_size=300)
+    assert tok.vocab_size <= 300 and tok.eos_id is not None
+    path = tok.save(tmp_path / "tok.json")
+    loaded = load_tokenizer(tok.spec)
+    assert isinstance(loaded, BPETokenizer) and loaded.spec == str(path)
+    for text in DOCS:
+        ids = loaded.encode(text)
+        assert ids == tok.encode(text)
+        assert len(ids) < len(text.encode("utf-8")) or len(text) < 10
+        assert loaded.decode(ids + [loaded.eos_id]) == text
+    with pytest.raises(ValueError):
+        load_tokenizer("bpe")
+
+
+def test_prepare_txt_and_jsonl(tmp_path):
+    txt, jsonl, docs = _write_corpus(tmp_path)
+    prefix = prepare_dataset([str(txt), str(jsonl)], tmp_path / "out" / "ds")
+    ds = TokenDataset(prefix)
+    tok = ByteTokenizer()
+    expected = np.concatenate([tok.encode(d) + [tok.eos_id] for d in docs])
+    assert isinstance(ds.tokens, np.memmap)
+    assert ds.num_docs == len(docs) and ds.num_tokens == len(expected)
+    assert (ds.vocab_size, ds.eos_id, ds.tokenizer_spec, ds.dtype) == (257, 256, "byte", np.uint16)
+    np.testing.assert_array_equal(ds.tokens, expected)
+    offsets = ds.doc_offsets
+    assert offsets[0] == 0 and offsets[-1] == ds.num_tokens
+    assert tok.decode(ds.tokens[offsets[5]:offsets[6]]) == docs[5]
+    assert not list((tmp_path / "out").glob("*tmp*"))  # temporary files are gone
+
+
+def test_prepare_bpe(tmp_path):
+    txt, jsonl, docs = _write_corpus(tmp_path)
+    prefix = prepare_dataset([txt, jsonl], tmp_path / "bpe", tokenizer="bpe", bpe_vocab_size=320)
+    ds = TokenDataset(prefix)
+    tok = load_tokenizer(ds.tokenizer_spec)
+    assert ds.tokenizer_spec == str((tmp_path / "bpe.tokenizer.json").resolve())
+    expected = np.concatenate([tok.encode(d) + [tok.eos_id] for d in docs])
+    np.testing.assert_array_equal(ds.tokens, expected)
+    assert ds.vocab_size == tok.vocab_size and ds.eos_id == tok.eos_id
+    # an existing tokenizer.json can be reused by path
+    again = TokenDataset(prepare_dataset([txt], tmp_path / "again", tokenizer=ds.tokenizer_spec))
+    assert again.tokenizer_spec == ds.tokenizer_spec
+
+
+def test_windows_and_split(tmp_path):
+    ds = _ramp_dataset(tmp_path, "ramp", 1000)
+    s = 10
+    assert ds.num_windows(s) == 99
+    n_train, n_val = ds.split_sizes(s)
+    assert (n_train, n_val) == (95, 4)
+    w = ds.read_windows(np.array([0, 7, 98]), s)
+    assert w.dtype == np.int32 and w.shape == (3, s + 1)
+    np.testing.assert_array_equal(w[1], (np.arange(70, 81) % 251))
+    train = BlendedStream([ds], None, s, seed=1, split="train")
+    val = BlendedStream([ds], None, s, seed=1, split="val")
+    _, tw = train.locate(np.arange(n_train))
+    _, vw = val.locate(np.arange(n_val))
+    assert sorted(tw) == list(range(n_train)) and sorted(vw) == list(range(n_train, 99))
+    np.testing.assert_array_equal(val.get([0])[0], ds.read_windows(vw[:1], s)[0])
+    small = _ramp_dataset(tmp_path, "small", 2 * s)  # (20 - 1) // 10 = 1 window
+    with pytest.raises(ValueError, match="small.*20 tokens.*seq_len 10"):
+        small.split_sizes(s)
+
+
+def test_blended_proportions_exact_in_prefixes(tmp_path):
+    dss = [_ramp_dataset(tmp_path, f"d{i}", 3000 + 100 * i) for i in range(3)]
+    weights = [0.67, 0.15, 0.18]
+    stream = BlendedStream(dss, weights, 8, seed=0)
+    k, _ = stream.locate(np.arange(1000))
+    counts = np.stack([np.cumsum(k == i) for i in range(3)], axis=1)
+    target = np.arange(1, 1001)[:, None] * np.array(weights)
+    assert np.abs(counts - target).max() < 1.0
+    # irrational-looking weights still hold (quantized period)
+    di, _ = blending_indices([30013, 25969, 9554])
+    c = np.stack([np.cumsum(di == i) for i in range(3)], axis=1)
+    w = np.array([30013, 25969, 9554]) / 65536
+    assert np.abs(c - np.arange(1, 65537)[:, None] * w).max() < 1.0
+
+
+def test_determinism_rows_and_order_independence(tmp_path):
+    dss = [_ramp_dataset(tmp_path, f"d{i}", 2000 + 500 * i) for i in range(2)]
+    mk = lambda seed: BlendedStream(dss, [0.3, 0.7], 16, seed=seed)
+    a, b, c = mk(5), mk(5), mk(6)
+    for step in (0, 3, 41):
+        np.testing.assert_array_equal(batch_for_step(a, step, 8), batch_for_step(b, step, 8))
+    assert not np.array_equal(batch_for_step(a, 0, 8), batch_for_step(c, 0, 8))
+    full = batch_for_step(a, 7, 8)
+    for lo, hi in ((0, 4), (4, 8), (2, 3)):
+        np.testing.assert_array_equal(batch_for_step(b, 7, 8, rows=slice(lo, hi)), full[lo:hi])
+    fresh = mk(5)  # step 7 first, without reading steps 0..6 (e.g. after resuming)
+    np.testing.assert_array_equal(batch_for_step(fresh, 7, 8), full)
+    assert data_state(7, 8) == {"step": 7, "global_batch_size": 8, "consumed_samples": 56}
+    # each sample is a real window with next-token structure
+    assert np.all((full[:, 1:] - full[:, :-1]) % 251 == 1)
+
+
+def test_epoch_wrap_around(tmp_path):
+    ds = _ramp_dataset(tmp_path, "tiny", 101)  # 10 windows of seq_len 10 -> 9 train
+    stream = BlendedStream([ds], [1.0], 10, seed=3)
+    n = stream.num_samples[0]
+    _, w = stream.locate(np.arange(3 * n))
+    epochs = w.reshape(3, n)
+    for e in epochs:
+        assert sorted(e) == list(range(n))
+    assert not np.array_equal(epochs[0], epochs[1])
+    big = stream.get(np.arange(5 * n))
+    assert big.shape == (5 * n, 11)
+
+
+def test_default_corpus(tmp_path):
+    docs = default_corpus_documents()
+    assert len(docs) > 50 and docs == default_corpus_documents()
+    prefix = prepare_default_corpus(tmp_path)
+    ds = TokenDataset(prefix)
+    assert ds.num_tokens > 100_000 and ds.num_docs == len(docs)
+    mtime = (tmp_path / f"{prefix.name}.bin").stat().st_mtime_ns
+    assert prepare_default_corpus(tmp_path) == prefix  # reused, not rebuilt
+    assert (tmp_path / f"{prefix.name}.bin").stat().st_mtime_ns == mtime
+    [opened] = open_datasets([], tmp_path)
+    assert opened.num_tokens == ds.num_tokens
+
+
+def test_errors(tmp_path):
+    txt, jsonl, _ = _write_corpus(tmp_path)
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(FileNotFoundError, match="nope.txt"):
+        prepare_dataset([txt, missing], tmp_path / "x")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": broken\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        prepare_dataset([bad], tmp_path / "x")
+    bad.write_text('{"text": "ok"}\n\n{"body": "x"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:3.*'text'"):
+        prepare_dataset([bad], tmp_path / "x")
+    with pytest.raises(FileNotFoundError, match=r"data.path\[0\].*nothere"):
+        validate_data_config([str(tmp_path / "nothere")], None, 8)
+    prefix = str(prepare_dataset([txt, jsonl], tmp_path / "ok"))
+    assert validate_data_config([prefix, prefix], [1, 3], 8) == [0.25, 0.75]
+    with pytest.raises(ValueError, match="data.weights has 1 entries but data.path has 2"):
+        validate_data_config([prefix, prefix], [1.0], 8)
+    with pytest.raises(ValueError, match=r"data.weights\[1\]"):
+        validate_data_config([prefix, prefix], [1.0, -1.0], 8)
+    with pytest.raises(ValueError, match="all zero"):
+        validate_data_config([prefix], [0.0], 8)
+    with pytest.raises(ValueError, match=r"data.path\[0\].*tokens.*seq_len 100000"):
+        validate_data_config([prefix], None, 100_000)
+    with open(f"{prefix}.bin", "ab") as f:  # size no longer matches the metadata
+        f.write(b"\0\0")
+    with pytest.raises(ValueError, match="ok.bin"):
+        TokenDataset(prefix)
+
+
+def test_cli(tmp_path, capsys):
+    txt, jsonl, docs = _write_corpus(tmp_path)
+    out = tmp_path / "cli" / "corpus"
+    assert main([str(txt), str(jsonl), "--out", str(out)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert f"{len(docs)} documents" in line and "corpus.bin" in line and "\n" not in line
+    assert TokenDataset(out).num_docs == len(docs)
+    argv = [str(jsonl), "--out", f"{out}_bpe", "--tokenizer", "bpe", "--vocab-size", "300"]
+    assert main(argv) == 0
+    assert "tokenizer.json" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "missing.jsonl"), "--out", str(out)])
+    assert "missing.jsonl" in capsys.readouterr().err
