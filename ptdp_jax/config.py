@@ -1,0 +1,330 @@
+"""One typed, frozen config tree: defaults in code, YAML overrides, dotted overrides.
+
+    cfg = load_config("configs/demo.yaml", overrides={"train.steps": 10})
+    cfg.model.hidden_size, cfg.parallel.mesh_shape, cfg.num_microbatches
+
+Every constraint is checked by `validate(cfg, num_devices)` before anything is
+compiled; a violation raises `ConfigError` (a ValueError) naming the key and
+the numbers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the key and the numbers."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = "gpt"                    # gpt | llama
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_heads: int = 4
+    ffn_hidden_size: int | None = None   # None: 4h for gpt, 2/3*4h rounded up to 256 for llama
+    vocab_size: int = 257                # the byte tokenizer's 256 bytes + end-of-document
+    seq_len: int = 128
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+    attention: str = "auto"              # auto (cudnn on GPU, xla elsewhere) | xla | cudnn
+
+    @property
+    def ffn(self) -> int:
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.arch == "llama":
+            return 256 * math.ceil(int(2 * 4 * self.hidden_size / 3) / 256)
+        return 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocabulary padded to a multiple of 128 (Megatron); layout independent
+        so parameters are the same whatever the tensor-parallel size."""
+        return 128 * math.ceil(self.vocab_size / 128)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 200
+    global_batch_size: int = 16
+    micro_batch_size: int = 4
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1            # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    dtype: str = "float32"               # float32 | bfloat16 (bf16 compute, fp32 master weights)
+    recompute: str = "none"              # none | selective | full
+    eval_every: int = 50                 # 0: never
+    eval_batches: int = 2
+    log_every: int = 1
+    max_bad_steps: int = 5               # consecutive non-finite steps before the run stops
+    sample_tokens: int = 0               # greedy sample length printed at the end (0: none)
+    sample_prompt: str = "The "
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    data: int = 1
+    pipe: int = 1
+    tensor: int = 1
+    schedule: str = "1f1b"               # gpipe | 1f1b | interleaved
+    virtual_stages: int = 1
+    scatter_gather: bool = False
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        return (self.data, self.pipe, self.tensor)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: tuple[str, ...] = ()           # token-file prefixes (ptdp-prepare-data); empty: embedded corpus
+    weights: tuple[float, ...] = ()      # blend weights, one per path (empty: equal)
+    cache_dir: str = "~/.cache/ptdp_jax"
+    val_fraction: float = 0.05
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str = ""                        # empty: no checkpoints
+    every: int = 0                       # 0: only at the end
+    keep: int = 3
+    resume: bool = True
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dir: str = "runs/latest"             # metrics.jsonl and TensorBoard events
+    progress: bool = True
+    tensorboard: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def num_microbatches(self) -> int:
+        t = self.train
+        return t.global_batch_size // (t.micro_batch_size * self.parallel.data)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+CHOICES = {
+    "model.arch": ("gpt", "llama"),
+    "model.attention": ("auto", "xla", "cudnn"),
+    "train.dtype": ("float32", "bfloat16"),
+    "train.recompute": ("none", "selective", "full"),
+    "parallel.schedule": ("gpipe", "1f1b", "interleaved"),
+}
+
+
+# ----------------------------------------------------------------------------- overrides
+
+def _field_types(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Turn a YAML/CLI value into the field's type, or raise ConfigError."""
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):           # X | None
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(key, value, [a for a in args if a is not type(None)][0])
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return tuple(_coerce(key, v, args[0]) for v in value)
+    try:
+        if typ is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if typ is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            if isinstance(value, str):
+                value = float(value) if any(c in value for c in ".eE") else value
+            return int(value)
+        if typ is float:
+            return float(value)
+        if typ is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: cannot read {value!r} as {typ.__name__}") from None
+    return value
+
+
+def _apply(cfg: Config, overrides: Mapping[str, Any]) -> Config:
+    sections = {f.name: f.type for f in fields(Config)}
+    updates: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if len(parts) != 2 or parts[0] not in sections:
+            raise ConfigError(f"unknown config key {key!r}; sections are {sorted(sections)}")
+        section, name = parts
+        types_ = _field_types(type(getattr(cfg, section)))
+        if name not in types_:
+            raise ConfigError(f"unknown config key {key!r}; {section} has {sorted(types_)}")
+        updates.setdefault(section, {})[name] = _coerce(key, value, types_[name])
+    return replace(cfg, **{s: replace(getattr(cfg, s), **u) for s, u in updates.items()})
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'model': {'hidden_size': 8}} -> {'model.hidden_size': 8}."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def parse_cli_overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        k, v = item.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+    return out
+
+
+def load_config(config: "str | os.PathLike | Config | None" = None,
+                overrides: Mapping[str, Any] | None = None) -> Config:
+    """Defaults, then a YAML file (or a Config), then dotted overrides."""
+    if isinstance(config, Config):
+        cfg = config
+    else:
+        cfg = Config()
+        if config is not None:
+            path = Path(config)
+            if not path.is_file():
+                raise ConfigError(f"config file {str(path)!r} does not exist")
+            with open(path) as f:
+                tree = yaml.safe_load(f) or {}
+            if not isinstance(tree, Mapping):
+                raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
+            cfg = _apply(cfg, flatten(tree))
+    return _apply(cfg, dict(overrides or {}))
+
+
+# ----------------------------------------------------------------------------- validation
+
+def validate(cfg: Config, num_devices: int | None = None) -> Config:
+    """Check every constraint; raise ConfigError naming the key and numbers."""
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+
+    def need(ok: bool, msg: str):
+        if not ok:
+            raise ConfigError(msg)
+
+    for key, allowed in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        need(value in allowed, f"{key}={value!r} is not one of {list(allowed)}")
+    for key in ("model.num_layers", "model.hidden_size", "model.num_heads", "model.vocab_size",
+                "model.seq_len", "train.steps", "train.global_batch_size",
+                "train.micro_batch_size", "parallel.data", "parallel.pipe", "parallel.tensor",
+                "parallel.virtual_stages", "train.eval_batches", "train.max_bad_steps",
+                "checkpoint.keep"):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        need(value >= 1, f"{key} must be positive, got {value}")
+    for key in ("train.warmup_steps", "train.eval_every", "train.sample_tokens", "checkpoint.every",
+                "train.weight_decay", "train.grad_clip", "model.dropout"):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        need(value >= 0, f"{key} must be >= 0, got {value}")
+    need(t.lr > 0, f"train.lr must be positive, got {t.lr}")
+    need(0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
+    need(m.dropout < 1, f"model.dropout must be < 1, got {m.dropout}")
+    need(m.ffn >= 1, f"model.ffn_hidden_size must be positive, got {m.ffn}")
+    need(0 < cfg.data.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
+
+    d, pp, tp = p.mesh_shape
+    n = d * pp * tp
+    if num_devices is not None:
+        need(n <= num_devices, f"mesh (data, pipe, tensor) = ({d}, {pp}, {tp}) needs {n} devices, "
+                               f"only {num_devices} available")
+    need(m.hidden_size % m.num_heads == 0,
+         f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    if m.arch == "llama":
+        need(m.head_dim % 2 == 0, f"llama needs an even head dim, got "
+                                  f"model.hidden_size/model.num_heads = {m.head_dim}")
+    need(m.num_heads % tp == 0,
+         f"model.num_heads={m.num_heads} is not divisible by parallel.tensor={tp}")
+    need(m.ffn % tp == 0, f"model.ffn_hidden_size={m.ffn} is not divisible by parallel.tensor={tp}")
+    need(m.padded_vocab_size % tp == 0,
+         f"padded vocabulary {m.padded_vocab_size} (model.vocab_size={m.vocab_size} rounded up to "
+         f"a multiple of 128) is not divisible by parallel.tensor={tp}")
+    v = p.virtual_stages
+    if p.schedule == "interleaved":
+        need(v >= 2, f"parallel.schedule=interleaved needs parallel.virtual_stages >= 2, got {v}")
+    else:
+        need(v == 1, f"parallel.virtual_stages={v} needs parallel.schedule=interleaved "
+                     f"(got {p.schedule!r})")
+    need(m.num_layers % (pp * v) == 0,
+         f"model.num_layers={m.num_layers} is not divisible by parallel.pipe x "
+         f"parallel.virtual_stages = {pp} x {v} = {pp * v}")
+    need(t.global_batch_size % (t.micro_batch_size * d) == 0,
+         f"train.global_batch_size={t.global_batch_size} is not divisible by "
+         f"train.micro_batch_size x parallel.data = {t.micro_batch_size} x {d} = "
+         f"{t.micro_batch_size * d}")
+    if p.schedule == "interleaved":
+        mb = cfg.num_microbatches
+        need(mb % pp == 0, f"the interleaved schedule needs the number of microbatches "
+                           f"(train.global_batch_size / (train.micro_batch_size x parallel.data) "
+                           f"= {mb}) to be a multiple of parallel.pipe={pp}")
+    if p.scatter_gather:
+        need(m.hidden_size % tp == 0, f"parallel.scatter_gather splits stage messages over "
+                                      f"parallel.tensor={tp}, which must divide "
+                                      f"model.hidden_size={m.hidden_size}")
+    for path in cfg.data.path:
+        prefix = Path(os.path.expanduser(path))
+        need(prefix.with_name(prefix.name + ".bin").is_file() or prefix.is_file(),
+             f"data.path {path!r}: no token file {prefix}.bin (make one with ptdp-prepare-data)")
+    if cfg.data.weights:
+        need(len(cfg.data.weights) == len(cfg.data.path),
+             f"data.weights has {len(cfg.data.weights)} entries but data.path has "
+             f"{len(cfg.data.path)}")
+        need(all(w >= 0 for w in cfg.data.weights) and sum(cfg.data.weights) > 0,
+             f"data.weights must be >= 0 with a positive sum, got {list(cfg.data.weights)}")
+    return cfg

@@ -1,0 +1,68 @@
+"""GPT as in Megatron: learned positions, pre-LayerNorm, GeLU MLP of 4h, biases,
+input and output embeddings tied. Pure functions over a dict of parameters."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ptdp_jax.models.layers import (ACT, FFN, HEADS, attention_impl, causal_attention, dropout,
+                                    fold_rows, layer_norm)
+
+
+def param_specs(cfg):
+    """name -> (shape, logical axes, init). Groups: embed (first stage), layer
+    (one transformer layer; stacked on a leading axis), head (last stage)."""
+    h, n, d, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.ffn
+    return {
+        "embed": {
+            "wte": ((cfg.padded_vocab_size, h), ("vocab", "embed"), "normal"),
+            "wpe": ((cfg.seq_len, h), ("seq", "embed"), "normal"),
+        },
+        "layer": {
+            "ln1_scale": ((h,), ("embed",), "ones"),
+            "ln1_bias": ((h,), ("embed",), "zeros"),
+            "qkv_w": ((h, 3, n, d), ("embed", "qkv", "heads", "head_dim"), "normal"),
+            "qkv_b": ((3, n, d), ("qkv", "heads", "head_dim"), "zeros"),
+            "out_w": ((n, d, h), ("heads", "head_dim", "embed"), "scaled"),
+            "out_b": ((h,), ("embed",), "zeros"),
+            "ln2_scale": ((h,), ("embed",), "ones"),
+            "ln2_bias": ((h,), ("embed",), "zeros"),
+            "fc1_w": ((h, f), ("embed", "mlp"), "normal"),
+            "fc1_b": ((f,), ("mlp",), "zeros"),
+            "fc2_w": ((f, h), ("mlp", "embed"), "scaled"),
+            "fc2_b": ((h,), ("embed",), "zeros"),
+        },
+        "head": {
+            "lnf_scale": ((h,), ("embed",), "ones"),
+            "lnf_bias": ((h,), ("embed",), "zeros"),
+        },
+    }
+
+
+def embed(p, tokens_bs, cfg, sh, key_rows=None):
+    x_bsh = p["wte"][tokens_bs] + p["wpe"][None, : tokens_bs.shape[1]]
+    x_bsh = dropout(x_bsh, cfg.dropout, fold_rows(key_rows, 1 << 20))
+    return sh.constrain(x_bsh, ACT)
+
+
+def layer(p, x_bsh, cfg, sh, key_rows=None):
+    """One pre-LN transformer layer: x + Attn(LN(x)), then + MLP(LN(.))."""
+    impl = attention_impl(cfg.attention, x_bsh.dtype)
+    y = layer_norm(x_bsh, p["ln1_scale"], p["ln1_bias"], cfg.norm_eps)
+    qkv_bs3nd = jnp.einsum("bsh,hknd->bsknd", y, p["qkv_w"]) + p["qkv_b"]
+    q, k, v = (sh.constrain(qkv_bs3nd[:, :, i], HEADS) for i in range(3))
+    a_bsnd = sh.constrain(causal_attention(q, k, v, impl), HEADS)
+    attn_bsh = jnp.einsum("bsnd,ndh->bsh", a_bsnd, p["out_w"]) + p["out_b"]
+    x_bsh = x_bsh + dropout(sh.constrain(attn_bsh, ACT), cfg.dropout, fold_rows(key_rows, 0))
+    y = layer_norm(x_bsh, p["ln2_scale"], p["ln2_bias"], cfg.norm_eps)
+    u_bsf = sh.constrain(jnp.einsum("bsh,hf->bsf", y, p["fc1_w"]) + p["fc1_b"], FFN)
+    u_bsf = jax.nn.gelu(u_bsf, approximate=True)
+    mlp_bsh = jnp.einsum("bsf,fh->bsh", u_bsf, p["fc2_w"]) + p["fc2_b"]
+    x_bsh = x_bsh + dropout(sh.constrain(mlp_bsh, ACT), cfg.dropout, fold_rows(key_rows, 1))
+    return sh.constrain(x_bsh, ACT)
+
+
+def logits(embed_p, head_p, x_bsh, cfg, sh):
+    """Final LayerNorm, then logits through the tied (vocab-parallel) embedding."""
+    y = layer_norm(x_bsh, head_p["lnf_scale"], head_p["lnf_bias"], cfg.norm_eps)
+    return sh.constrain(jnp.einsum("bsh,vh->bsv", y, embed_p["wte"]), ("batch", "seq", "vocab"))

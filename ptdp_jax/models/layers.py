@@ -1,0 +1,83 @@
+"""Building blocks shared by GPT and LLaMA: norms, attention, dropout, the
+vocab-parallel cross-entropy. Shapes are in the names: x_bsh is (batch, seq, hidden).
+Logical axis names only; `sh` (a Sharder) maps them to the mesh."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+ACT = ("batch", "seq", "embed")              # (b, s, h) activations
+HEADS = ("batch", "seq", "heads", "head_dim")  # (b, s, n, d) per-head tensors
+FFN = ("batch", "seq", "mlp")                # (b, s, f) MLP hidden
+
+
+def layer_norm(x_bsh, scale_h, bias_h, eps):
+    x = x_bsh.astype(jnp.float32)
+    mean = x.mean(-1, keepdims=True)
+    var = jnp.square(x - mean).mean(-1, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(var + eps)
+    return (y * scale_h.astype(jnp.float32) + bias_h.astype(jnp.float32)).astype(x_bsh.dtype)
+
+
+def rms_norm(x_bsh, scale_h, eps):
+    x = x_bsh.astype(jnp.float32)
+    y = x * jax.lax.rsqrt(jnp.square(x).mean(-1, keepdims=True) + eps)
+    return (y * scale_h.astype(jnp.float32)).astype(x_bsh.dtype)
+
+
+def attention_impl(name: str, dtype) -> str:
+    """'auto': cuDNN flash attention on GPU for half precision, XLA elsewhere."""
+    if name != "auto":
+        return name
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return "cudnn" if (jax.default_backend() == "gpu" and half) else "xla"
+
+
+def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str):
+    """Causal self-attention through jax.nn.dot_product_attention (cuDNN on GPU)."""
+    return jax.nn.dot_product_attention(q_bsnd, k_bsnd, v_bsnd, is_causal=True,
+                                        implementation=impl)
+
+
+def dropout(x, rate: float, key_rows):
+    """Dropout with one key per batch row, so masks do not depend on the layout."""
+    if rate == 0.0 or key_rows is None:
+        return x
+    keep = jax.vmap(lambda k: jax.random.bernoulli(k, 1.0 - rate, x.shape[1:]))(key_rows)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+def fold_rows(key_rows, salt: int):
+    if key_rows is None:
+        return None
+    return jax.vmap(lambda k: jax.random.fold_in(k, salt))(key_rows)
+
+
+def rotary(x_bsnd, theta: float):
+    """Rotary position embedding (LLaMA) in the Hugging Face convention: the
+    first half of each head's dims is rotated against the second half."""
+    b, s, n, d = x_bsnd.shape
+    freqs_d2 = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    angles_sd2 = jnp.arange(s, dtype=jnp.float32)[:, None] * freqs_d2[None, :]
+    cos = jnp.cos(angles_sd2)[None, :, None, :]
+    sin = jnp.sin(angles_sd2)[None, :, None, :]
+    x = x_bsnd.astype(jnp.float32)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_bsnd.dtype)
+
+
+def vocab_parallel_cross_entropy(logits_bsv, targets_bs, vocab_size: int, sh):
+    """Sum of token losses, without gathering the vocab-sharded logits.
+
+    Padded vocabulary entries (index >= vocab_size) are masked out of the
+    softmax, so the function does not depend on the padding. The max, the sum
+    of exponentials and the target logit are each reduced over the sharded
+    vocab dim, which XLA turns into all-reduces of (b, s) values."""
+    logits = sh.constrain(logits_bsv.astype(jnp.float32), ("batch", "seq", "vocab"))
+    ids_v = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
+    logits = jnp.where(ids_v < vocab_size, logits, jnp.finfo(jnp.float32).min)
+    m_bs = jax.lax.stop_gradient(logits.max(-1))
+    lse_bs = jnp.log(jnp.exp(logits - m_bs[..., None]).sum(-1)) + m_bs
+    target_bs = jnp.where(ids_v == targets_bs[..., None], logits, 0.0).sum(-1)
+    return (lse_bs - target_bs).sum()

@@ -1,0 +1,58 @@
+"""LLaMA: pre-normalization with RMSNorm, SwiGLU MLP, rotary position
+embeddings, no biases, untied output layer. Pure functions over a dict of parameters."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ptdp_jax.models.layers import (ACT, FFN, HEADS, attention_impl, causal_attention, dropout,
+                                    fold_rows, rms_norm, rotary)
+
+
+def param_specs(cfg):
+    h, n, d, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.ffn
+    return {
+        "embed": {"tok": ((cfg.padded_vocab_size, h), ("vocab", "embed"), "normal")},
+        "layer": {
+            "attn_norm": ((h,), ("embed",), "ones"),
+            "wq": ((h, n, d), ("embed", "heads", "head_dim"), "normal"),
+            "wk": ((h, n, d), ("embed", "heads", "head_dim"), "normal"),
+            "wv": ((h, n, d), ("embed", "heads", "head_dim"), "normal"),
+            "wo": ((n, d, h), ("heads", "head_dim", "embed"), "scaled"),
+            "mlp_norm": ((h,), ("embed",), "ones"),
+            "w_gate": ((h, f), ("embed", "mlp"), "normal"),
+            "w_up": ((h, f), ("embed", "mlp"), "normal"),
+            "w_down": ((f, h), ("mlp", "embed"), "scaled"),
+        },
+        "head": {
+            "norm": ((h,), ("embed",), "ones"),
+            "out": ((h, cfg.padded_vocab_size), ("embed", "vocab"), "normal"),
+        },
+    }
+
+
+def embed(p, tokens_bs, cfg, sh, key_rows=None):
+    x_bsh = dropout(p["tok"][tokens_bs], cfg.dropout, fold_rows(key_rows, 1 << 20))
+    return sh.constrain(x_bsh, ACT)
+
+
+def layer(p, x_bsh, cfg, sh, key_rows=None):
+    impl = attention_impl(cfg.attention, x_bsh.dtype)
+    y = rms_norm(x_bsh, p["attn_norm"], cfg.norm_eps)
+    q = rotary(sh.constrain(jnp.einsum("bsh,hnd->bsnd", y, p["wq"]), HEADS), cfg.rope_theta)
+    k = rotary(sh.constrain(jnp.einsum("bsh,hnd->bsnd", y, p["wk"]), HEADS), cfg.rope_theta)
+    v = sh.constrain(jnp.einsum("bsh,hnd->bsnd", y, p["wv"]), HEADS)
+    a_bsnd = sh.constrain(causal_attention(q, k, v, impl), HEADS)
+    attn_bsh = sh.constrain(jnp.einsum("bsnd,ndh->bsh", a_bsnd, p["wo"]), ACT)
+    x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
+    y = rms_norm(x_bsh, p["mlp_norm"], cfg.norm_eps)
+    g_bsf = sh.constrain(jnp.einsum("bsh,hf->bsf", y, p["w_gate"]), FFN)
+    u_bsf = sh.constrain(jnp.einsum("bsh,hf->bsf", y, p["w_up"]), FFN)
+    mlp_bsh = jnp.einsum("bsf,fh->bsh", jax.nn.silu(g_bsf) * u_bsf, p["w_down"])
+    x_bsh = x_bsh + dropout(sh.constrain(mlp_bsh, ACT), cfg.dropout, fold_rows(key_rows, 1))
+    return sh.constrain(x_bsh, ACT)
+
+
+def logits(embed_p, head_p, x_bsh, cfg, sh):
+    y = rms_norm(x_bsh, head_p["norm"], cfg.norm_eps)
+    return sh.constrain(jnp.einsum("bsh,hv->bsv", y, head_p["out"]), ("batch", "seq", "vocab"))

@@ -1,0 +1,155 @@
+"""The model as three pieces the pipeline can place: embed (first stage),
+a stack of identical layers applied by a scan (split into chunks over stages),
+head + loss (last stage). Parameters are plain dicts:
+
+    {'embed': {...}, 'layers': {name: (L, ...)}, 'head': {...}}
+
+That canonical layout (layers on a leading axis of length L) does not depend on
+the mesh or the schedule; `to_stage_layout` turns it into (p, v, L/(p*v), ...)
+with Megatron's chunk placement for pipelined training.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import jax
+import jax.numpy as jnp
+
+from ptdp_jax.models import gpt, llama
+from ptdp_jax.models.layers import vocab_parallel_cross_entropy
+from ptdp_jax.sharding import Sharder
+
+ARCHS = {"gpt": gpt, "llama": llama}
+
+
+def arch(cfg):
+    return ARCHS[cfg.arch]
+
+
+def _specs(cfg):
+    return arch(cfg).param_specs(cfg)
+
+
+def param_logical_axes(cfg, stage_layout: bool = False):
+    """Pytree of logical-axis tuples matching the parameters."""
+    lead = ("stage", "chunk", "layers") if stage_layout else ("layers",)
+    s = _specs(cfg)
+    return {
+        "embed": {k: v[1] for k, v in s["embed"].items()},
+        "layers": {k: lead + v[1] for k, v in s["layer"].items()},
+        "head": {k: v[1] for k, v in s["head"].items()},
+    }
+
+
+def param_shapes(cfg):
+    s = _specs(cfg)
+    return {
+        "embed": {k: v[0] for k, v in s["embed"].items()},
+        "layers": {k: (cfg.num_layers,) + v[0] for k, v in s["layer"].items()},
+        "head": {k: v[0] for k, v in s["head"].items()},
+    }
+
+
+def num_params(cfg) -> int:
+    return sum(math.prod(shape) for shape in jax.tree.leaves(
+        param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple)))
+
+
+def init_params(cfg, seed: int):
+    """Canonical parameters in float32. Each tensor's key comes from its name,
+    so the values do not depend on the mesh (jit with out_shardings to place)."""
+    root = jax.random.key(seed)
+    std = cfg.init_std
+    scaled = std / math.sqrt(2.0 * cfg.num_layers)   # Megatron's output-layer scaling
+    shapes, specs = param_shapes(cfg), _specs(cfg)
+    out = {}
+    for group, spec_group in (("embed", "embed"), ("layers", "layer"), ("head", "head")):
+        out[group] = {}
+        for name, (_, _, init) in specs[spec_group].items():
+            shape = shapes[group][name]
+            key = jax.random.fold_in(root, zlib.crc32(f"{group}/{name}".encode()))
+            if init == "ones":
+                value = jnp.ones(shape, jnp.float32)
+            elif init == "zeros":
+                value = jnp.zeros(shape, jnp.float32)
+            else:
+                value = (std if init == "normal" else scaled) * jax.random.normal(key, shape)
+            out[group][name] = value
+    return out
+
+
+# ----------------------------------------------------------------------------- pipeline layout
+
+def to_stage_layout(layers, p: int, v: int):
+    """(L, ...) -> (p, v, L/(p*v), ...): stage i, chunk j holds global chunk j*p + i."""
+    def f(x):
+        L = x.shape[0]
+        x = x.reshape((v, p, L // (p * v)) + x.shape[1:])
+        return jnp.swapaxes(x, 0, 1)
+    return jax.tree.map(f, layers)
+
+
+def to_canonical_layout(layers, p: int, v: int):
+    """Inverse of to_stage_layout."""
+    def f(x):
+        x = jnp.swapaxes(x, 0, 1)
+        return x.reshape((-1,) + x.shape[3:])
+    return jax.tree.map(f, layers)
+
+
+# ----------------------------------------------------------------------------- forward pieces
+
+REMAT_POLICIES = {
+    "selective": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,   # keep GEMM outputs
+    "full": jax.checkpoint_policies.nothing_saveable,                          # keep layer inputs
+}
+
+
+def cast(tree, dtype):
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                        tree)
+
+
+def embed(cfg, sh, embed_p, tokens_bs, key_rows=None):
+    return arch(cfg).embed(embed_p, tokens_bs, cfg, sh, key_rows)
+
+
+def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None, first_layer=0):
+    """Apply a stack of layers (leading axis) with a scan, so compile time does
+    not grow with depth; recomputation through jax.checkpoint policies."""
+    layer = arch(cfg).layer
+
+    def body(x, scanned):
+        lp, idx = scanned
+        keys = None
+        if key_rows is not None:
+            keys = jax.vmap(lambda k: jax.random.fold_in(k, idx))(key_rows)
+        return layer(lp, x, cfg, sh, keys), None
+
+    if recompute in REMAT_POLICIES:
+        body = jax.checkpoint(body, policy=REMAT_POLICIES[recompute])
+    n = jax.tree.leaves(layers_p)[0].shape[0]
+    idx = first_layer + jnp.arange(n, dtype=jnp.int32)
+    x_bsh, _ = jax.lax.scan(body, x_bsh, (layers_p, idx))
+    return x_bsh
+
+
+def logits(cfg, sh, embed_p, head_p, x_bsh):
+    return arch(cfg).logits(embed_p, head_p, x_bsh, cfg, sh)
+
+
+def head_loss(cfg, sh, embed_p, head_p, x_bsh, targets_bs):
+    """Sum of token cross-entropies (float32), vocab-parallel."""
+    return vocab_parallel_cross_entropy(logits(cfg, sh, embed_p, head_p, x_bsh), targets_bs,
+                                        cfg.vocab_size, sh)
+
+
+def loss_sum(cfg, params, tokens_bs, targets_bs, sh: Sharder | None = None, recompute="none",
+             dtype=jnp.float32, key_rows=None):
+    """The whole model on one microbatch: sum of token losses."""
+    sh = sh or Sharder()
+    p = cast(params, dtype)
+    x = embed(cfg, sh, p["embed"], tokens_bs, key_rows)
+    x = run_layers(cfg, sh, p["layers"], x, recompute, key_rows)
+    return head_loss(cfg, sh, p["embed"], p["head"], x, targets_bs)

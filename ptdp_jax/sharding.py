@@ -1,0 +1,80 @@
+"""The one logical-axis rule table, and the helpers that apply it.
+
+Model code names logical axes only ('batch', 'heads', 'vocab', ...). This table
+maps them onto the mesh axes ('data', 'pipe', 'tensor'); Megatron's split
+follows from it: QKV and the first MLP projection are column-parallel
+('heads'/'mlp' on 'tensor' in their output dims), the attention output and the
+second MLP projection row-parallel (same axes in their input dims), embedding
+and logits vocab-parallel ('vocab' on 'tensor').
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "pipe", "tensor")
+
+LOGICAL_RULES: dict[str, str | None] = {
+    "batch": "data",       # microbatch rows
+    "stage": "pipe",       # leading axis of the stacked layers: one slice per pipeline stage
+    "vocab": "tensor",     # vocab-parallel embedding, logits and cross-entropy
+    "heads": "tensor",     # attention heads (QKV column-parallel, output row-parallel)
+    "mlp": "tensor",       # MLP hidden (first GEMM column-, second row-parallel)
+    "chunk": None,         # virtual stage (model chunk) index on a stage
+    "layers": None,        # layers inside a chunk
+    "embed": None,         # hidden size h
+    "seq": None,
+    "head_dim": None,
+    "qkv": None,
+}
+
+
+def make_mesh(shape: tuple[int, int, int], devices=None) -> Mesh:
+    """A ('data', 'pipe', 'tensor') mesh over the first d*p*t devices.
+
+    Tensor is the fastest-varying axis, so tensor-parallel groups are
+    neighbouring devices (one host's, on a cluster)."""
+    d, p, t = shape
+    devs = list(devices if devices is not None else jax.devices())[: d * p * t]
+    arr = np.asarray(devs, dtype=object).reshape(d, p, t)
+    return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+
+
+def logical_to_spec(names: tuple[str | None, ...], manual: frozenset[str] = frozenset()) -> P:
+    """Logical axis names -> PartitionSpec, leaving out axes that are manual here."""
+    out = []
+    for name in names:
+        axis = LOGICAL_RULES[name] if name is not None else None
+        out.append(None if axis in manual else axis)
+    return P(*out)
+
+
+@dataclass(frozen=True)
+class Sharder:
+    """Applies the rule table. Outside shard_map it needs the mesh; inside a
+    shard_map that is manual over some axes, specs drop those axes."""
+    mesh: Mesh | None = None
+    manual: frozenset[str] = frozenset()
+
+    def spec(self, names) -> P:
+        return logical_to_spec(tuple(names), self.manual)
+
+    def constrain(self, x, names):
+        if self.mesh is None and not self.manual:
+            return x                     # single device, no mesh: nothing to say
+        spec = self.spec(names)
+        if self.manual:
+            return jax.lax.with_sharding_constraint(x, spec)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    def inside(self, axes) -> "Sharder":
+        return Sharder(self.mesh, self.manual | frozenset(axes))
+
+
+def tree_shardings(mesh: Mesh, logical_tree) -> object:
+    """A pytree of logical-name tuples -> a pytree of NamedShardings."""
+    return jax.tree.map(lambda names: NamedSharding(mesh, logical_to_spec(names)), logical_tree,
+                        is_leaf=lambda x: isinstance(x, tuple))
