@@ -26,6 +26,7 @@ LOGICAL_RULES: dict[str, str | None] = {
     "chunk": None,         # virtual stage (model chunk) index on a stage
     "layers": None,        # layers inside a chunk
     "embed": None,         # hidden size h
+    "embed_sg": "tensor",  # h of a stage-to-stage message under scatter/gather
     "seq": None,
     "head_dim": None,
     "qkv": None,

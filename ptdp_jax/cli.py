@@ -1,0 +1,61 @@
+"""`ptdp-train [CONFIG] [--mesh d,p,t] [key=value ...]`: a thin shell over train()."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ptdp_jax.config import ConfigError, parse_cli_overrides
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="ptdp-train", description="Train a GPT or LLaMA model with PTD-P parallelism.",
+        epilog="example: ptdp-train configs/demo.yaml --mesh 2,2,2 train.steps=50 "
+               "parallel.schedule=1f1b parallel.virtual_stages=1")
+    ap.add_argument("config", nargs="?", help="YAML file of overrides (default: built-in defaults)")
+    ap.add_argument("--mesh", help="data,pipe,tensor sizes, e.g. 2,2,2 (default: the config's)")
+    ap.add_argument("--resume", dest="resume", action="store_true", default=None,
+                    help="resume from the newest checkpoint in checkpoint.dir (the default)")
+    ap.add_argument("--no-resume", dest="resume", action="store_false",
+                    help="start fresh even if checkpoint.dir holds checkpoints")
+    ap.add_argument("--coordinator", help="host:port of process 0 (multi-process runs)")
+    ap.add_argument("--num-processes", type=int, help="number of processes (multi-process runs)")
+    ap.add_argument("--process-id", type=int, help="this process's index (multi-process runs)")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    args = ap.parse_args(argv)
+    # A first positional of the form key=value is an override, not a config path.
+    if args.config and "=" in args.config:
+        args.overrides.insert(0, args.config)
+        args.config = None
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        overrides = parse_cli_overrides(args.overrides)
+        if args.resume is not None:
+            overrides["checkpoint.resume"] = args.resume
+        mesh = None
+        if args.mesh:
+            try:
+                mesh = tuple(int(x) for x in args.mesh.split(","))
+            except ValueError:
+                raise ConfigError(f"--mesh {args.mesh!r} is not three comma-separated ints") from None
+            if len(mesh) != 3:
+                raise ConfigError(f"--mesh {args.mesh!r} needs three sizes: data,pipe,tensor")
+        from ptdp_jax.distributed import maybe_initialize
+        maybe_initialize(args.coordinator, args.num_processes, args.process_id)
+        from ptdp_jax.train import TrainingStopped, train
+        train(args.config, mesh_shape=mesh, overrides=overrides)
+    except ConfigError as e:
+        print(f"ptdp-train: config error: {e}", file=sys.stderr)
+        return 2
+    except TrainingStopped as e:
+        print(f"ptdp-train: stopped: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
