@@ -283,7 +283,8 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
     n = d * pp * tp
     if num_devices is not None:
         need(n <= num_devices, f"mesh (data, pipe, tensor) = ({d}, {pp}, {tp}) needs {n} devices, "
-                               f"only {num_devices} available")
+                               f"only {num_devices} available (on a CPU, fake devices come from "
+                               f"XLA_FLAGS=--xla_force_host_platform_device_count={n})")
     need(m.hidden_size % m.num_heads == 0,
          f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
     if m.arch == "llama":

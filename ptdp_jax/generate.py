@@ -14,6 +14,7 @@ def greedy_generate(model_cfg, params, prompt_ids: list[int], num_tokens: int) -
     each new token re-runs the window, which is plenty for a short sample)."""
     s = model_cfg.seq_len
     sh = Sharder()
+    params = jax.tree.map(jnp.asarray, params)
 
     @jax.jit
     def next_token(window_s, last):

@@ -25,7 +25,8 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 def make_optimizer(cfg):
     t = cfg.train
     schedule = optax.warmup_cosine_decay_schedule(
-        0.0, t.lr, warmup_steps=min(t.warmup_steps, t.steps), decay_steps=max(t.steps, 1),
+        0.0, t.lr, warmup_steps=min(t.warmup_steps, t.steps),
+        decay_steps=max(t.steps, min(t.warmup_steps, t.steps) + 1),
         end_value=t.lr * t.min_lr_ratio)
     shapes = M.param_shapes(cfg.model)
     # Weight decay on matrices only: no decay on biases and norm scales (1-D per layer).

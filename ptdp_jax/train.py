@@ -116,6 +116,8 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
         state = compiled.init()
 
     run_dir = Path(cfg.run.dir)
+    if start == 0 and is_main and (run_dir / "metrics.jsonl").exists():
+        (run_dir / "metrics.jsonl").unlink()          # a fresh run starts a fresh log
     logger = MX.MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, enabled=is_main)
     n_dev = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor
     flops = MX.model_flops_per_iteration(cfg, recompute=False)
