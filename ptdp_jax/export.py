@@ -1,0 +1,154 @@
+"""`ptdp-export CHECKPOINT OUT_DIR`: a checkpoint as a Hugging Face model directory.
+
+Writes ``config.json`` and ``model.safetensors`` (float32 unless --dtype says
+otherwise) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads:
+
+- GPT as ``GPT2LMHeadModel``: activation ``gelu_new`` (our tanh-approximated
+  GeLU), GPT-2's Conv1D weights are (in, out): ``qkv_w`` (h, 3, n, d) becomes
+  ``c_attn.weight`` (h, 3h), ``out_w`` (n, d, h) ``c_proj.weight`` (h, h); the
+  output layer is tied to ``wte``.
+- LLaMA as ``LlamaForCausalLM``: ``wq`` (h, n, d) becomes ``q_proj.weight``
+  (n*d, h) and so on; no q/k permutation is needed since our rotary embedding
+  already uses Hugging Face's rotate-half convention; untied ``lm_head``.
+
+The vocabulary is unpadded to ``model.vocab_size`` rows. CHECKPOINT is a step
+directory (``<checkpoint.dir>/<step>``) or a checkpoint.dir (its newest step).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ptdp_jax.checkpoint import CheckpointError, load_params
+
+BYTE_EOS = 256          # the byte tokenizer's end-of-document id
+
+
+def gpt_to_hf(mcfg, params) -> tuple[dict, dict]:
+    """(config.json dict, {name: array}) of GPT2LMHeadModel."""
+    h, n, d, f, V = mcfg.hidden_size, mcfg.num_heads, mcfg.head_dim, mcfg.ffn, mcfg.vocab_size
+    e, L, hd = params["embed"], params["layers"], params["head"]
+    t = {"transformer.wte.weight": e["wte"][:V], "transformer.wpe.weight": e["wpe"],
+         "transformer.ln_f.weight": hd["lnf_scale"], "transformer.ln_f.bias": hd["lnf_bias"]}
+    for i in range(mcfg.num_layers):
+        p = f"transformer.h.{i}."
+        t[p + "ln_1.weight"] = L["ln1_scale"][i]
+        t[p + "ln_1.bias"] = L["ln1_bias"][i]
+        t[p + "attn.c_attn.weight"] = L["qkv_w"][i].reshape(h, 3 * n * d)
+        t[p + "attn.c_attn.bias"] = L["qkv_b"][i].reshape(3 * n * d)
+        t[p + "attn.c_proj.weight"] = L["out_w"][i].reshape(n * d, h)
+        t[p + "attn.c_proj.bias"] = L["out_b"][i]
+        t[p + "ln_2.weight"] = L["ln2_scale"][i]
+        t[p + "ln_2.bias"] = L["ln2_bias"][i]
+        t[p + "mlp.c_fc.weight"] = L["fc1_w"][i]
+        t[p + "mlp.c_fc.bias"] = L["fc1_b"][i]
+        t[p + "mlp.c_proj.weight"] = L["fc2_w"][i]
+        t[p + "mlp.c_proj.bias"] = L["fc2_b"][i]
+    config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": V, "n_positions": mcfg.seq_len, "n_ctx": mcfg.seq_len, "n_embd": h,
+        "n_layer": mcfg.num_layers, "n_head": n, "n_inner": f,
+        "activation_function": "gelu_new", "layer_norm_epsilon": mcfg.norm_eps,
+        "resid_pdrop": mcfg.dropout, "embd_pdrop": mcfg.dropout, "attn_pdrop": mcfg.dropout,
+        "initializer_range": mcfg.init_std, "scale_attn_weights": True,
+        "scale_attn_by_inverse_layer_idx": False, "reorder_and_upcast_attn": False,
+        "tie_word_embeddings": True, "use_cache": True,
+    }
+    return config, t
+
+
+def llama_to_hf(mcfg, params) -> tuple[dict, dict]:
+    """(config.json dict, {name: array}) of LlamaForCausalLM."""
+    h, n, d, f, V = mcfg.hidden_size, mcfg.num_heads, mcfg.head_dim, mcfg.ffn, mcfg.vocab_size
+    e, L, hd = params["embed"], params["layers"], params["head"]
+    t = {"model.embed_tokens.weight": e["tok"][:V], "model.norm.weight": hd["norm"],
+         "lm_head.weight": hd["out"][:, :V].T}
+    for i in range(mcfg.num_layers):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = L["attn_norm"][i]
+        for ours, theirs in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj")):
+            t[p + f"self_attn.{theirs}.weight"] = L[ours][i].reshape(h, n * d).T
+        t[p + "self_attn.o_proj.weight"] = L["wo"][i].reshape(n * d, h).T
+        t[p + "post_attention_layernorm.weight"] = L["mlp_norm"][i]
+        t[p + "mlp.gate_proj.weight"] = L["w_gate"][i].T
+        t[p + "mlp.up_proj.weight"] = L["w_up"][i].T
+        t[p + "mlp.down_proj.weight"] = L["w_down"][i].T
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": V, "hidden_size": h, "intermediate_size": f,
+        "num_hidden_layers": mcfg.num_layers, "num_attention_heads": n,
+        "num_key_value_heads": n, "head_dim": d, "hidden_act": "silu",
+        "max_position_embeddings": mcfg.seq_len, "rms_norm_eps": mcfg.norm_eps,
+        "rope_theta": mcfg.rope_theta,                                   # transformers 4.x
+        "rope_parameters": {"rope_type": "default", "rope_theta": mcfg.rope_theta},  # 5.x
+        "rope_scaling": None, "attention_bias": False, "attention_dropout": mcfg.dropout,
+        "mlp_bias": False, "initializer_range": mcfg.init_std, "tie_word_embeddings": False,
+        "use_cache": True,
+    }
+    return config, t
+
+
+CONVERTERS = {"gpt": gpt_to_hf, "llama": llama_to_hf}
+DTYPES = {"float32": np.float32, "bfloat16": "bfloat16", "float16": np.float16}
+
+
+def export_params(model_cfg, params, out_dir: str | os.PathLike, dtype: str = "float32") -> Path:
+    """Write a Hugging Face directory for canonical `params` of `model_cfg`."""
+    from safetensors.numpy import save_file
+
+    if model_cfg.arch not in CONVERTERS:
+        raise ValueError(f"cannot export model.arch={model_cfg.arch!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    config, tensors = CONVERTERS[model_cfg.arch](model_cfg, params)
+    if model_cfg.vocab_size == BYTE_EOS + 1:       # the byte tokenizer's eos
+        config["bos_token_id"] = config["eos_token_id"] = BYTE_EOS
+    config["torch_dtype"] = config["dtype"] = dtype
+    if dtype == "bfloat16":
+        import ml_dtypes
+        np_dtype = ml_dtypes.bfloat16
+    else:
+        np_dtype = DTYPES[dtype]
+    tensors = {k: np.ascontiguousarray(np.asarray(v, np.float32).astype(np_dtype))
+               for k, v in tensors.items()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
+                      dtype: str = "float32") -> Path:
+    """Export a ptdp_jax checkpoint (step dir or checkpoint.dir) to a Hugging Face dir."""
+    cfg, params = load_params(checkpoint)
+    return export_params(cfg.model, params, out_dir, dtype)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="ptdp-export",
+        description="Export a ptdp_jax checkpoint as a Hugging Face model directory "
+                    "(config.json + model.safetensors): GPT as GPT2LMHeadModel, "
+                    "LLaMA as LlamaForCausalLM.")
+    ap.add_argument("checkpoint", help="a step directory (CKPT_DIR/STEP) or a checkpoint.dir "
+                                       "(its newest complete step)")
+    ap.add_argument("out_dir", help="output directory (created)")
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    args = ap.parse_args(argv)
+    try:
+        out = export_checkpoint(args.checkpoint, args.out_dir, args.dtype)
+    except CheckpointError as e:
+        print(f"ptdp-export: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""`ptdp-import-hf HF_DIR CHECKPOINT_DIR [key=value ...]`: a Hugging Face GPT-2 or
+LLaMA directory (config.json + *.safetensors) as a ptdp_jax checkpoint at step 0.
+
+The inverse of ptdp_jax.export. Training then starts from those weights:
+
+    ptdp-import-hf ./gpt2-small ckpt/ train.lr=1e-4
+    ptdp-train --mesh 2,2,2 checkpoint.dir=ckpt/ <the model.* settings it printed>
+
+The checkpoint holds the parameters (vocabulary padded to a multiple of 128 with
+zero rows), a fresh optimizer state, step 0, and the config: the model settings
+read from config.json plus the given overrides. Supported: GPT2LMHeadModel with
+gelu_new and tied embeddings; LlamaForCausalLM without grouped-query attention,
+rope scaling or biases. Anything else is a ValueError naming the setting.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ptdp_jax.config import ConfigError, load_config, parse_cli_overrides
+
+
+def _load_tensors(hf_dir: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+    files = sorted(hf_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{hf_dir} has no *.safetensors file (only safetensors are read, "
+                         f"never pickled PyTorch files)")
+    out = {}
+    for f in files:
+        for k, v in load_file(str(f)).items():
+            out[k] = np.asarray(v, np.float32) if v.dtype != np.float32 else v
+    return out
+
+
+def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
+    return np.concatenate([x, np.zeros((rows - x.shape[0],) + x.shape[1:], x.dtype)])
+
+
+def _need(ok: bool, msg: str):
+    if not ok:
+        raise ValueError(msg)
+
+
+def gpt_from_hf(conf: dict, t: dict) -> tuple[dict, dict]:
+    _need(conf.get("activation_function", "gelu_new") in ("gelu_new", "gelu_pytorch_tanh"),
+          f"GPT-2 activation_function={conf.get('activation_function')!r}: only the tanh GeLU "
+          f"(gelu_new) is supported")
+    _need(not conf.get("scale_attn_by_inverse_layer_idx", False),
+          "GPT-2 scale_attn_by_inverse_layer_idx=true is not supported")
+    _need(conf.get("tie_word_embeddings", True), "GPT-2 with untied embeddings is not supported")
+    h, n, L = conf["n_embd"], conf["n_head"], conf["n_layer"]
+    f = conf.get("n_inner") or 4 * h
+    model = {"model.arch": "gpt", "model.num_layers": L, "model.hidden_size": h,
+             "model.num_heads": n, "model.ffn_hidden_size": f, "model.vocab_size": conf["vocab_size"],
+             "model.seq_len": conf["n_positions"],
+             "model.norm_eps": conf.get("layer_norm_epsilon", 1e-5)}
+    d = h // n
+    pre = "transformer." if "transformer.wte.weight" in t else ""
+    g = lambda name: t[pre + name]
+    stack = lambda fmt, fn=lambda x: x: np.stack([fn(g(fmt.format(i))) for i in range(L)])
+    layers = {
+        "ln1_scale": stack("h.{}.ln_1.weight"), "ln1_bias": stack("h.{}.ln_1.bias"),
+        "qkv_w": stack("h.{}.attn.c_attn.weight", lambda x: x.reshape(h, 3, n, d)),
+        "qkv_b": stack("h.{}.attn.c_attn.bias", lambda x: x.reshape(3, n, d)),
+        "out_w": stack("h.{}.attn.c_proj.weight", lambda x: x.reshape(n, d, h)),
+        "out_b": stack("h.{}.attn.c_proj.bias"),
+        "ln2_scale": stack("h.{}.ln_2.weight"), "ln2_bias": stack("h.{}.ln_2.bias"),
+        "fc1_w": stack("h.{}.mlp.c_fc.weight"), "fc1_b": stack("h.{}.mlp.c_fc.bias"),
+        "fc2_w": stack("h.{}.mlp.c_proj.weight"), "fc2_b": stack("h.{}.mlp.c_proj.bias"),
+    }
+    params = {"embed": {"wte": g("wte.weight"), "wpe": g("wpe.weight")}, "layers": layers,
+              "head": {"lnf_scale": g("ln_f.weight"), "lnf_bias": g("ln_f.bias")}}
+    return model, params
+
+
+def llama_from_hf(conf: dict, t: dict) -> tuple[dict, dict]:
+    h, n, L = conf["hidden_size"], conf["num_attention_heads"], conf["num_hidden_layers"]
+    d = conf.get("head_dim") or h // n
+    _need(conf.get("num_key_value_heads", n) == n,
+          f"LLaMA num_key_value_heads={conf.get('num_key_value_heads')} != num_attention_heads="
+          f"{n}: grouped-query attention is not supported")
+    _need(d * n == h, f"LLaMA head_dim={d} x heads={n} != hidden_size={h} is not supported")
+    rope = conf.get("rope_parameters") or {}
+    _need(not conf.get("rope_scaling") and rope.get("rope_type", "default") == "default",
+          f"LLaMA rope scaling {conf.get('rope_scaling') or rope} is not supported")
+    _need(not conf.get("attention_bias") and not conf.get("mlp_bias"),
+          "LLaMA with attention or MLP biases is not supported")
+    _need(conf.get("hidden_act", "silu") == "silu", f"LLaMA hidden_act={conf.get('hidden_act')!r}")
+    V = conf["vocab_size"]
+    model = {"model.arch": "llama", "model.num_layers": L, "model.hidden_size": h,
+             "model.num_heads": n, "model.ffn_hidden_size": conf["intermediate_size"],
+             "model.vocab_size": V, "model.seq_len": conf.get("max_position_embeddings", 2048),
+             "model.norm_eps": conf.get("rms_norm_eps", 1e-6),
+             "model.rope_theta": rope.get("rope_theta", conf.get("rope_theta", 10000.0))}
+    g = lambda name: t[name]
+    stack = lambda fmt, fn: np.stack([fn(g(fmt.format(i))) for i in range(L)])
+    p = "model.layers.{}."
+    layers = {
+        "attn_norm": stack(p + "input_layernorm.weight", lambda x: x),
+        "wq": stack(p + "self_attn.q_proj.weight", lambda x: x.T.reshape(h, n, d)),
+        "wk": stack(p + "self_attn.k_proj.weight", lambda x: x.T.reshape(h, n, d)),
+        "wv": stack(p + "self_attn.v_proj.weight", lambda x: x.T.reshape(h, n, d)),
+        "wo": stack(p + "self_attn.o_proj.weight", lambda x: x.T.reshape(n, d, h)),
+        "mlp_norm": stack(p + "post_attention_layernorm.weight", lambda x: x),
+        "w_gate": stack(p + "mlp.gate_proj.weight", lambda x: x.T),
+        "w_up": stack(p + "mlp.up_proj.weight", lambda x: x.T),
+        "w_down": stack(p + "mlp.down_proj.weight", lambda x: x.T),
+    }
+    tok = g("model.embed_tokens.weight")
+    out = t.get("lm_head.weight", tok if conf.get("tie_word_embeddings") else None)
+    _need(out is not None, "LLaMA checkpoint has no lm_head.weight")
+    params = {"embed": {"tok": tok}, "layers": layers,
+              "head": {"norm": g("model.norm.weight"), "out": out.T}}
+    return model, params
+
+
+def import_hf(hf_dir: str | os.PathLike) -> tuple[dict, dict]:
+    """(model.* overrides, canonical parameters with the vocabulary padded) of a
+    Hugging Face directory."""
+    hf_dir = Path(hf_dir)
+    conf_path = hf_dir / "config.json"
+    if not conf_path.is_file():
+        raise ValueError(f"{hf_dir} has no config.json")
+    conf = json.loads(conf_path.read_text())
+    kind = conf.get("model_type")
+    tensors = _load_tensors(hf_dir)
+    try:
+        if kind == "gpt2":
+            model, params = gpt_from_hf(conf, tensors)
+        elif kind == "llama":
+            model, params = llama_from_hf(conf, tensors)
+        else:
+            raise ValueError(f"{conf_path}: model_type={kind!r}; only gpt2 and llama are supported")
+    except KeyError as e:
+        raise ValueError(f"{hf_dir}: missing tensor or config key {e}") from None
+    mcfg = load_config(None, model).model
+    Vp = mcfg.padded_vocab_size
+    if mcfg.arch == "gpt":
+        params["embed"]["wte"] = _pad_rows(params["embed"]["wte"], Vp)
+    else:
+        params["embed"]["tok"] = _pad_rows(params["embed"]["tok"], Vp)
+        params["head"]["out"] = _pad_rows(params["head"]["out"].T, Vp).T
+    from ptdp_jax.models.model import param_shapes
+    import jax
+    want = param_shapes(mcfg)
+    got = jax.tree.map(lambda x: tuple(x.shape), params)
+    _need(got == want, f"{hf_dir}: tensor shapes {got} do not match the model {want}")
+    params = jax.tree.map(lambda x: np.ascontiguousarray(x, np.float32), params)
+    return model, params
+
+
+def write_checkpoint(cfg, params, directory: str | os.PathLike) -> Path:
+    """A step-0 checkpoint of canonical `params` (fresh optimizer state) in `directory`."""
+    import jax
+    import jax.numpy as jnp
+    from dataclasses import replace
+
+    from ptdp_jax.checkpoint import CheckpointManager
+    from ptdp_jax.models.model import to_stage_layout
+    from ptdp_jax.sharding import make_mesh
+    from ptdp_jax.step import make_optimizer, state_shardings
+
+    cfg = replace(cfg, parallel=replace(cfg.parallel, data=1, pipe=1, tensor=1,
+                                        schedule="1f1b", virtual_stages=1),
+                  checkpoint=replace(cfg.checkpoint, dir=str(directory), resume=False))
+    tx, _ = make_optimizer(cfg)
+    shardings = state_shardings(cfg, make_mesh((1, 1, 1)), tx)
+    manager = CheckpointManager(cfg, shardings)
+    if manager.steps():
+        raise ValueError(f"{directory} already holds checkpoints (steps {manager.steps()}); "
+                         f"import into a new or empty directory")
+    stage = dict(params, layers=to_stage_layout(params["layers"], 1, 1))
+    stage = jax.device_put(jax.tree.map(jnp.asarray, stage), shardings["params"])
+    state = {"params": stage, "opt": jax.jit(tx.init, out_shardings=shardings["opt"])(stage),
+             "step": jnp.zeros((), jnp.int32), "bad_steps": jnp.zeros((), jnp.int32)}
+    with manager:
+        manager.save(0, state)
+    return Path(directory) / "0"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="ptdp-import-hf",
+        description="Turn a Hugging Face GPT-2 or LLaMA directory into a ptdp_jax checkpoint "
+                    "at step 0 (train from it with checkpoint.dir=CHECKPOINT_DIR).")
+    ap.add_argument("hf_dir", help="directory with config.json and *.safetensors")
+    ap.add_argument("checkpoint_dir", help="a new or empty checkpoint.dir")
+    ap.add_argument("overrides", nargs="*", metavar="key=value",
+                    help="config overrides stored with the checkpoint (train.*, data.*, ...)")
+    args = ap.parse_args(argv)
+    try:
+        model, params = import_hf(args.hf_dir)
+        cfg = load_config(None, {**parse_cli_overrides(args.overrides), **model})
+        step_dir = write_checkpoint(cfg, params, args.checkpoint_dir)
+    except (ValueError, ConfigError) as e:
+        print(f"ptdp-import-hf: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {step_dir}; train from it with checkpoint.dir={args.checkpoint_dir} "
+          + " ".join(f"{k}={v}" for k, v in model.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

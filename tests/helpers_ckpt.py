@@ -1,0 +1,82 @@
+"""Shared helpers of the checkpoint, fault and export tests."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+
+# Persistent compilation cache: the many train() calls of these tests compile the same
+# programs (same config and mesh) again; with the cache a resumed run reuses them.
+JAX_CACHE = os.environ.get("PTDP_TEST_JAX_CACHE") or os.path.join(
+    tempfile.gettempdir(), f"ptdp_jax_test_jax_cache_{os.getuid()}")
+jax.config.update("jax_compilation_cache_dir", JAX_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny(tmp_path, data_cache, **extra) -> dict:
+    """Overrides of a small GPT run writing under tmp_path."""
+    ov = {
+        "model.arch": "gpt", "model.num_layers": 4, "model.hidden_size": 32, "model.num_heads": 4,
+        "model.seq_len": 16, "train.global_batch_size": 8, "train.micro_batch_size": 1,
+        "train.steps": 6, "train.warmup_steps": 1, "train.eval_every": 0,
+        "train.sample_tokens": 0, "run.progress": False, "run.tensorboard": False,
+        "run.dir": str(Path(tmp_path) / "run"), "data.cache_dir": str(data_cache),
+        "checkpoint.dir": str(Path(tmp_path) / "ckpt"),
+    }
+    ov.update(extra)
+    return ov
+
+
+class Log:
+    """A train(log=...) callback that keeps the lines and sends `sig` to this process
+    when the line of step `at` is logged (the step has finished: train() then
+    checkpoints and returns, as on a real SIGTERM)."""
+
+    def __init__(self, at: int | None = None, sig=signal.SIGTERM):
+        self.lines: list[str] = []
+        self.at, self.sig = at, sig
+
+    def __call__(self, *args, **kw):
+        line = " ".join(str(a) for a in args)
+        self.lines.append(line)
+        if self.at is not None and line.startswith(f"step {self.at}/"):
+            os.kill(os.getpid(), self.sig)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+def subprocess_env(**extra) -> dict:
+    env = dict(os.environ)
+    env.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                                "--xla_backend_optimization_level=0")
+    env["JAX_COMPILATION_CACHE_DIR"] = JAX_CACHE
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.3"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PTDP_NO_DISTRIBUTED"] = "1"
+    env.pop("PTDP_TEST_SAVE_DELAY", None)
+    env.pop("PTDP_TEST_SAVE_FAULT", None)
+    env.update(extra)
+    return env
+
+
+def cli_command(overrides: dict, mesh="1,1,1") -> list[str]:
+    return [sys.executable, "-m", "ptdp_jax.cli", "--mesh", mesh] + \
+        [f"{k}={v}" for k, v in overrides.items()]
+
+
+def snapshot(directory: Path) -> dict:
+    """Every file under directory with its size and mtime (to prove nothing changed)."""
+    out = {}
+    for p in sorted(Path(directory).rglob("*")):
+        st = p.stat()
+        out[str(p.relative_to(directory))] = (p.is_dir(), st.st_size if p.is_file() else 0,
+                                              st.st_mtime_ns)
+    return out
