@@ -187,10 +187,12 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
         if bar is not None:
             bar.close()
         logger.close()
-        if ckpt is not None:
-            ckpt.close()
-        if guard is not None:
-            guard.restore()
+        try:
+            if ckpt is not None:
+                ckpt.close()              # waits for the last save; raises if it failed
+        finally:
+            if guard is not None:
+                guard.restore()
 
     result.params = jax.tree.map(np.asarray, jax.device_get(
         jax.jit(lambda prm: canonical_params(cfg, prm))(state["params"])))

@@ -159,7 +159,8 @@ def test_too_many_nonfinite_steps_stop_the_run(tmp_path, data_cache):
 
 def test_disk_full_during_save(tmp_path, data_cache, monkeypatch):
     """ENOSPC raised in the background write of step 4 (the write path's test hook):
-    train() stops with a clear error, the checkpoint of step 2 is intact."""
+    train() stops with a clear error, the checkpoint of step 2 is intact; the next run
+    resumes from it."""
     monkeypatch.setenv("PTDP_TEST_SAVE_FAULT", "enospc:4")
     ov = H.tiny(tmp_path, data_cache, **{"train.steps": 6, "model.num_layers": 2,
                                          "checkpoint.every": 2})
@@ -172,9 +173,15 @@ def test_disk_full_during_save(tmp_path, data_cache, monkeypatch):
     assert CK.CheckpointManager(resolve_config(None, (1, 1, 1), ov), _shardings(ov)).steps() == [2]
     _, s2, _ = CK.load_checkpoint(ckpt)
     assert int(s2["step"]) == 2
-    monkeypatch.delenv("PTDP_TEST_SAVE_FAULT")
-    res = train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log(at=3))      # resumes
-    assert res.start_step == 2
+    # the final save fails: the error comes from close(), signal handlers are restored
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    monkeypatch.setenv("PTDP_TEST_SAVE_FAULT", "enospc:6")
+    log = H.Log()
+    with pytest.raises(CK.CheckpointError, match=r"disk full.*previous checkpoint \(step 4\)"):
+        train(mesh_shape=(1, 1, 1), overrides=ov, log=log)
+    assert f"resumed from {ckpt} at step 2" in log.text
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
+    assert CK.load_checkpoint(ckpt)[2]["step"] == 4
 
 
 def _shardings(ov, mesh=(1, 1, 1)):
