@@ -1,0 +1,60 @@
+"""Shared helpers for parity tests: loss and gradients of one global batch on a
+mesh, in canonical layout, compared against the single-device model."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+
+from ptdp_jax.config import load_config, validate
+from ptdp_jax.sharding import make_mesh
+from ptdp_jax import step as S
+
+TINY = {
+    "model.num_heads": 8, "model.hidden_size": 32, "model.seq_len": 16, "model.num_layers": 8,
+    "train.global_batch_size": 8, "train.micro_batch_size": 1,
+}
+
+
+def tiny_config(arch="gpt", mesh=(1, 1, 1), **extra):
+    o = {k: v for k, v in TINY.items() if v is not None}
+    o.update({"model.arch": arch, "parallel.data": mesh[0], "parallel.pipe": mesh[1],
+              "parallel.tensor": mesh[2]})
+    if arch == "llama":
+        o["model.ffn_hidden_size"] = 96
+    o.update(extra)
+    return validate(load_config(overrides=o), len(jax.devices()))
+
+
+def batch_for(cfg, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, cfg.model.vocab_size,
+                        (cfg.train.global_batch_size, cfg.model.seq_len + 1)).astype(np.int32)
+
+
+def loss_and_grads(cfg, seed=0):
+    mesh = make_mesh(cfg.parallel.mesh_shape)
+    tx, _ = S.make_optimizer(cfg)
+    params = jax.jit(lambda: S.init_state(cfg, tx)["params"])()
+    loss, grads = jax.jit(S.make_grad_fn(cfg, mesh))(params, batch_for(cfg, seed), 0)
+    grads = jax.jit(lambda g: S.canonical_params(cfg, g))(grads)
+    return float(loss), jax.tree.map(np.asarray, grads)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(arch: str, num_microbatch_key: tuple = ()):
+    """(1,1,1) loss and gradients for the tiny model (cached per arch and extra keys)."""
+    return loss_and_grads(tiny_config(arch, (1, 1, 1), **dict(num_microbatch_key)))
+
+
+def assert_close(got, ref, rtol=2e-5, atol_frac=2e-5):
+    (l1, g1), (l0, g0) = got, ref
+    np.testing.assert_allclose(l1, l0, rtol=rtol)
+    flat1, tree1 = jax.tree.flatten_with_path(g1)
+    flat0, _ = jax.tree.flatten_with_path(g0)
+    assert len(flat1) == len(flat0)
+    for (path, a), (_, b) in zip(flat1, flat0):
+        scale = float(np.abs(b).max()) + 1e-12
+        err = float(np.abs(a - b).max()) / scale
+        assert err < atol_frac, f"gradient {jax.tree_util.keystr(path)}: rel. error {err:.2e}"
