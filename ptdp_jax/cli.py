@@ -22,7 +22,7 @@ def parse_args(argv=None):
     ap.add_argument("--num-processes", type=int, help="number of processes (multi-process runs)")
     ap.add_argument("--process-id", type=int, help="this process's index (multi-process runs)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)
     # A first positional of the form key=value is an override, not a config path.
     if args.config and "=" in args.config:
         args.overrides.insert(0, args.config)
