@@ -1,0 +1,31 @@
+# Two commands do all the set-up on a fresh machine with Python 3.11+, pip and make:
+#   make demo   trains the default demo (small GPT, embedded corpus, 8 fake CPU devices, mesh 2,2,2)
+#   make test   runs the test suite (what CI runs)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+CPU8   := XLA_FLAGS=--xla_force_host_platform_device_count=8
+
+.PHONY: demo test install schedule-picture clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test,export-test]"
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(CPU8) $(BIN)/ptdp-train configs/demo.yaml $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --durations=15 tests $(ARGS)
+
+schedule-picture: $(STAMP)
+	$(BIN)/ptdp-schedule --schedule interleaved --p 4 --v 2 --m 8 --out docs/schedule_interleaved_p4_v2_m8.png
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

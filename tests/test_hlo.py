@@ -1,0 +1,41 @@
+"""Properties of the compiled programs: the parallel cross-entropy never gathers
+full logits, and scatter/gather shrinks the stage-to-stage messages by t."""
+import re
+
+from compiled import compile_grad_fn
+from parity import tiny_config
+
+
+def _shapes(hlo: str) -> set[str]:
+    return set(re.findall(r"\[([0-9,]+)\]", hlo))
+
+
+def test_cross_entropy_keeps_logits_vocab_sharded():
+    t = 8
+    cfg = tiny_config("gpt", (1, 1, t))
+    hlo = compile_grad_fn(cfg).as_text()
+    b, s, vp = cfg.train.micro_batch_size, cfg.model.seq_len, cfg.model.padded_vocab_size
+    shapes = _shapes(hlo)
+    assert f"{b},{s},{vp // t}" in shapes, "expected per-device logits of 1/t of the vocabulary"
+    assert f"{b},{s},{vp}" not in shapes, "full (b, s, V) logits appear on one device"
+
+
+def _permute_payloads(hlo: str) -> list[int]:
+    sizes = []
+    for line in hlo.splitlines():
+        if re.search(r"collective-permute(-start)?\(", line):
+            dims = re.search(r"=\s*\(?\w+\[([0-9,]*)\]", line).group(1)
+            n = 1
+            for d in dims.split(","):
+                n *= int(d)
+            sizes.append(n)
+    return sizes
+
+
+def test_scatter_gather_shrinks_permute_payload_by_t():
+    t = 4
+    plain = _permute_payloads(compile_grad_fn(tiny_config("gpt", (1, 2, t))).as_text())
+    sg = _permute_payloads(compile_grad_fn(
+        tiny_config("gpt", (1, 2, t), **{"parallel.scatter_gather": True})).as_text())
+    assert plain and sg and len(plain) == len(sg)
+    assert max(sg) * t == max(plain), (plain, sg)
