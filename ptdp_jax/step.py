@@ -173,7 +173,7 @@ def make_train_step(cfg, mesh, tx):
 
     def step_fn(state, batch):
         loss, grads = grad_fn(state["params"], batch, state["step"])
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         updates, new_opt = tx.update(grads, state["opt"], state["params"])
         new_params = optax.apply_updates(state["params"], updates)

@@ -1,0 +1,105 @@
+"""Every constraint is checked before anything compiles; the error names the key and numbers."""
+import pytest
+
+from ptdp_jax.config import ConfigError, load_config, parse_cli_overrides, validate
+
+OK = {"model.num_layers": 8, "model.hidden_size": 64, "model.num_heads": 8,
+      "train.global_batch_size": 16, "train.micro_batch_size": 2}
+
+
+def check(overrides, *fragments, devices=8):
+    with pytest.raises(ConfigError) as e:
+        validate(load_config(overrides={**OK, **overrides}), devices)
+    msg = str(e.value)
+    for f in fragments:
+        assert f in msg, f"{f!r} not in {msg!r}"
+    assert isinstance(e.value, ValueError)
+
+
+def test_defaults_and_ok_config_validate():
+    validate(load_config(), 1)
+    validate(load_config(overrides=OK), 8)
+
+
+@pytest.mark.parametrize("overrides,fragments", [
+    ({"parallel.data": 4, "parallel.tensor": 4}, ["(4, 1, 4)", "16 devices", "only 8"]),
+    ({"parallel.tensor": 8, "model.num_heads": 4, "model.hidden_size": 64},
+     ["model.num_heads=4", "parallel.tensor=8"]),
+    ({"parallel.tensor": 3, "model.num_heads": 6, "model.hidden_size": 48,
+      "model.ffn_hidden_size": 96, "model.vocab_size": 100},
+     ["padded vocabulary 128", "model.vocab_size=100", "parallel.tensor=3"]),
+    ({"parallel.tensor": 4, "model.ffn_hidden_size": 90}, ["model.ffn_hidden_size=90", "parallel.tensor=4"]),
+    ({"parallel.pipe": 3}, ["model.num_layers=8", "3 x 1 = 3"]),
+    ({"parallel.pipe": 2, "parallel.schedule": "interleaved", "parallel.virtual_stages": 3},
+     ["model.num_layers=8", "2 x 3 = 6"]),
+    ({"train.global_batch_size": 10, "parallel.data": 2}, ["train.global_batch_size=10", "2 x 2 = 4"]),
+    ({"parallel.pipe": 4, "parallel.schedule": "interleaved", "parallel.virtual_stages": 2,
+      "train.global_batch_size": 12, "train.micro_batch_size": 2}, ["= 6", "parallel.pipe=4"]),
+    ({"parallel.schedule": "interleaved", "parallel.virtual_stages": 1}, ["virtual_stages >= 2", "got 1"]),
+    ({"parallel.virtual_stages": 2}, ["parallel.virtual_stages=2", "interleaved"]),
+    ({"parallel.schedule": "zigzag"}, ["parallel.schedule='zigzag'", "gpipe"]),
+    ({"model.arch": "bert"}, ["model.arch='bert'", "llama"]),
+    ({"train.dtype": "float16"}, ["train.dtype", "bfloat16"]),
+    ({"train.recompute": "some"}, ["train.recompute", "selective"]),
+    ({"train.lr": 0.0}, ["train.lr", "got 0.0"]),
+    ({"train.lr": -1e-3}, ["train.lr", "-0.001"]),
+    ({"train.steps": 0}, ["train.steps", "got 0"]),
+    ({"train.micro_batch_size": 0}, ["train.micro_batch_size", "got 0"]),
+    ({"model.hidden_size": 60}, ["model.hidden_size=60", "model.num_heads=8"]),
+    ({"model.dropout": 1.5}, ["model.dropout", "1.5"]),
+    ({"data.path": ["/nonexistent/corpus"]}, ["data.path", "/nonexistent/corpus"]),
+    ({"parallel.tensor": 8, "model.num_heads": 8, "model.hidden_size": 64,
+      "parallel.scatter_gather": True, "model.ffn_hidden_size": 256}, []),
+])
+def test_rule_violations(overrides, fragments):
+    if not fragments:      # a valid combination (scatter/gather with t | h): no error
+        validate(load_config(overrides={**OK, **overrides}), 8)
+        return
+    check(overrides, *fragments)
+
+
+def test_unknown_keys_and_bad_values():
+    with pytest.raises(ConfigError, match="unknown config key 'model.hidden'"):
+        load_config(overrides={"model.hidden": 3})
+    with pytest.raises(ConfigError, match="unknown config key 'trian.steps'"):
+        load_config(overrides={"trian.steps": 3})
+    with pytest.raises(ConfigError, match="train.steps: cannot read 'many' as int"):
+        load_config(overrides={"train.steps": "many"})
+    with pytest.raises(ConfigError, match="train.steps: cannot read 2.5 as int"):
+        load_config(overrides={"train.steps": 2.5})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("configs/nope.yaml")
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_cli_overrides(["train.steps"])
+
+
+def test_yaml_and_dotted_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("model:\n  hidden_size: 96\n  num_heads: 6\ntrain:\n  lr: 1.0e-4\n")
+    cfg = load_config(f, overrides=parse_cli_overrides(["train.lr=2e-4", "data.path=a,b",
+                                                        "parallel.scatter_gather=true"]))
+    assert cfg.model.hidden_size == 96 and cfg.train.lr == 2e-4
+    assert cfg.data.path == ("a", "b") and cfg.parallel.scatter_gather is True
+    with pytest.raises(Exception):
+        cfg.train.lr = 1.0                      # frozen
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  hidden_sise: 96\n")
+    with pytest.raises(ConfigError, match="model.hidden_sise"):
+        load_config(bad)
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    f = tmp_path / "evil.yaml"
+    f.write_text("train: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(Exception) as e:
+        load_config(f)
+    assert "pwned" not in str(e.value)
+
+
+def test_microbatch_count_and_defaults():
+    cfg = load_config(overrides={**OK, "parallel.data": 2})
+    assert cfg.num_microbatches == 16 // (2 * 2)
+    assert load_config(overrides={"model.arch": "llama", "model.hidden_size": 4096}).model.ffn == 11008
+    assert load_config().model.ffn == 4 * load_config().model.hidden_size
+    assert load_config(overrides={"model.vocab_size": 51200}).model.padded_vocab_size == 51200
+    assert load_config(overrides={"model.vocab_size": 50257}).model.padded_vocab_size == 50304
