@@ -128,23 +128,25 @@ def test_sigkill_during_save_resumes_from_last_complete(tmp_path, data_cache):
 def test_nonfinite_steps_are_skipped(tmp_path, data_cache):
     """lr = 1e30: step 1 is fine, its update blows the parameters up, every later step
     is non-finite and skipped: parameters and optimizer state stay as after step 1."""
-    ov = H.tiny(tmp_path, data_cache, **{
-        "train.steps": 4, "train.lr": 1e30, "train.warmup_steps": 0, "model.num_layers": 2,
-        "checkpoint.every": 1, "checkpoint.keep": 5, "train.max_bad_steps": 10})
+    ov = _nonfinite(tmp_path, data_cache, **{"checkpoint.keep": 6, "train.max_bad_steps": 10})
     res = train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
     assert np.isfinite(res.losses[0]) and not np.isfinite(res.losses[1:]).any()
-    assert res.bad_steps == 3
+    assert res.bad_steps == 5
     _, s1, _ = CK.load_checkpoint(tmp_path / "ckpt" / "1")
-    _, s4, _ = CK.load_checkpoint(tmp_path / "ckpt" / "4")
-    assert _equal(s1["params"], s4["params"]) and _equal(s1["opt"], s4["opt"])
-    assert int(s4["step"]) == 4 and int(s4["bad_steps"]) == 3 and int(s1["bad_steps"]) == 0
+    _, s6, _ = CK.load_checkpoint(tmp_path / "ckpt" / "6")
+    assert _equal(s1["params"], s6["params"]) and _equal(s1["opt"], s6["opt"])
+    assert int(s6["step"]) == 6 and int(s6["bad_steps"]) == 5 and int(s1["bad_steps"]) == 0
     assert _equal(res.params, s1["params"])
 
 
-def test_too_many_nonfinite_steps_stop_the_run(tmp_path, data_cache):
-    ov = H.tiny(tmp_path, data_cache, **{
+def _nonfinite(tmp_path, data_cache, **extra):
+    return H.tiny(tmp_path, data_cache, **{
         "train.steps": 6, "train.lr": 1e30, "train.warmup_steps": 0, "model.num_layers": 2,
-        "checkpoint.every": 1, "train.max_bad_steps": 2})
+        "checkpoint.every": 1, **extra})
+
+
+def test_too_many_nonfinite_steps_stop_the_run(tmp_path, data_cache):
+    ov = _nonfinite(tmp_path, data_cache, **{"train.max_bad_steps": 2})
     with pytest.raises(TrainingStopped) as e:
         train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
     ckpt = tmp_path / "ckpt"
