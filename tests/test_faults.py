@@ -1,5 +1,6 @@
 """Faults: SIGTERM (clean stop with a checkpoint), SIGKILL while a save is in flight,
 non-finite steps (skipped, then the run stops), a full disk during a save."""
+import os
 import queue
 import re
 import signal
@@ -228,3 +229,20 @@ def test_disk_full_on_a_real_small_filesystem(tmp_path, data_cache):
         assert _equal(jax.device_get(restored["params"]), jax.device_get(state["params"]))
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_stop_signal_flag_and_second_sigint():
+    previous = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    guard = CK.StopSignal()
+    try:
+        assert not guard.requested and guard.name == ""
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert guard.requested and guard.name == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):     # a second Ctrl-C does not wait
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == previous
+    finally:
+        guard.restore()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == previous
