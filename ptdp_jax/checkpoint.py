@@ -564,16 +564,13 @@ class StopSignal:
     finishes its step, writes a checkpoint and exits). A second SIGINT raises
     KeyboardInterrupt at once. `restore()` puts the previous handlers back.
     Outside the main thread (where Python cannot install handlers) it does nothing.
-
-    In a multi-process run, reading `requested` is a collective (every process
-    must read it at the same point, as train() does once per step): it is True
-    on all processes as soon as any of them got a signal, so they all stop after
-    the same step and write the same checkpoint."""
+    The flag is this process's; in a multi-process run the loop must agree on it
+    across processes (train() does, once per step)."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __init__(self, signals=SIGNALS):
-        self._signum = 0
+        self.requested = False
         self.name = ""
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
@@ -582,26 +579,11 @@ class StopSignal:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
-        if self._signum and signum == signal.SIGINT:
+        if self.requested and signum == signal.SIGINT:
             self.restore()
             raise KeyboardInterrupt
-        self._signum = int(signum)
+        self.requested = True
         self.name = signal.Signals(signum).name
-
-    @property
-    def requested(self) -> bool:
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-            signum = int(np.max(multihost_utils.process_allgather(np.int32(self._signum))))
-            if signum and not self._signum:
-                self._signum, self.name = signum, signal.Signals(signum).name
-        return self._signum != 0
-
-    @requested.setter
-    def requested(self, value: bool) -> None:
-        self._signum = int(signal.SIGTERM) if value and not self._signum else \
-            (self._signum if value else 0)
-        self.name = signal.Signals(self._signum).name if self._signum else ""
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
