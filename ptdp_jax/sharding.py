@@ -33,12 +33,18 @@ LOGICAL_RULES: dict[str, str | None] = {
 }
 
 
-def make_mesh(shape: tuple[int, int, int], devices=None) -> Mesh:
+def make_mesh(shape: tuple[int, int, int], devices=None, *,
+              allow_cross_host_tensor: bool = False) -> Mesh:
     """A ('data', 'pipe', 'tensor') mesh over the first d*p*t devices.
 
     Tensor is the fastest-varying axis, so tensor-parallel groups are
-    neighbouring devices (one host's, on a cluster)."""
+    neighbouring devices. With several processes (hosts) the mesh covers all
+    devices and keeps 'tensor' inside a host (ptdp_jax.distributed.host_mesh_devices)."""
     d, p, t = shape
+    if devices is None and jax.process_count() > 1:
+        from ptdp_jax.distributed import host_mesh_devices
+        arr = host_mesh_devices((d, p, t), allow_cross_host_tensor)
+        return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
     devs = list(devices if devices is not None else jax.devices())[: d * p * t]
     arr = np.asarray(devs, dtype=object).reshape(d, p, t)
     return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
@@ -66,10 +72,33 @@ class Sharder:
     def constrain(self, x, names):
         if self.mesh is None and not self.manual:
             return x                     # single device, no mesh: nothing to say
+        if self.mesh is not None and self.manual >= frozenset(self.mesh.axis_names):
+            return x                     # fully manual: every array is a per-device block
         spec = self.spec(names)
         if self.manual:
             return jax.lax.with_sharding_constraint(x, spec)
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+    def per_device(self, fn, in_names, out_names):
+        """Run fn on each device's block: a shard_map over the automatic mesh axes.
+
+        For kernels GSPMD cannot partition (cuDNN flash attention is a custom call
+        whose partitioner fails inside a partially manual shard_map): with heads
+        on 'tensor' and rows on 'data', attention needs no communication at all."""
+        if self.mesh is None:
+            return fn
+        auto = tuple(a for a in self.mesh.axis_names
+                     if a not in self.manual and self.mesh.shape[a] > 1)
+        if not auto:
+            return fn
+        others = frozenset(self.mesh.axis_names) - frozenset(auto)
+        in_specs = tuple(logical_to_spec(n, others) for n in in_names)
+        out_specs = (logical_to_spec(out_names, others) if isinstance(out_names[0], (str, type(None)))
+                     else tuple(logical_to_spec(n, others) for n in out_names))
+        # Nested in a shard_map, the mesh to name is the context's (partly manual) one.
+        mesh = jax.sharding.get_abstract_mesh() if self.manual else self.mesh
+        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                             axis_names=set(auto))
 
     def inside(self, axes) -> "Sharder":
         return Sharder(self.mesh, self.manual | frozenset(axes))

@@ -105,8 +105,15 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
 
 def make_grad_fn(cfg, mesh):
     """(params, batch (B, s+1), step) -> (mean loss, mean gradients), jit-able."""
-    # Axes of size 1 stay automatic (XLA rejects all-reduces over all-trivial manual groups).
-    manual = tuple(a for a in ("data", "pipe") if mesh.shape[a] > 1)
+    # Manual over 'data' and 'pipe' where they have size > 1 ('tensor' stays automatic: GSPMD
+    # does tensor parallelism from the annotations). Size-1 axes stay automatic: XLA rejects
+    # all-reduces over all-trivial manual groups. Without tensor parallelism every axis is
+    # manual, so nothing inside is left to GSPMD's partitioner (cuDNN attention's custom
+    # partitioner fails inside a partially manual region).
+    if mesh.shape["tensor"] == 1 and mesh.size > 1:
+        manual = ("data", "pipe", "tensor")
+    else:
+        manual = tuple(a for a in ("data", "pipe") if mesh.shape[a] > 1)
     sh = Sharder(mesh).inside(manual)
     pspecs = stage_param_specs(cfg)
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
@@ -124,14 +131,11 @@ def make_grad_fn(cfg, mesh):
         else:
             from ptdp_jax.pipeline.executor import pipeline_grads
             loss, grads = pipeline_grads(cfg, sh, params, batch, keys)
-        # The one data-parallel reduction; embedding and head gradients are also summed over
-        # 'pipe' (GPT's tied embedding gets its first- and last-stage parts added).
-        layer_grads = grads.pop("layers")
-        if "data" in manual:
-            layer_grads = jax.lax.psum(layer_grads, "data")
-        if manual:
-            loss, grads = jax.lax.psum((loss, grads), manual)
-        grads["layers"] = layer_grads
+        # The one data-parallel reduction. Each gradient is summed over the manual axes its
+        # parameter is not sharded over: 'data' always; 'pipe' for the embedding and head
+        # (GPT's tied embedding gets its first- and last-stage parts added).
+        grads = jax.tree.map(lambda g, spec: _psum_over(g, manual, spec), grads, pspecs)
+        loss = _psum_over(loss, manual, P())
         return jax.tree.map(lambda x: x / n_tokens, (loss, grads))
 
     if manual:
@@ -149,6 +153,12 @@ def make_grad_fn(cfg, mesh):
         return fn(params, batch, keys)
 
     return grad_fn
+
+
+def _psum_over(x, manual, spec):
+    sharded = {a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry)}
+    axes = tuple(a for a in manual if a not in sharded)
+    return jax.lax.psum(x, axes) if axes else x
 
 
 def varying_axes(x) -> frozenset:

@@ -33,10 +33,37 @@ def attention_impl(name: str, dtype) -> str:
     return "cudnn" if (jax.default_backend() == "gpu" and half) else "xla"
 
 
-def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str):
-    """Causal self-attention through jax.nn.dot_product_attention (cuDNN on GPU)."""
-    return jax.nn.dot_product_attention(q_bsnd, k_bsnd, v_bsnd, is_causal=True,
-                                        implementation=impl)
+def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
+    """Causal self-attention through jax.nn.dot_product_attention (cuDNN on GPU).
+
+    Heads are split over 'tensor', so attention is local to each device. With
+    cuDNN and tensor parallelism it runs per device (`sh.per_device`, a shard_map
+    over the automatic axes) because GSPMD cannot partition the cuDNN custom call
+    inside our partly manual region (without tensor parallelism that region is
+    fully manual and there is nothing to partition). A custom VJP keeps q, k, v as the only residuals and recomputes the
+    attention forward in the backward pass (what selective recomputation does
+    anyway), so no residual crosses the per-device boundary."""
+    def attend(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+
+    if sh is None or sh.mesh is None or impl != "cudnn":
+        return attend(q_bsnd, k_bsnd, v_bsnd)      # XLA's attention partitions like any op
+
+    def attend_bwd(q, k, v, g):
+        return jax.vjp(attend, q, k, v)[1](g)
+
+    local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
+    if local_fwd is attend:
+        return attend(q_bsnd, k_bsnd, v_bsnd)
+    local_bwd = sh.per_device(attend_bwd, (HEADS,) * 4, (HEADS,) * 3)
+
+    @jax.custom_vjp
+    def attention(q, k, v):
+        return local_fwd(q, k, v)
+
+    attention.defvjp(lambda q, k, v: (local_fwd(q, k, v), (q, k, v)),
+                     lambda res, g: local_bwd(*res, g))
+    return attention(q_bsnd, k_bsnd, v_bsnd)
 
 
 def dropout(x, rate: float, key_rows):
