@@ -21,6 +21,12 @@ def parse_args(argv=None):
     ap.add_argument("--coordinator", help="host:port of process 0 (multi-process runs)")
     ap.add_argument("--num-processes", type=int, help="number of processes (multi-process runs)")
     ap.add_argument("--process-id", type=int, help="this process's index (multi-process runs)")
+    ap.add_argument("--heartbeat-timeout", type=float, metavar="S",
+                    help="multi-process: stop when another process is silent this long "
+                         "(default 60 s, or PTDP_HEARTBEAT_TIMEOUT)")
+    ap.add_argument("--init-timeout", type=int, metavar="S",
+                    help="multi-process: wait this long for every process to connect "
+                         "(default 300 s, or PTDP_INIT_TIMEOUT)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
     args = ap.parse_intermixed_args(argv)
     # A first positional of the form key=value is an override, not a config path.
@@ -32,6 +38,15 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from ptdp_jax import distributed
+    rc, why = _main(args)
+    # Multi-process: tell the other processes (a failed one exits at once, so they stop too).
+    distributed.finish(rc == 0, why, exit_code=rc or None)
+    return rc
+
+
+def _main(args) -> tuple[int, str]:
+    from ptdp_jax.distributed import DistributedError
     try:
         overrides = parse_cli_overrides(args.overrides)
         if args.resume is not None:
@@ -45,16 +60,20 @@ def main(argv=None) -> int:
             if len(mesh) != 3:
                 raise ConfigError(f"--mesh {args.mesh!r} needs three sizes: data,pipe,tensor")
         from ptdp_jax.distributed import maybe_initialize
-        maybe_initialize(args.coordinator, args.num_processes, args.process_id)
+        maybe_initialize(args.coordinator, args.num_processes, args.process_id,
+                         heartbeat_timeout=args.heartbeat_timeout, init_timeout=args.init_timeout)
         from ptdp_jax.train import TrainingStopped, train
         train(args.config, mesh_shape=mesh, overrides=overrides)
     except ConfigError as e:
         print(f"ptdp-train: config error: {e}", file=sys.stderr)
-        return 2
+        return 2, f"config error: {e}"
     except TrainingStopped as e:
         print(f"ptdp-train: stopped: {e}", file=sys.stderr)
-        return 3
-    return 0
+        return 3, f"stopped: {e}"
+    except DistributedError as e:
+        print(f"ptdp-train: {e}", file=sys.stderr)
+        return 5, str(e)
+    return 0, ""
 
 
 if __name__ == "__main__":

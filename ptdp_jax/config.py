@@ -90,6 +90,7 @@ class ParallelConfig:
     schedule: str = "1f1b"               # gpipe | 1f1b | interleaved
     virtual_stages: int = 1
     scatter_gather: bool = False
+    allow_cross_host_tensor: bool = False  # multi-process: let 'tensor' span hosts (warns; slow)
 
     @property
     def mesh_shape(self) -> tuple[int, int, int]:

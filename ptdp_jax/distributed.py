@@ -1,36 +1,499 @@
-"""Multi-process start-up through jax.distributed (explicit flags or the cluster's environment)."""
+"""Multi-process runs: start-up through jax.distributed, a mesh that respects hosts,
+and a watchdog that stops every process when one of them is lost.
+
+Start-up (`maybe_initialize`), in this order:
+
+1. explicit: coordinator ``host:port``, number of processes and this process's id
+   (``ptdp-train --coordinator --num-processes --process-id``, or
+   ``train(distributed={...})``), each defaulting to the environment variables
+   ``PTDP_COORDINATOR`` (or ``JAX_COORDINATOR_ADDRESS``), ``PTDP_NUM_PROCESSES``
+   and ``PTDP_PROCESS_ID`` (or ``JOB_COMPLETION_INDEX``, a Kubernetes Indexed Job's
+   pod index);
+2. the cluster's environment, as ``jax.distributed.initialize()`` detects it: SLURM
+   (``srun``), Open MPI (``mpirun``), Kubernetes (an Indexed Job, with the
+   ``kubernetes`` package installed);
+3. otherwise (or with ``PTDP_NO_DISTRIBUTED=1``): a single process, nothing to do.
+
+One process per host: every process sees all of its host's accelerators (JAX's
+SLURM and Open MPI detection would give each process one GPU; with one task per
+node we keep them all, with several tasks per node we keep JAX's one GPU each).
+On CPU, cross-process collectives go through gloo; several processes on one
+machine are fine (each with ``--xla_force_host_platform_device_count``).
+
+Mesh (`host_mesh_devices`, used by `sharding.make_mesh` when there is more than one
+process): 'tensor' stays inside a process's devices, 'data' fills the rest of a
+host first, then 'pipe' (Megatron's order: tensor, data, pipeline); whatever is
+left of 'data' and 'pipe' crosses hosts. A 'tensor' that does not divide the
+devices of one process is a ConfigError unless
+``parallel.allow_cross_host_tensor=true`` (then a warning).
+
+Failure (`_Watchdog`): each process writes a heartbeat into the coordination
+service's key-value store every second and reads everyone else's. A process
+whose heartbeat stops for ``heartbeat_timeout`` seconds (default 60,
+``--heartbeat-timeout``, ``PTDP_HEARTBEAT_TIMEOUT``), or that reports a failure,
+makes every other process print which process (and host) was lost and exit with
+code 4; JAX's own heartbeat check (twice that timeout) is the backstop. If
+process 0 (which runs the coordination service) dies, the others are stopped by
+JAX at once with its own message ("... the leader task was preempted/died ...").
+A restart of all processes resumes from the last complete checkpoint.
+"""
 from __future__ import annotations
 
+import atexit
+import math
 import os
+import socket
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass
 
-import jax
+import numpy as np
 
 from ptdp_jax.config import ConfigError
 
-_CLUSTER_ENV = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "JAX_COORDINATOR_ADDRESS")
+EXIT_PEER_LOST = 4            # a peer process died or failed: this one stopped
+EXIT_DISTRIBUTED_INIT = 5     # jax.distributed could not be started
+DEFAULT_HEARTBEAT_TIMEOUT = 60.0
+DEFAULT_INIT_TIMEOUT = 300
+_KEY = "ptdp_watchdog"
+
+
+class DistributedError(RuntimeError):
+    """jax.distributed could not be started (peers missing, coordinator unreachable)."""
+
+
+@dataclass(frozen=True)
+class ProcessSetup:
+    coordinator: str
+    num_processes: int
+    process_id: int
+    source: str                         # "explicit", "environment", "slurm", "ompi", "k8s", ...
+    local_device_ids: tuple[int, ...] | None = None
+
+
+_state: dict = {"setup": None, "watchdog": None}
+
+
+# ----------------------------------------------------------------------------- start-up
+
+def _env_int(name: str) -> int | None:
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={v!r} is not an integer") from None
+
+
+def _env_float(name: str) -> float | None:
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={v!r} is not a number") from None
+
+
+def _explicit_setup(coordinator, num_processes, process_id) -> ProcessSetup | None:
+    """From arguments, then PTDP_* / JAX_COORDINATOR_ADDRESS / JOB_COMPLETION_INDEX."""
+    given_args = [coordinator is not None, num_processes is not None, process_id is not None]
+    env_coord = os.environ.get("PTDP_COORDINATOR") or None
+    coordinator = coordinator or env_coord
+    num_processes = num_processes if num_processes is not None else _env_int("PTDP_NUM_PROCESSES")
+    if process_id is None:
+        process_id = _env_int("PTDP_PROCESS_ID")
+        if process_id is None and num_processes is not None:
+            process_id = _env_int("JOB_COMPLETION_INDEX")          # Kubernetes Indexed Job
+    if coordinator is None and num_processes is not None:
+        coordinator = os.environ.get("JAX_COORDINATOR_ADDRESS") or None
+    have = [coordinator is not None, num_processes is not None, process_id is not None]
+    if not any(given_args) and not (env_coord or _env_int("PTDP_NUM_PROCESSES") is not None):
+        return None                       # nothing explicit: leave it to cluster detection
+    if not all(have):
+        raise ConfigError(
+            "--coordinator, --num-processes and --process-id go together (or PTDP_COORDINATOR, "
+            "PTDP_NUM_PROCESSES and PTDP_PROCESS_ID); got "
+            f"coordinator={coordinator}, num_processes={num_processes}, process_id={process_id}")
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+        raise ConfigError(f"--process-id {process_id} must be in [0, --num-processes "
+                          f"{num_processes})")
+    if ":" not in coordinator or not coordinator.rsplit(":", 1)[1].isdigit():
+        raise ConfigError(f"--coordinator {coordinator!r} must be host:port (process 0's host "
+                          f"and a free port, the same on every process)")
+    return ProcessSetup(coordinator, num_processes, process_id, "explicit")
+
+
+def _one_process_per_host(source: str) -> bool | None:
+    """Whether the launcher started a single process on this host (None: unknown)."""
+    if source == "slurm":
+        n, nodes = _env_int("SLURM_NTASKS"), _env_int("SLURM_STEP_NUM_NODES") or _env_int("SLURM_NNODES")
+        return None if n is None or nodes is None else n == nodes
+    if source == "ompi":
+        local = _env_int("OMPI_COMM_WORLD_LOCAL_SIZE")
+        return None if local is None else local == 1
+    return None
+
+
+def _cluster_setup(init_timeout: int) -> ProcessSetup | None:
+    """What jax.distributed would detect from SLURM / Open MPI / Kubernetes, or None.
+    Cheap environment checks first, so an ordinary process never touches JAX's
+    cluster detection."""
+    env = os.environ
+    hints = ("SLURM_STEP_NODELIST" in env, "OMPI_MCA_orte_hnp_uri" in env,
+             "KUBERNETES_SERVICE_HOST" in env and "JOB_COMPLETION_INDEX" in env)
+    if not any(hints):
+        return None
+    try:
+        from jax._src.clusters import ClusterEnv
+    except ImportError:                    # JAX moved it: let jax.distributed do everything
+        return ProcessSetup("", 0, 0, "jax-auto")
+    env_cls = next((c for c in ClusterEnv._cluster_types
+                    if not getattr(c, "opt_in_only_method", False) and c.is_env_present()), None)
+    if env_cls is None:
+        return None
+    coord, n, pid, local = ClusterEnv.auto_detect_unset_distributed_params(
+        None, None, None, None, None, init_timeout)
+    if coord is None or n is None or pid is None or n <= 1:
+        return None
+    source = getattr(env_cls, "name", env_cls.__name__)
+    if _one_process_per_host(source):
+        local = None                       # one process per host: all of its devices
+    return ProcessSetup(coord, int(n), int(pid), source,
+                        tuple(local) if local is not None else None)
 
 
 def maybe_initialize(coordinator: str | None = None, num_processes: int | None = None,
-                     process_id: int | None = None) -> bool:
-    """Initialise jax.distributed when more than one process is configured.
+                     process_id: int | None = None, *, heartbeat_timeout: float | None = None,
+                     init_timeout: int | None = None) -> bool:
+    """Initialise jax.distributed when more than one process is configured (see the
+    module doc); start the peer watchdog. Returns True if this is a multi-process
+    run. Idempotent. Must run before anything touches a JAX device."""
+    import jax
 
-    Explicit: all three of coordinator, num_processes, process_id. Otherwise a
-    cluster environment (SLURM, Open MPI, JAX_COORDINATOR_ADDRESS) lets JAX detect
-    them. A single process does nothing. Returns True if initialised."""
-    given = [coordinator is not None, num_processes is not None, process_id is not None]
-    if any(given) and not all(given):
-        raise ConfigError("--coordinator, --num-processes and --process-id go together; got "
-                          f"coordinator={coordinator}, num_processes={num_processes}, "
-                          f"process_id={process_id}")
-    if all(given):
-        if num_processes < 1 or not 0 <= process_id < num_processes:
-            raise ConfigError(f"--process-id {process_id} must be in [0, --num-processes "
-                              f"{num_processes})")
-        if num_processes == 1:
+    if _state["setup"] is not None or jax.distributed.is_initialized():
+        return jax.process_count() > 1
+    hb = heartbeat_timeout if heartbeat_timeout is not None else (
+        _env_float("PTDP_HEARTBEAT_TIMEOUT") or DEFAULT_HEARTBEAT_TIMEOUT)
+    init_timeout = int(init_timeout if init_timeout is not None else (
+        _env_int("PTDP_INIT_TIMEOUT") or DEFAULT_INIT_TIMEOUT))
+    if hb <= 0 or init_timeout <= 0:
+        raise ConfigError(f"heartbeat timeout ({hb}) and initialization timeout "
+                          f"({init_timeout}) must be positive")
+    setup = _explicit_setup(coordinator, num_processes, process_id)
+    if setup is None:
+        if os.environ.get("PTDP_NO_DISTRIBUTED") == "1":
             return False
-        jax.distributed.initialize(coordinator, num_processes, process_id)
-        return True
-    if any(k in os.environ for k in _CLUSTER_ENV) and os.environ.get("PTDP_NO_DISTRIBUTED") != "1":
-        jax.distributed.initialize()
-        return True
+        setup = _cluster_setup(init_timeout)
+    if setup is None or (setup.source != "jax-auto" and setup.num_processes == 1):
+        return False
+
+    if _backends_initialized():
+        raise ConfigError(
+            "a multi-process run is configured, but JAX's devices were already in use in this "
+            "process; jax.distributed must start first (call ptdp_jax.distributed."
+            "maybe_initialize() or train(distributed=...) before any other JAX call)")
+    try:                                   # CPU collectives across processes (gloo)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    except (AttributeError, ValueError, KeyError):
+        pass
+    kw = dict(initialization_timeout=init_timeout,
+              heartbeat_timeout_seconds=int(math.ceil(max(2 * hb, hb + 10))))
+    try:
+        if setup.source == "jax-auto":
+            jax.distributed.initialize(**kw)
+        else:
+            jax.distributed.initialize(
+                setup.coordinator, setup.num_processes, setup.process_id,
+                local_device_ids=list(setup.local_device_ids) if setup.local_device_ids else None,
+                cluster_detection_method="deactivate", **kw)
+    except Exception as e:
+        where = (f"coordinator {setup.coordinator}, process {setup.process_id} of "
+                 f"{setup.num_processes}" if setup.coordinator else "auto-detected cluster")
+        raise DistributedError(
+            f"jax.distributed could not start ({where}, from {setup.source}; waited up to "
+            f"{init_timeout} s for every process to connect): {type(e).__name__}: "
+            f"{_short(e)}") from e
+    if setup.source == "jax-auto":
+        from jax._src.distributed import global_state as gs
+        setup = ProcessSetup(gs.coordinator_address or "", jax.process_count(),
+                             jax.process_index(), "jax-auto")
+    _state["setup"] = setup
+    _state["watchdog"] = _Watchdog.start(setup, hb)
+    if jax.process_index() == 0:
+        print(f"jax.distributed: {jax.process_count()} processes ({setup.source}), coordinator "
+              f"{setup.coordinator}, {jax.local_device_count()} local x {jax.device_count()} "
+              f"{jax.devices()[0].platform} devices", flush=True)
+    return True
+
+
+def _backends_initialized() -> bool:
+    try:
+        from jax._src import xla_bridge
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):      # jax.distributed.initialize says it, too
+        return False
+
+
+def setup() -> ProcessSetup | None:
+    """The multi-process setup of this process (None: single process)."""
+    return _state["setup"]
+
+
+# ----------------------------------------------------------------------------- the mesh
+
+def _split_inside_host(d: int, p: int, r: int) -> tuple[int, int]:
+    """(data, pipe) factors inside one host, d_i * p_i = r, d_i | d, p_i | p; data first."""
+    for d_i in sorted((k for k in range(1, r + 1) if r % k == 0), reverse=True):
+        if d % d_i == 0 and p % (r // d_i) == 0:
+            return d_i, r // d_i
+    raise ConfigError(f"cannot place mesh data={d} x pipe={p} on hosts of {r} tensor groups")
+
+
+def host_mesh_devices(shape: tuple[int, int, int], allow_cross_host_tensor: bool = False):
+    """A (data, pipe, tensor) array of all devices of a multi-process run, tensor inside
+    a process (see the module doc). ConfigError for a layout that does not fit."""
+    import jax
+    from jax.experimental import mesh_utils
+
+    d, p, t = shape
+    n_proc, devs = jax.process_count(), jax.devices()
+    per_proc: dict[int, int] = {}
+    for dev in devs:
+        per_proc[dev.process_index] = per_proc.get(dev.process_index, 0) + 1
+    local = min(per_proc.values())
+    if len(set(per_proc.values())) != 1:
+        raise ConfigError(f"the {n_proc} processes have different numbers of devices "
+                          f"({dict(sorted(per_proc.items()))}); a multi-process mesh needs the "
+                          f"same number on every process")
+    if d * p * t != len(devs):
+        raise ConfigError(
+            f"mesh (data, pipe, tensor) = ({d}, {p}, {t}) has {d * p * t} devices, but a "
+            f"multi-process run uses all {len(devs)} ({n_proc} processes x {local} devices); "
+            f"choose parallel.data x parallel.pipe x parallel.tensor = {len(devs)}")
+    if t > local or local % t:
+        msg = (f"parallel.tensor={t} would split tensor-parallel groups across hosts: each of "
+               f"the {n_proc} processes has {local} devices, and parallel.tensor must divide "
+               f"{local} (tensor parallelism all-reduces inside every layer and belongs on one "
+               f"host's fast interconnect)")
+        if not allow_cross_host_tensor:
+            raise ConfigError(msg + "; set parallel.allow_cross_host_tensor=true to run it "
+                                    "anyway")
+        if jax.process_index() == 0:
+            warnings.warn(msg + "; running anyway (parallel.allow_cross_host_tensor=true)",
+                          stacklevel=3)
+        ordered = sorted(devs, key=lambda x: (x.process_index, x.id))
+        return np.asarray(ordered, dtype=object).reshape(d, p, t)
+    d_i, p_i = _split_inside_host(d, p, local // t)
+    return mesh_utils.create_hybrid_device_mesh(
+        (d_i, p_i, t), (d // d_i, p // p_i, 1), devices=devs, process_is_granule=True)
+
+
+# ----------------------------------------------------------------------------- agreement, gathering
+
+def any_process(flag: bool) -> bool:
+    """True on every process if `flag` is true on any (e.g. a stop signal that reached
+    only some processes); the flag itself in a single-process run."""
+    import jax
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(bool(flag)))).max())
+
+
+def to_host(tree):
+    """A pytree of (possibly multi-process sharded) jax.Arrays as numpy arrays, the full
+    value on every process; one leaf at a time (peak device memory: one leaf)."""
+    import jax
+    if jax.process_count() == 1:
+        return jax.tree.map(np.asarray, jax.device_get(tree))
+    from jax.experimental import multihost_utils
+    return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)),
+                        tree)
+
+
+# ----------------------------------------------------------------------------- the watchdog
+
+def _short(e: BaseException, limit: int = 400) -> str:
+    s = " ".join(str(e).split())
+    return s if len(s) <= limit else s[:limit] + " ..."
+
+
+class _Watchdog:
+    """Heartbeats through the coordination service's key-value store (see module doc).
+
+    Keys: <_KEY>/beat/<i> (a counter), <_KEY>/host/<i> ("host (pid N)"),
+    <_KEY>/state/<i> ("done" or "failed: why")."""
+
+    def __init__(self, client, setup: ProcessSetup, timeout: float):
+        self.client, self.setup, self.timeout = client, setup, float(timeout)
+        self.me, self.n = setup.process_id, setup.num_processes
+        self.interval = max(0.05, min(1.0, self.timeout / 10))
+        self._stop = threading.Event()
+        self._marked = False
+        self._losing = threading.Lock()
+        self._uncaught: BaseException | None = None
+        self.hosts: dict[int, str] = {}
+        self.thread = threading.Thread(target=self._run, name="ptdp-watchdog", daemon=True)
+
+    @classmethod
+    def start(cls, setup: ProcessSetup, timeout: float) -> "_Watchdog | None":
+        from jax._src.distributed import global_state
+        client = getattr(global_state, "client", None)
+        if client is None or not hasattr(client, "key_value_dir_get"):
+            warnings.warn("ptdp_jax: no jax.distributed client to run the peer watchdog on; a "
+                          "lost process is reported by JAX's own heartbeat check only")
+            return None
+        w = cls(client, setup, timeout)
+        client.key_value_set(f"{_KEY}/host/{w.me}", f"{socket.gethostname()} (pid {os.getpid()})",
+                             allow_overwrite=True)
+        client.key_value_set(f"{_KEY}/beat/{w.me}", "0", allow_overwrite=True)
+        previous_hook = sys.excepthook
+
+        def hook(tp, value, tb):
+            w._uncaught = value
+            if w.me != 0 and _looks_like_lost_peer(value) and not w._coordinator_alive():
+                # Process 0 is gone; JAX ends this process any moment now: say it first.
+                print(f"{tp.__name__}: {_short(value)}", file=sys.stderr, flush=True)
+                w._lost(f"lost {w._who(0)}, which runs the coordination service at "
+                        f"{w.setup.coordinator} (it died, was killed, or its host is unreachable)")
+            previous_hook(tp, value, tb)
+
+        sys.excepthook = hook
+        atexit.register(w._at_exit)
+        w.thread.start()
+        return w
+
+    def _dir(self, sub: str) -> dict[int, str]:
+        out = {}
+        for key, value in self.client.key_value_dir_get(f"{_KEY}/{sub}/"):
+            tail = key.rsplit("/", 1)[-1]
+            if tail.isdigit():
+                out[int(tail)] = value
+        return out
+
+    def _coordinator_alive(self) -> bool:
+        try:
+            self.client.key_value_try_get(f"{_KEY}/host/0")
+            return True
+        except Exception as e:
+            return "unavailable" not in str(e).lower() and "socket" not in str(e).lower()
+
+    def _who(self, k: int) -> str:
+        if k not in self.hosts and not self._stop.is_set():
+            try:
+                self.hosts.update(self._dir("host"))
+            except Exception:
+                pass
+        where = self.hosts.get(k)
+        return f"process {k} of {self.n}" + (f" on {where}" if where else "")
+
+    def _run(self):
+        beat = 0
+        start = time.monotonic()
+        seen: dict[int, tuple[str, float]] = {}
+        while not self._stop.wait(self.interval):
+            beat += 1
+            try:
+                self.client.key_value_set(f"{_KEY}/beat/{self.me}", str(beat), allow_overwrite=True)
+                beats, states = self._dir("beat"), self._dir("state")
+                if len(self.hosts) < self.n:         # known before anyone is lost
+                    self.hosts.update(self._dir("host"))
+            except Exception as e:
+                if self._stop.is_set():
+                    return
+                self._lost(f"lost {self._who(0)}, which runs the coordination service at "
+                           f"{self.setup.coordinator} (it died or is unreachable: "
+                           f"{type(e).__name__}: {_short(e, 200)})")
+                return
+            now = time.monotonic()
+            for k in range(self.n):
+                if k == self.me:
+                    continue
+                state = states.get(k, "")
+                if state.startswith("failed"):
+                    self._lost(f"{self._who(k)} failed ({state[len('failed'):].lstrip(': ')})")
+                    return
+                if state == "done":
+                    continue
+                b, prev = beats.get(k), seen.get(k)
+                if prev is None or prev[0] != b:           # new beat (or none yet: since start)
+                    seen[k] = (b, start if prev is None and b is None else now)
+                elif now - prev[1] > self.timeout:
+                    self._lost(f"lost {self._who(k)}: no heartbeat for {now - prev[1]:.0f} s "
+                               f"(it died, was killed, or its host is unreachable)")
+                    return
+
+    def _lost(self, why: str):
+        if self._stop.is_set() or not self._losing.acquire(blocking=False):
+            return
+        print(f"ptdp-train: process {self.me}: {why}; stopping this process too (exit code "
+              f"{EXIT_PEER_LOST}). Restart all {self.n} processes to resume from the last "
+              f"complete checkpoint.", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        self._mark(f"failed: {why}")
+        os._exit(EXIT_PEER_LOST)
+
+    def _mark(self, state: str) -> None:
+        if self._marked:
+            return
+        self._marked = True
+        try:
+            self.client.key_value_set(f"{_KEY}/state/{self.me}", state, allow_overwrite=True)
+        except Exception:
+            pass
+
+    def finish(self, ok: bool, why: str = "") -> None:
+        """This process is done (ok) or failed: stop beating, tell the others. A failed
+        process then exits at once with code 1 (the others stop too) instead of waiting in
+        jax.distributed's shutdown for peers that are still training."""
+        self._stop.set()
+        self._mark("done" if ok else f"failed: {why or 'exited with an error'}")
+        if not ok:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if self.me == 0:                    # let the others read it before the service goes
+                time.sleep(min(5.0, 3 * self.interval + 0.5))
+
+    def _at_exit(self):
+        if self._marked:
+            return
+        exc = self._uncaught
+        if exc is not None:
+            if _looks_like_lost_peer(exc) and self.thread.is_alive():
+                # A collective failed: most likely a peer died. Give the watchdog the time to
+                # tell which one (it exits with EXIT_PEER_LOST and names it).
+                print(f"ptdp-train: process {self.me}: a cross-process operation failed; "
+                      f"checking for up to {self.timeout + 3 * self.interval:.0f} s whether "
+                      f"another process was lost", file=sys.stderr, flush=True)
+                self.thread.join(self.timeout + 3 * self.interval)
+            self.finish(False, f"{type(exc).__name__}: {_short(exc, 200)}")
+            os._exit(1)
+        self.finish(True)
+
+
+def _looks_like_lost_peer(exc: BaseException) -> bool:
+    """A runtime error of a collective or of the coordination service (gloo/NCCL/gRPC)."""
+    seen = 0
+    while exc is not None and seen < 10:
+        text = f"{type(exc).__name__} {exc}".lower()
+        if "runtimeerror" in text and any(w in text for w in (
+                "gloo", "nccl", "connection", "socket", "peer", "unavailable", "deadline",
+                "timed out", "barrier", "coordination")):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return False
+
+
+def finish(ok: bool, why: str = "", exit_code: int | None = None) -> None:
+    """Tell the other processes this one is done or failed (see _Watchdog.finish); with
+    exit_code on failure, leave now (skipping jax.distributed's shutdown barrier)."""
+    w = _state["watchdog"]
+    if w is None:
+        return
+    w.finish(ok, why)
+    if not ok and exit_code is not None:
+        os._exit(exit_code)

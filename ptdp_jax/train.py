@@ -21,6 +21,7 @@ from ptdp_jax import metrics as MX
 from ptdp_jax.config import Config, ConfigError, load_config, validate
 from ptdp_jax.data import BlendedStream, batch_for_step, open_datasets, validate_data_config
 from ptdp_jax.data.tokenizer import load_tokenizer
+from ptdp_jax.distributed import any_process, maybe_initialize, to_host
 from ptdp_jax.sharding import make_mesh
 from ptdp_jax.step import canonical_params, compile_all, make_optimizer
 
@@ -72,10 +73,14 @@ def global_batch(stream, step: int, cfg: Config, sharding: NamedSharding):
     """The global batch of `step` as a sharded array; each device's rows are read
     from disk by the process that owns it (so a host reads only its own part)."""
     B, s = cfg.train.global_batch_size, cfg.model.seq_len
+    cache: dict[tuple[int, int], np.ndarray] = {}       # devices holding the same rows: one read
 
     def rows(index):
         sl = index[0]
-        return batch_for_step(stream, step, B, rows=slice(sl.start or 0, sl.stop or B))
+        key = (sl.start or 0, sl.stop or B)
+        if key not in cache:
+            cache[key] = batch_for_step(stream, step, B, rows=slice(*key))
+        return cache[key]
 
     return jax.make_array_from_callback((B, s + 1), sharding, rows)
 
@@ -88,16 +93,21 @@ def _progress(enabled: bool, total: int, initial: int):
 
 
 def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None = None,
-          log=print) -> TrainResult:
+          log=print, distributed: Mapping[str, Any] | None = None) -> TrainResult:
     """Train a model; see the module docstring. `config` is a YAML path or a Config
-    (None: defaults); `mesh_shape` (data, pipe, tensor) uses the first d*p*t devices."""
+    (None: defaults); `mesh_shape` (data, pipe, tensor) uses the first d*p*t devices.
+    `distributed`: keyword arguments of ptdp_jax.distributed.maybe_initialize
+    (coordinator, num_processes, process_id, ...); without it a multi-process run is
+    still started from PTDP_* variables or the cluster's environment."""
     cfg = resolve_config(config, mesh_shape, overrides)
+    maybe_initialize(**dict(distributed or {}))
     validate(cfg, len(jax.devices()))
     train_stream, val_stream, datasets = _open_data(cfg)
     is_main = jax.process_index() == 0
     log = log if is_main else (lambda *a, **k: None)
 
-    mesh = make_mesh(cfg.parallel.mesh_shape)
+    mesh = make_mesh(cfg.parallel.mesh_shape,
+                     allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
     tx, lr_schedule = make_optimizer(cfg)
     compiled = compile_all(cfg, mesh, tx)
     batch_sh = NamedSharding(mesh, P("data"))
@@ -175,11 +185,12 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
                     + (f"; last good checkpoint in {ckpt.directory}" if ckpt else ""))
             if ckpt is not None:
                 last = step + 1 == cfg.train.steps
-                stop = guard.requested
+                stop = any_process(guard.requested)       # every process stops at one step
                 if last or stop or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
                     ckpt.save(step + 1, state)
                 if stop:
-                    log(f"received {guard.name} at step {step + 1}: checkpoint written to "
+                    log(f"received {guard.name or 'a stop signal (on another process)'} at step "
+                        f"{step + 1}: checkpoint written to "
                         f"{ckpt.directory}, exiting")
                     result.stopped_by_signal = True
                     break
@@ -194,8 +205,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
             if guard is not None:
                 guard.restore()
 
-    result.params = jax.tree.map(np.asarray, jax.device_get(
-        jax.jit(lambda prm: canonical_params(cfg, prm))(state["params"])))
+    result.params = to_host(jax.jit(lambda prm: canonical_params(cfg, prm))(state["params"]))
     if cfg.train.sample_tokens > 0 and is_main:
         result.sample = _sample(cfg, result.params, datasets)
         log("--- sample (greedy) ---\n" + result.sample + "\n-----------------------")

@@ -1,0 +1,64 @@
+"""One process of a multi-process test run (tests/test_multihost.py):
+
+    python tests/multihost_worker.py OUT_DIR [ptdp-train arguments ...]
+
+Runs `ptdp_jax.cli.main` with the arguments, recording every sample (row) this
+process reads from the dataset, and on success writes
+OUT_DIR/proc<i>.json (process index and count, exit code, losses, rows read,
+seconds) and OUT_DIR/proc<i>.npz (the final canonical parameters as train()
+returns them). XLA_FLAGS (the fake CPU device count) comes from the environment.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+T0 = time.monotonic()
+
+
+def main() -> int:
+    out_dir, argv = Path(sys.argv[1]), sys.argv[2:]
+    import numpy as np
+
+    import importlib
+
+    from ptdp_jax import cli
+    T = importlib.import_module("ptdp_jax.train")     # the module (ptdp_jax.train is also a function)
+
+    from ptdp_jax.data.dataset import BlendedStream
+
+    reads: list[list] = []                         # [split, [global sample index, ...]] per read
+    result = {}
+    orig_get, orig_train = BlendedStream.get, T.train
+
+    def counting_get(self, idx):
+        reads.append([self.split, [int(i) for i in np.asarray(idx).ravel()]])
+        return orig_get(self, idx)
+
+    def capturing_train(*a, **k):
+        result["r"] = r = orig_train(*a, **k)
+        return r
+
+    BlendedStream.get, T.train = counting_get, capturing_train
+    rc = cli.main(argv)
+
+    import jax
+    r = result.get("r")
+    me = jax.process_index()
+    info = {"process_index": me, "process_count": jax.process_count(), "rc": rc,
+            "local_devices": jax.local_device_count(), "devices": jax.device_count(),
+            "losses": r.losses if r else None, "val_losses": r.val_losses if r else None,
+            "start_step": r.start_step if r else None, "reads": reads,
+            "seconds": time.monotonic() - T0}
+    if r is not None:
+        flat = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+                for path, v in jax.tree_util.tree_flatten_with_path(r.params)[0]}
+        np.savez(out_dir / f"proc{me}.npz", **flat)
+    (out_dir / f"proc{me}.json").write_text(json.dumps(info))
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
