@@ -132,95 +132,104 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     def zeros(shape, dt):
         return _vary(jnp.zeros(shape, dt), manual)
 
+    # Every buffer has one extra "trash" row (index = its size): a tick whose op has
+    # nothing to write there writes to the trash row. State is updated with one
+    # dynamic_update_slice per buffer per tick, never by selecting whole buffers, and
+    # idle ticks cannot put NaN or Inf anywhere that is read.
+    TF, TB, TS = sched.num_fwd_slots, sched.num_bwd_slots, S
     msg0 = zeros((b, s, mc.hidden_size), dtype)
     f32 = lambda t: jax.tree.map(lambda a: zeros(a.shape, jnp.float32), t)
+    g_lo_shape = jax.tree.map(lambda a: jnp.zeros((v + 1,) + a.shape[1:], jnp.float32)[:, :n_lo],
+                              layers_w)
+    g_hi_shape = jax.tree.map(lambda a: jnp.zeros((v + 1,) + a.shape[1:], jnp.float32)[:, n_lo:],
+                              layers_w)
     carry = {
-        "fwd_buf": zeros((sched.num_fwd_slots, b, s, mc.hidden_size), dtype),
-        "bwd_buf": zeros((sched.num_bwd_slots, b, s, mc.hidden_size), dtype),
-        "stash_lo": [zeros((S,) + a.shape, a.dtype) for a in lo_abs],
-        "stash_hi": [zeros((S,) + a.shape, a.dtype) for a in hi_abs],
+        "fwd_buf": zeros((TF + 1, b, s, mc.hidden_size), dtype),
+        "bwd_buf": zeros((TB + 1, b, s, mc.hidden_size), dtype),
+        "stash_lo": [zeros((TS + 1,) + a.shape, a.dtype) for a in lo_abs],
+        "stash_hi": [zeros((TS + 1,) + a.shape, a.dtype) for a in hi_abs],
         "mid": msg0, "recv_fwd": msg0, "recv_bwd": msg0,
-        "g_lo": f32(jax.tree.map(lambda a: a[:, :n_lo], layers_w)),
-        "g_hi": f32(jax.tree.map(lambda a: a[:, n_lo:], layers_w)),
+        "g_lo": f32(g_lo_shape), "g_hi": f32(g_hi_shape),
         "g_embed": f32(w["embed"]), "g_head": f32(w["head"]),
         "loss": zeros((), jnp.float32),
     }
-
-    def acc(tree, j, g):
-        return jax.tree.map(lambda a, x: a.at[j].add(x.astype(jnp.float32)), tree, g)
-
-    def add(tree, g):
-        return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), tree, g)
+    g_lo0 = jax.tree.map(lambda a: zeros(a.shape[1:], jnp.float32), g_lo_shape)
+    g_hi0 = jax.tree.map(lambda a: zeros(a.shape[1:], jnp.float32), g_hi_shape)
 
     def embed_fn(e, mb):
         return M.embed(mc, sh, e, mbs[mb, :, :-1], key_rows(mb))
 
     # ------------------------------------------------------------------ the ops
-    def op_idle(c, r):
-        return c, msg0, msg0
+    # Pure computations on this tick's operands (chunk input x, incoming cotangent ct,
+    # mid cotangent, this slot's residuals). Outputs: y (forward output), dx (input
+    # gradient), mid, residuals to stash, gradients of the chunk's two halves.
+    def outputs(y=None, dx=None, mid=None, lo=None, hi=None, g_lo=None, g_hi=None, ins=None):
+        return {"y": msg0 if y is None else y.astype(dtype),
+                "dx": msg0 if dx is None else dx.astype(dtype),
+                "mid": ins["mid"] if mid is None else mid.astype(dtype),
+                "lo": ins["lo"] if lo is None else lo, "hi": ins["hi"] if hi is None else hi,
+                "g_lo": g_lo0 if g_lo is None else jax.tree.map(lambda g: g.astype(jnp.float32), g_lo),
+                "g_hi": g_hi0 if g_hi is None else jax.tree.map(lambda g: g.astype(jnp.float32), g_hi)}
 
-    def op_forward(c, r):
-        j, mb = r["vchunk"], r["mb"]
-        x = jax.lax.cond(r["is_first"] == 1, lambda: embed_fn(w["embed"], mb),
-                         lambda: c["fwd_buf"][jnp.maximum(r["fwd_in_slot"], 0)])
-        y, lo, hi = forward_pullbacks(j, mb, x)
-        slot = r["stash_slot"]
-        c = dict(c, stash_lo=[buf.at[slot].set(a) for buf, a in zip(c["stash_lo"], lo)],
-                 stash_hi=[buf.at[slot].set(a) for buf, a in zip(c["stash_hi"], hi)])
+    def op_idle(ins, r):
+        return outputs(ins=ins)
 
-        def last(c):
-            targets = mbs[mb, :, 1:]
-            loss, (g_e, g_h, dy) = jax.value_and_grad(
-                lambda e, hd, y_: M.head_loss(mc, sh, e, hd, y_, targets), argnums=(0, 1, 2))(
-                    w["embed"], w["head"], y)
-            bwd_buf = c["bwd_buf"].at[jnp.maximum(r["loss_ct_slot"], 0)].set(dy.astype(dtype))
-            return dict(c, loss=c["loss"] + loss, bwd_buf=bwd_buf,
-                        g_embed=add(c["g_embed"], g_e), g_head=add(c["g_head"], g_h))
+    def op_forward(ins, r):
+        x = jax.lax.cond(r["is_first"] == 1, lambda: embed_fn(w["embed"], r["mb"]), lambda: ins["x"])
+        y, lo, hi = forward_pullbacks(r["vchunk"], r["mb"], x)
+        return outputs(y=y, lo=lo, hi=hi, ins=ins)
 
-        c = jax.lax.cond(r["is_last"] == 1, last, lambda c: c, c)
-        send = jnp.where(r["is_last"] == 1, jnp.zeros_like(y), y)
-        return c, send, msg0
+    def upper(ins, r):
+        _, hi_w = chunk_weights(r["vchunk"])
+        g_hi, ct_mid = res_hi.join(ins["hi"], hi_w)(ins["ct"])
+        return g_hi, ct_mid
 
-    def upper(c, r):
-        j, slot = r["vchunk"], r["stash_slot"]
-        _, hi_w = chunk_weights(j)
-        pull = res_hi.join([buf[slot] for buf in c["stash_hi"]], hi_w)
-        g_hi, ct_mid = pull(c["bwd_buf"][jnp.maximum(r["bwd_in_slot"], 0)])
-        return dict(c, g_hi=acc(c["g_hi"], j, g_hi), mid=ct_mid.astype(dtype))
+    def lower(ins, r, mid):
+        if not n_lo:
+            return None, mid
+        lo_w, _ = chunk_weights(r["vchunk"])
+        return res_lo.join(ins["lo"], lo_w)(mid)
 
-    def lower(c, r):
-        j, slot, mb = r["vchunk"], r["stash_slot"], r["mb"]
-        if n_lo:
-            lo_w, _ = chunk_weights(j)
-            pull = res_lo.join([buf[slot] for buf in c["stash_lo"]], lo_w)
-            g_lo, dx = pull(c["mid"])
-            c = dict(c, g_lo=acc(c["g_lo"], j, g_lo))
-        else:
-            dx = c["mid"]
+    def op_upper(ins, r):
+        g_hi, mid = upper(ins, r)
+        return outputs(mid=mid, g_hi=g_hi, ins=ins)
 
-        def into_embedding(c):
-            _, pull_e = jax.vjp(lambda e: embed_fn(e, mb), w["embed"])
-            (g_e,) = pull_e(dx.astype(dtype))
-            return dict(c, g_embed=add(c["g_embed"], g_e))
+    def op_lower(ins, r):
+        g_lo, dx = lower(ins, r, ins["mid"])
+        return outputs(dx=dx, g_lo=g_lo, ins=ins)
 
-        c = jax.lax.cond(r["is_first"] == 1, into_embedding, lambda c: c, c)
-        send = jnp.where(r["is_first"] == 1, jnp.zeros_like(dx), dx).astype(dtype)
-        return c, msg0, send
+    def op_full(ins, r):
+        g_hi, mid = upper(ins, r)
+        g_lo, dx = lower(ins, r, mid.astype(dtype))
+        return outputs(dx=dx, g_lo=g_lo, g_hi=g_hi, ins=ins)
 
-    def op_upper(c, r):
-        return upper(c, r), msg0, msg0
+    branches = (op_idle, op_forward, op_upper, op_lower, op_full)
 
-    def op_full(c, r):
-        return lower(upper(c, r), r)
+    # The ends of the pipe, applied after the op to the accumulators alone.
+    def head_update(acc, y, mb, slot):
+        """Last chunk's forward: loss, its gradient (seeds this microbatch's backward),
+        head and (tied) embedding gradients."""
+        targets = mbs[mb, :, 1:]
+        loss, (g_e, g_h, dy) = jax.value_and_grad(
+            lambda e, hd, y_: M.head_loss(mc, sh, e, hd, y_, targets), argnums=(0, 1, 2))(
+                w["embed"], w["head"], y)
+        add = lambda t, g: jax.tree.map(lambda a, x: a + x.astype(jnp.float32), t, g)
+        return {"loss": acc["loss"] + loss, "g_embed": add(acc["g_embed"], g_e),
+                "g_head": add(acc["g_head"], g_h),
+                "bwd_buf": acc["bwd_buf"].at[slot].set(dy.astype(dtype))}
 
-    branches = (op_idle, op_forward, op_upper, lower, op_full)
+    def embed_update(g_embed, dx, mb):
+        """First chunk's backward: the input gradient flows into the embedding."""
+        _, pull_e = jax.vjp(lambda e: embed_fn(e, mb), w["embed"])
+        (g_e,) = pull_e(dx)
+        return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_embed, g_e)
 
     # ------------------------------------------------------------------ one tick
     fwd_perm = [(i, (i + 1) % p) for i in range(p)] if v > 1 else [(i, i + 1) for i in range(p - 1)]
     bwd_perm = [(i, (i - 1) % p) for i in range(p)] if v > 1 else [(i + 1, i) for i in range(p - 1)]
 
-    def store(buf, slot, msg):
-        return jnp.where(slot >= 0, buf.at[jnp.maximum(slot, 0)].set(msg), buf)
+    def pick(slot, trash):
+        return jnp.where(slot >= 0, slot, trash)
 
     def move(msg, perm):
         if sg:   # scatter/gather: each tensor rank sends 1/t of the message, all-gather on arrival
@@ -231,14 +240,36 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
     def tick(c, t):
         r = {k: a[t, stage] for k, a in tab.items()}
-        c = dict(c, fwd_buf=store(c["fwd_buf"], r["fwd_recv_slot"], c["recv_fwd"]),
-                 bwd_buf=store(c["bwd_buf"], r["bwd_recv_slot"], c["recv_bwd"]))
-        c, send_f, send_b = jax.lax.switch(r["op"], branches, c, r)
-        c = dict(c, recv_fwd=move(send_f, fwd_perm), recv_bwd=move(send_b, bwd_perm))
+        op, j, mb = r["op"], r["vchunk"], r["mb"]
+        fwd_buf = c["fwd_buf"].at[pick(r["fwd_recv_slot"], TF)].set(c["recv_fwd"])
+        bwd_buf = c["bwd_buf"].at[pick(r["bwd_recv_slot"], TB)].set(c["recv_bwd"])
+        slot = pick(r["stash_slot"], TS)
+        ins = {"x": fwd_buf[jnp.maximum(r["fwd_in_slot"], 0)],
+               "ct": bwd_buf[jnp.maximum(r["bwd_in_slot"], 0)], "mid": c["mid"],
+               "lo": [buf[slot] for buf in c["stash_lo"]], "hi": [buf[slot] for buf in c["stash_hi"]]}
+        out = jax.lax.switch(op, branches, ins, r)
+
+        is_fwd = op == 1
+        write = jnp.where(is_fwd, slot, TS)
+        j_lo = jnp.where((op == 3) | (op == 4), j, v)
+        j_hi = jnp.where((op == 2) | (op == 4), j, v)
+        c = dict(c, fwd_buf=fwd_buf, mid=out["mid"],
+                 stash_lo=[buf.at[write].set(a) for buf, a in zip(c["stash_lo"], out["lo"])],
+                 stash_hi=[buf.at[write].set(a) for buf, a in zip(c["stash_hi"], out["hi"])],
+                 g_lo=jax.tree.map(lambda a, g: a.at[j_lo].add(g), c["g_lo"], out["g_lo"]),
+                 g_hi=jax.tree.map(lambda a, g: a.at[j_hi].add(g), c["g_hi"], out["g_hi"]))
+        acc = {"loss": c["loss"], "g_embed": c["g_embed"], "g_head": c["g_head"], "bwd_buf": bwd_buf}
+        acc = jax.lax.cond(is_fwd & (r["is_last"] == 1),
+                           lambda a: head_update(a, out["y"], mb, pick(r["loss_ct_slot"], TB)),
+                           lambda a: a, acc)
+        g_embed = jax.lax.cond(((op == 3) | (op == 4)) & (r["is_first"] == 1),
+                               lambda g: embed_update(g, out["dx"], mb), lambda g: g, acc["g_embed"])
+        c = dict(c, loss=acc["loss"], g_head=acc["g_head"], bwd_buf=acc["bwd_buf"], g_embed=g_embed,
+                 recv_fwd=move(out["y"], fwd_perm), recv_bwd=move(out["dx"], bwd_perm))
         return c, None
 
     carry, _ = jax.lax.scan(tick, carry, jnp.arange(sched.num_ticks))
-    g_layers = jax.tree.map(lambda lo, hi: jnp.concatenate([lo, hi], axis=1)[None],
+    g_layers = jax.tree.map(lambda lo, hi: jnp.concatenate([lo[:v], hi[:v]], axis=1)[None],
                             carry["g_lo"], carry["g_hi"])
     grads = {"embed": carry["g_embed"], "layers": g_layers, "head": carry["g_head"]}
     return carry["loss"], grads
