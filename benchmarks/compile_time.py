@@ -1,7 +1,7 @@
 """Compile time and compiled temporary memory of the train step, without running it.
 
     PYTHONPATH=. python benchmarks/compile_time.py configs/bench-1.3b.yaml --mesh 1,4,1 \
-        --m 8 64 parallel.schedule=1f1b train.micro_batch_size=2
+        --m 8,64 parallel.schedule=1f1b train.micro_batch_size=2
 
 For each m, sets train.global_batch_size = m * micro_batch_size * d and prints one JSON
 line: lower and compile seconds, and memory_analysis() temp/argument bytes per device.
@@ -20,7 +20,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
     ap.add_argument("--mesh", required=True)
-    ap.add_argument("--m", type=int, nargs="+", required=True)
+    ap.add_argument("--m", required=True, help="comma-separated microbatch counts, e.g. 8,64")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
     from ptdp_jax.config import parse_cli_overrides, validate
@@ -29,7 +29,7 @@ def main(argv=None):
     from ptdp_jax.train import resolve_config
 
     mesh_shape = tuple(int(x) for x in a.mesh.split(","))
-    for m in a.m:
+    for m in (int(x) for x in a.m.split(",")):
         ov = parse_cli_overrides(a.overrides)
         cfg = resolve_config(a.config, mesh_shape, ov)
         B = m * cfg.train.micro_batch_size * cfg.parallel.data

@@ -79,27 +79,6 @@ class Sharder:
             return jax.lax.with_sharding_constraint(x, spec)
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
-    def per_device(self, fn, in_names, out_names):
-        """Run fn on each device's block: a shard_map over the automatic mesh axes.
-
-        For kernels GSPMD cannot partition (cuDNN flash attention is a custom call
-        whose partitioner fails inside a partially manual shard_map): with heads
-        on 'tensor' and rows on 'data', attention needs no communication at all."""
-        if self.mesh is None:
-            return fn
-        auto = tuple(a for a in self.mesh.axis_names
-                     if a not in self.manual and self.mesh.shape[a] > 1)
-        if not auto:
-            return fn
-        others = frozenset(self.mesh.axis_names) - frozenset(auto)
-        in_specs = tuple(logical_to_spec(n, others) for n in in_names)
-        out_specs = (logical_to_spec(out_names, others) if isinstance(out_names[0], (str, type(None)))
-                     else tuple(logical_to_spec(n, others) for n in out_names))
-        # Nested in a shard_map, the mesh to name is the context's (partly manual) one.
-        mesh = jax.sharding.get_abstract_mesh() if self.manual else self.mesh
-        return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                             axis_names=set(auto))
-
     def inside(self, axes) -> "Sharder":
         return Sharder(self.mesh, self.manual | frozenset(axes))
 

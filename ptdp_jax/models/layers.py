@@ -36,34 +36,16 @@ def attention_impl(name: str, dtype) -> str:
 def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
     """Causal self-attention through jax.nn.dot_product_attention (cuDNN on GPU).
 
-    Heads are split over 'tensor', so attention is local to each device. With
-    cuDNN and tensor parallelism it runs per device (`sh.per_device`, a shard_map
-    over the automatic axes) because GSPMD cannot partition the cuDNN custom call
-    inside our partly manual region (without tensor parallelism that region is
-    fully manual and there is nothing to partition). A custom VJP keeps q, k, v as the only residuals and recomputes the
-    attention forward in the backward pass (what selective recomputation does
-    anyway), so no residual crosses the per-device boundary."""
-    def attend(q, k, v):
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
-
-    if sh is None or sh.mesh is None or impl != "cudnn":
-        return attend(q_bsnd, k_bsnd, v_bsnd)      # XLA's attention partitions like any op
-
-    def attend_bwd(q, k, v, g):
-        return jax.vjp(attend, q, k, v)[1](g)
-
-    local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
-    if local_fwd is attend:
-        return attend(q_bsnd, k_bsnd, v_bsnd)
-    local_bwd = sh.per_device(attend_bwd, (HEADS,) * 4, (HEADS,) * 3)
-
-    @jax.custom_vjp
-    def attention(q, k, v):
-        return local_fwd(q, k, v)
-
-    attention.defvjp(lambda q, k, v: (local_fwd(q, k, v), (q, k, v)),
-                     lambda res, g: local_bwd(*res, g))
-    return attention(q_bsnd, k_bsnd, v_bsnd)
+    cuDNN's kernel is a custom call whose partitioner cannot run inside a partly
+    manual shard_map: with tensor parallelism inside our manual data/pipe region
+    (tensor stays automatic there) XLA's attention is used instead. Without
+    tensor parallelism that region is fully manual and cuDNN runs per device; on
+    a (1, 1, t) mesh there is no manual region and GSPMD partitions it by heads."""
+    if impl == "cudnn" and sh is not None and sh.mesh is not None and sh.manual \
+            and sh.mesh.shape["tensor"] > 1:
+        impl = "xla"
+    return jax.nn.dot_product_attention(q_bsnd, k_bsnd, v_bsnd, is_causal=True,
+                                        implementation=impl)
 
 
 def dropout(x, rate: float, key_rows):

@@ -177,7 +177,9 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     def op_forward(ins, r):
         x = jax.lax.cond(r["is_first"] == 1, lambda: embed_fn(w["embed"], r["mb"]), lambda: ins["x"])
         y, lo, hi = forward_pullbacks(r["vchunk"], r["mb"], x)
-        return outputs(y=y, lo=lo, hi=hi, ins=ins)
+        # (some residuals are constants, e.g. empty placeholders: mark them per stage too)
+        return outputs(y=y, lo=[_vary(a, manual) for a in lo], hi=[_vary(a, manual) for a in hi],
+                       ins=ins)
 
     def upper(ins, r):
         _, hi_w = chunk_weights(r["vchunk"])
