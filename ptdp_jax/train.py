@@ -173,7 +173,9 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
                 logger.log(step + 1, record)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", tflops=f"{record['tflops_per_device']:.2f}",
+                speed = (f"{record['mfu']:.1%}" if "mfu" in record
+                         else f"{record['tokens_per_s']:.0f} tok/s")
+                bar.set_postfix(loss=f"{loss:.4f}", speed=speed,
                                 **({"val": f"{record['val_loss']:.4f}"} if "val_loss" in record else {}))
             elif is_main and ((step + 1) % max(cfg.train.log_every, 10) == 0 or step == start):
                 log(f"step {step + 1}/{cfg.train.steps} loss {loss:.4f} "
