@@ -46,6 +46,7 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> tuple[int, str]:
+    from ptdp_jax.checkpoint import CheckpointError
     from ptdp_jax.distributed import DistributedError
     try:
         overrides = parse_cli_overrides(args.overrides)
@@ -73,6 +74,9 @@ def _main(args) -> tuple[int, str]:
     except DistributedError as e:
         print(f"ptdp-train: {e}", file=sys.stderr)
         return 5, str(e)
+    except CheckpointError as e:
+        print(f"ptdp-train: checkpoint error: {e}", file=sys.stderr)
+        return 6, f"checkpoint error: {e}"
     return 0, ""
 
 

@@ -39,3 +39,33 @@ def test_scatter_gather_shrinks_permute_payload_by_t():
         tiny_config("gpt", (1, 2, t), **{"parallel.scatter_gather": True})).as_text())
     assert plain and sg and len(plain) == len(sg)
     assert max(sg) * t == max(plain), (plain, sg)
+
+
+def _while_bodies(hlo: str) -> dict[str, str]:
+    """Computation name -> text, for the bodies of while loops (the microbatch / tick loops)."""
+    names = set(re.findall(r"body=%?([\w.\-]+)", hlo))
+    blocks, current, lines = {}, None, []
+    for line in hlo.splitlines():
+        m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if m:
+            current, lines = m.group(1), []
+        elif line.startswith("}") and current:
+            blocks[current] = "\n".join(lines)
+            current = None
+        elif current:
+            lines.append(line)
+    return {n: blocks[n] for n in names if n in blocks}
+
+
+def test_data_parallel_gradients_are_reduced_once_per_step():
+    """No all-reduce inside the microbatch loop: each replica accumulates locally and
+    the gradients are all-reduced once, after the loop (pure data parallel, and data x pipe)."""
+    for mesh, extra in (((2, 1, 1), {}), ((2, 2, 1), {})):
+        cfg = tiny_config("gpt", mesh, **extra)
+        assert cfg.num_microbatches > 1
+        hlo = compile_grad_fn(cfg).as_text()
+        bodies = _while_bodies(hlo)
+        assert bodies, "expected a loop over microbatches or ticks"
+        for name, body in bodies.items():
+            assert "all-reduce" not in body, f"all-reduce inside loop body {name}"
+        assert "all-reduce" in hlo
