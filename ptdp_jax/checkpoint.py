@@ -42,7 +42,6 @@ import dataclasses
 import errno
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -52,194 +51,16 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
-import optax
 import orbax.checkpoint as ocp
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ptdp_jax.config import Config, ConfigError, flatten, load_config
+from ptdp_jax.config import Config
 from ptdp_jax.data import data_state
-from ptdp_jax.models import model as M
-from ptdp_jax.sharding import logical_to_spec
-
-FORMAT = "ptdp_jax-checkpoint"
-VERSION = 1
-META_FILE = "ptdp_meta.json"
-STATE_ITEM, META_ITEM = "state", "meta"
-_TMP_MARK = ".orbax-checkpoint-tmp"
-# Files orbax itself may keep at the top of a checkpoint directory.
-_ORBAX_ROOT_FILES = {"_ROOT_METADATA", "descriptor", "_CHECKPOINT_METADATA"}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory that cannot be used (foreign, corrupt, another model)
-    or a checkpoint that could not be written; the message says what and where."""
-
-
-# ----------------------------------------------------------------------------- config in meta
-
-def config_from_dict(tree: dict) -> Config:
-    """A Config from the dict stored in a checkpoint (unknown keys are an error)."""
-    return load_config(None, flatten(tree))
-
-
-def read_meta(step_dir: str | os.PathLike) -> dict:
-    """The JSON metadata of one step directory; CheckpointError if missing or unreadable."""
-    step_dir = Path(step_dir)
-    path = step_dir / META_ITEM / META_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{step_dir} is not a ptdp_jax checkpoint: no {META_ITEM}/{META_FILE}")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"checkpoint {step_dir} is corrupt: cannot read {path.name}: {e}") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{step_dir} is not a ptdp_jax checkpoint ({path.name} has no "
-                              f"format {FORMAT!r})")
-    if meta.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint {step_dir} has format version {meta.get('version')}, "
-                              f"this ptdp_jax reads version {VERSION}")
-    for key in ("step", "config", "param_shapes"):
-        if key not in meta:
-            raise CheckpointError(f"checkpoint {step_dir} is corrupt: {path.name} lacks {key!r}")
-    return meta
-
-
-def _meta_config(meta: dict, where) -> Config:
-    try:
-        return config_from_dict(meta["config"])
-    except (ConfigError, TypeError, AttributeError) as e:
-        raise CheckpointError(f"checkpoint {where}: its config cannot be read: {e}") from None
-
-
-def checkpoint_config(step_dir: str | os.PathLike) -> Config:
-    """The resolved config a checkpoint was written with."""
-    return _meta_config(read_meta(step_dir), step_dir)
-
-
-def _model_keys(m) -> dict[str, Any]:
-    """The model settings that decide parameter shapes (and the model's identity)."""
-    keys = {"model.arch": m.arch, "model.num_layers": m.num_layers,
-            "model.hidden_size": m.hidden_size, "model.num_heads": m.num_heads,
-            "model.ffn_hidden_size": m.ffn, "model.vocab_size": m.vocab_size}
-    if m.arch == "gpt":
-        keys["model.seq_len"] = m.seq_len        # learned positions: a (seq_len, h) table
-    return keys
-
-
-def _shape_tree(model_cfg) -> dict:
-    return jax.tree.map(list, M.param_shapes(model_cfg), is_leaf=lambda x: isinstance(x, tuple))
-
-
-def check_compatible(meta: dict, cfg: Config, where: str) -> None:
-    """CheckpointError naming every model setting where checkpoint and config differ."""
-    ck = _meta_config(meta, where)
-    a, b = _model_keys(ck.model), _model_keys(cfg.model)
-    diffs = [f"{k}: checkpoint {a[k]}, config {b.get(k)}" for k in a if a[k] != b.get(k)]
-    diffs += [f"{k}: checkpoint (none), config {b[k]}" for k in b if k not in a]
-    if not diffs and meta["param_shapes"] != _shape_tree(cfg.model):
-        diffs.append("parameter shapes differ: checkpoint "
-                     f"{meta['param_shapes']}, config {_shape_tree(cfg.model)}")
-    if diffs:
-        raise CheckpointError(f"checkpoint {where} is of a different model: " + "; ".join(diffs))
-
-
-# ----------------------------------------------------------------------------- layouts
-
-def _layer_marks(cfg):
-    """Params-shaped tree: True on stacked-layer leaves."""
-    shapes = M.param_shapes(cfg.model)
-    return {g: {k: g == "layers" for k in grp} for g, grp in shapes.items()}
-
-
-def _map_layers(cfg, tx, state, fn):
-    """Apply fn to every stacked-layer array of the params and of the optimizer moments."""
-    marks = _layer_marks(cfg)
-    params = {g: {k: fn(x) if marks[g][k] else x for k, x in grp.items()}
-              for g, grp in state["params"].items()}
-    opt = optax.tree_map_params(tx, lambda x, is_layer: fn(x) if is_layer else x,
-                                state["opt"], marks, transform_non_params=lambda x: x)
-    return dict(state, params=params, opt=opt)
-
-
-def to_canonical_state(cfg, tx, state):
-    """Train state in stage layout (p, v, L/(p*v), ...) -> canonical (L, ...)."""
-    p, v = cfg.parallel.pipe, cfg.parallel.virtual_stages
-    return _map_layers(cfg, tx, state,
-                       lambda x: M.to_canonical_layout({"x": x}, p, v)["x"])
-
-
-def to_stage_state(cfg, tx, state):
-    """Inverse of to_canonical_state."""
-    p, v = cfg.parallel.pipe, cfg.parallel.virtual_stages
-    return _map_layers(cfg, tx, state, lambda x: M.to_stage_layout({"x": x}, p, v)["x"])
-
-
-def canonical_abstract_state(cfg, tx):
-    """ShapeDtypeStructs of the canonical train state (no shardings)."""
-    def init():
-        params = M.init_params(cfg.model, cfg.train.seed)
-        return {"params": params, "opt": tx.init(params),
-                "step": jax.numpy.zeros((), jax.numpy.int32),
-                "bad_steps": jax.numpy.zeros((), jax.numpy.int32)}
-    return jax.eval_shape(init)
-
-
-def canonical_shardings(cfg, mesh, tx):
-    """Shardings of the canonical state on `mesh`: like the stage layout's, with the
-    layer axis split over 'pipe' (so with v = 1 each stage keeps its own layers)."""
-    axes = M.param_logical_axes(cfg.model)
-    spec = {g: {k: logical_to_spec(n) for k, n in grp.items()} for g, grp in axes.items()}
-    spec["layers"] = {k: P("pipe", *logical_to_spec(n[1:])) for k, n in axes["layers"].items()}
-    param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), spec,
-                            is_leaf=lambda x: isinstance(x, P))
-    rep = NamedSharding(mesh, P())
-    abstract = canonical_abstract_state(cfg, tx)
-    opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract["opt"], param_sh,
-                                   transform_non_params=lambda _: rep)
-    return {"params": param_sh, "opt": opt_sh, "step": rep, "bad_steps": rep}
-
-
-def _with_shardings(abstract, shardings):
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
-
-
-# ----------------------------------------------------------------------------- directory checks
-
-def _step_of(name: str) -> int | None:
-    return int(name) if re.fullmatch(r"\d+", name) else None
-
-
-def _scan(directory: Path) -> tuple[list[int], list[str], list[str]]:
-    """(complete step numbers, temporary (incomplete) entries, foreign entries)."""
-    steps, tmp, foreign = [], [], []
-    if not directory.exists():
-        return steps, tmp, foreign
-    for entry in sorted(directory.iterdir()):
-        name = entry.name
-        if name.startswith("."):
-            continue
-        if _TMP_MARK in name:
-            tmp.append(name)
-        elif entry.is_dir() and _step_of(name) is not None:
-            steps.append(int(name))
-        elif name not in _ORBAX_ROOT_FILES:
-            foreign.append(name)
-    return sorted(steps), tmp, foreign
-
-
-def check_directory(directory: Path) -> None:
-    """CheckpointError if `directory` is not (or cannot become) a ptdp_jax checkpoint dir."""
-    if directory.exists() and not directory.is_dir():
-        raise CheckpointError(f"checkpoint.dir {directory} exists and is not a directory")
-    _, _, foreign = _scan(directory)
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        raise CheckpointError(
-            f"checkpoint.dir {directory} holds files that are not ptdp_jax checkpoints "
-            f"({shown}); use an empty or new directory")
-
+from ptdp_jax.ckpt_format import (  # noqa: F401  (re-exported: the public checkpoint API)
+    FORMAT, META_FILE, META_ITEM, STATE_ITEM, VERSION, CheckpointError, _scan, _shape_tree,
+    _short, canonical_abstract_state, canonical_shardings,
+    check_compatible, check_directory, checkpoint_config, config_from_dict, load_checkpoint,
+    load_params, read_meta, resolve_step_dir, stored_shapes, to_canonical_state,
+    to_stage_state, _with_shardings)
 
 # ----------------------------------------------------------------------------- test hooks
 
@@ -478,83 +299,6 @@ def _is_enospc(e: BaseException | None) -> bool:
         e = e.__cause__ or e.__context__
         seen += 1
     return False
-
-
-def _short(e: BaseException, limit: int = 300) -> str:
-    s = str(e).strip().splitlines()
-    s = s[0] if s else ""
-    return s if len(s) <= limit else s[:limit] + " ..."
-
-
-# ----------------------------------------------------------------------------- loading on the host
-
-def resolve_step_dir(path: str | os.PathLike) -> Path:
-    """A step directory, given either it or a checkpoint.dir (then its newest complete step)."""
-    path = Path(os.path.expanduser(path)).absolute()
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} does not exist or is not a directory")
-    if (path / META_ITEM).is_dir() or (path / STATE_ITEM).is_dir():
-        return path
-    steps, _, _ = _scan(path)
-    if not steps:
-        raise CheckpointError(f"{path} holds no complete ptdp_jax checkpoint")
-    return path / str(steps[-1])
-
-
-def load_checkpoint(path: str | os.PathLike) -> tuple[Config, dict, dict]:
-    """(config, canonical train state as host numpy arrays, metadata) of a checkpoint;
-    `path` is a step directory or a checkpoint.dir (its newest complete step)."""
-    from ptdp_jax.step import make_optimizer
-
-    step_dir = resolve_step_dir(path)
-    meta = read_meta(step_dir)
-    cfg = _meta_config(meta, step_dir)
-    tx, _ = make_optimizer(cfg)
-    dev = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0]
-                                            if _has_cpu() else jax.local_devices()[0])
-    abstract = canonical_abstract_state(cfg, tx)
-    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), abstract)
-    try:
-        with ocp.StandardCheckpointer() as ckptr:
-            state = ckptr.restore(step_dir / STATE_ITEM, target)
-    except Exception as e:
-        raise CheckpointError(f"checkpoint {step_dir} is corrupt or incomplete: "
-                              f"{type(e).__name__}: {_short(e)}") from e
-    return cfg, jax.tree.map(np.asarray, state), meta
-
-
-def load_params(path: str | os.PathLike) -> tuple[Config, dict]:
-    """(config, canonical parameters as host numpy arrays) of a checkpoint."""
-    cfg, state, _ = load_checkpoint(path)
-    return cfg, state["params"]
-
-
-def stored_shapes(step_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """'params/layers/qkv_w' -> shape, for every array stored in a step directory
-    (from orbax's metadata; reads no array data)."""
-    step_dir = Path(step_dir)
-    with ocp.StandardCheckpointer() as ckptr:
-        tree = ckptr.metadata(step_dir / STATE_ITEM).item_metadata
-    out = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(
-            tree, is_leaf=lambda x: hasattr(x, "shape"))[0]:
-        if hasattr(leaf, "shape"):
-            out["/".join(_key_name(k) for k in path)] = tuple(leaf.shape)
-    return out
-
-
-def _key_name(k) -> str:
-    for attr in ("key", "name", "idx"):
-        if hasattr(k, attr):
-            return str(getattr(k, attr))
-    return str(k)
-
-
-def _has_cpu() -> bool:
-    try:
-        return bool(jax.local_devices(backend="cpu"))
-    except RuntimeError:
-        return False
 
 
 # ----------------------------------------------------------------------------- signals

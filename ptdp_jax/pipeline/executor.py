@@ -20,11 +20,9 @@ taken from the weights again at backward time. Gradients accumulate in float32.
 """
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.schedule import build_schedule
