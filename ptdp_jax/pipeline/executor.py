@@ -130,17 +130,16 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     def zeros(shape, dt):
         return _vary(jnp.zeros(shape, dt), manual)
 
-    # Every buffer has one extra "trash" row (index = its size): a tick whose op has
-    # nothing to write there writes to the trash row. State is updated with one
-    # dynamic_update_slice per buffer per tick, never by selecting whole buffers, and
-    # idle ticks cannot put NaN or Inf anywhere that is read.
+    # The receive buffers and the stash have one extra "trash" row (index = their size):
+    # a message nobody will read lands there, and an idle stage's slot points there.
+    # State is updated with one slice update (under a cond on the op for the stash and
+    # the gradients), never by selecting whole buffers, so idle ticks cannot put NaN or
+    # Inf anywhere that is read.
     TF, TB, TS = sched.num_fwd_slots, sched.num_bwd_slots, S
     msg0 = zeros((b, s, mc.hidden_size), dtype)
     f32 = lambda t: jax.tree.map(lambda a: zeros(a.shape, jnp.float32), t)
-    g_lo_shape = jax.tree.map(lambda a: jnp.zeros((v + 1,) + a.shape[1:], jnp.float32)[:, :n_lo],
-                              layers_w)
-    g_hi_shape = jax.tree.map(lambda a: jnp.zeros((v + 1,) + a.shape[1:], jnp.float32)[:, n_lo:],
-                              layers_w)
+    g_lo_shape = jax.tree.map(lambda a: a[:, :n_lo], layers_w)      # (v, Lc/2, ...)
+    g_hi_shape = jax.tree.map(lambda a: a[:, n_lo:], layers_w)
     carry = {
         "fwd_buf": zeros((TF + 1, b, s, mc.hidden_size), dtype),
         "bwd_buf": zeros((TB + 1, b, s, mc.hidden_size), dtype),
@@ -151,23 +150,28 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         "g_embed": f32(w["embed"]), "g_head": f32(w["head"]),
         "loss": zeros((), jnp.float32),
     }
-    g_lo0 = jax.tree.map(lambda a: zeros(a.shape[1:], jnp.float32), g_lo_shape)
-    g_hi0 = jax.tree.map(lambda a: zeros(a.shape[1:], jnp.float32), g_hi_shape)
+    # What an op that produces no gradient / residuals returns (compute dtype: the
+    # float32 accumulation happens only on backward ticks).
+    g_lo0 = jax.tree.map(lambda a: zeros(a.shape[1:], dtype), g_lo_shape)
+    g_hi0 = jax.tree.map(lambda a: zeros(a.shape[1:], dtype), g_hi_shape)
+    lo0 = [zeros(a.shape, a.dtype) for a in lo_abs]
+    hi0 = [zeros(a.shape, a.dtype) for a in hi_abs]
 
     def embed_fn(e, mb):
         return M.embed(mc, sh, e, mbs[mb, :, :-1], key_rows(mb))
 
     # ------------------------------------------------------------------ the ops
     # Pure computations on this tick's operands (chunk input x, incoming cotangent ct,
-    # mid cotangent, this slot's residuals). Outputs: y (forward output), dx (input
-    # gradient), mid, residuals to stash, gradients of the chunk's two halves.
+    # mid cotangent; the stash is read, never written, inside). Outputs: y (forward
+    # output), dx (input gradient), mid, residuals to stash, gradients of the two halves.
     def outputs(y=None, dx=None, mid=None, lo=None, hi=None, g_lo=None, g_hi=None, ins=None):
+        cast = lambda t: jax.tree.map(lambda g: g.astype(dtype), t)
         return {"y": msg0 if y is None else y.astype(dtype),
                 "dx": msg0 if dx is None else dx.astype(dtype),
                 "mid": ins["mid"] if mid is None else mid.astype(dtype),
-                "lo": ins["lo"] if lo is None else lo, "hi": ins["hi"] if hi is None else hi,
-                "g_lo": g_lo0 if g_lo is None else jax.tree.map(lambda g: g.astype(jnp.float32), g_lo),
-                "g_hi": g_hi0 if g_hi is None else jax.tree.map(lambda g: g.astype(jnp.float32), g_hi)}
+                "lo": lo0 if lo is None else lo, "hi": hi0 if hi is None else hi,
+                "g_lo": g_lo0 if g_lo is None else cast(g_lo),
+                "g_hi": g_hi0 if g_hi is None else cast(g_hi)}
 
     def op_idle(ins, r):
         return outputs(ins=ins)
@@ -181,14 +185,16 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
     def upper(ins, r):
         _, hi_w = chunk_weights(r["vchunk"])
-        g_hi, ct_mid = res_hi.join(ins["hi"], hi_w)(ins["ct"])
+        stashed = [buf[ins["slot"]] for buf in ins["stash_hi"]]
+        g_hi, ct_mid = res_hi.join(stashed, hi_w)(ins["ct"])
         return g_hi, ct_mid
 
     def lower(ins, r, mid):
         if not n_lo:
             return None, mid
         lo_w, _ = chunk_weights(r["vchunk"])
-        return res_lo.join(ins["lo"], lo_w)(mid)
+        stashed = [buf[ins["slot"]] for buf in ins["stash_lo"]]
+        return res_lo.join(stashed, lo_w)(mid)
 
     def op_upper(ins, r):
         g_hi, mid = upper(ins, r)
@@ -246,18 +252,20 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         slot = pick(r["stash_slot"], TS)
         ins = {"x": fwd_buf[jnp.maximum(r["fwd_in_slot"], 0)],
                "ct": bwd_buf[jnp.maximum(r["bwd_in_slot"], 0)], "mid": c["mid"],
-               "lo": [buf[slot] for buf in c["stash_lo"]], "hi": [buf[slot] for buf in c["stash_hi"]]}
+               "stash_lo": c["stash_lo"], "stash_hi": c["stash_hi"], "slot": slot}
         out = jax.lax.switch(op, branches, ins, r)
 
+        # State updates, each under a cond on the op so other ticks leave the buffer alone.
         is_fwd = op == 1
-        write = jnp.where(is_fwd, slot, TS)
-        j_lo = jnp.where((op == 3) | (op == 4), j, v)
-        j_hi = jnp.where((op == 2) | (op == 4), j, v)
-        c = dict(c, fwd_buf=fwd_buf, mid=out["mid"],
-                 stash_lo=[buf.at[write].set(a) for buf, a in zip(c["stash_lo"], out["lo"])],
-                 stash_hi=[buf.at[write].set(a) for buf, a in zip(c["stash_hi"], out["hi"])],
-                 g_lo=jax.tree.map(lambda a, g: a.at[j_lo].add(g), c["g_lo"], out["g_lo"]),
-                 g_hi=jax.tree.map(lambda a, g: a.at[j_hi].add(g), c["g_hi"], out["g_hi"]))
+        stash = jax.lax.cond(
+            is_fwd, lambda st: jax.tree.map(lambda buf, a: buf.at[slot].set(a), st, (out["lo"], out["hi"])),
+            lambda st: st, (c["stash_lo"], c["stash_hi"]))
+        accumulate = lambda pred, acc, g: jax.lax.cond(
+            pred, lambda a: jax.tree.map(lambda x, y: x.at[j].add(y.astype(jnp.float32)), a, g),
+            lambda a: a, acc)
+        c = dict(c, fwd_buf=fwd_buf, mid=out["mid"], stash_lo=stash[0], stash_hi=stash[1],
+                 g_lo=accumulate((op == 3) | (op == 4), c["g_lo"], out["g_lo"]),
+                 g_hi=accumulate((op == 2) | (op == 4), c["g_hi"], out["g_hi"]))
         acc = {"loss": c["loss"], "g_embed": c["g_embed"], "g_head": c["g_head"], "bwd_buf": bwd_buf}
         acc = jax.lax.cond(is_fwd & (r["is_last"] == 1),
                            lambda a: head_update(a, out["y"], mb, pick(r["loss_ct_slot"], TB)),
@@ -269,7 +277,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         return c, None
 
     carry, _ = jax.lax.scan(tick, carry, jnp.arange(sched.num_ticks))
-    g_layers = jax.tree.map(lambda lo, hi: jnp.concatenate([lo[:v], hi[:v]], axis=1)[None],
+    g_layers = jax.tree.map(lambda lo, hi: jnp.concatenate([lo, hi], axis=1)[None],
                             carry["g_lo"], carry["g_hi"])
     grads = {"embed": carry["g_embed"], "layers": g_layers, "head": carry["g_head"]}
     return carry["loss"], grads
