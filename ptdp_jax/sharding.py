@@ -87,3 +87,16 @@ def tree_shardings(mesh: Mesh, logical_tree) -> object:
     """A pytree of logical-name tuples -> a pytree of NamedShardings."""
     return jax.tree.map(lambda names: NamedSharding(mesh, logical_to_spec(names)), logical_tree,
                         is_leaf=lambda x: isinstance(x, tuple))
+
+
+def varying_axes(x) -> frozenset:
+    """The manual mesh axes x varies over (jax 0.10: manual_axis_type; later: vma)."""
+    aval = jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
+
+
+def vary(x, axes):
+    """Mark x as varying over the given manual axes (those it is not varying over yet)."""
+    missing = tuple(a for a in axes if a not in varying_axes(x))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x

@@ -17,7 +17,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
-from ptdp_jax.sharding import Sharder, logical_to_spec
+from ptdp_jax.sharding import Sharder, logical_to_spec, vary
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -159,19 +159,6 @@ def _psum_over(x, manual, spec):
     sharded = {a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry)}
     axes = tuple(a for a in manual if a not in sharded)
     return jax.lax.psum(x, axes) if axes else x
-
-
-def varying_axes(x) -> frozenset:
-    """The manual mesh axes x varies over (jax 0.10: manual_axis_type; later: vma)."""
-    aval = jax.typeof(x)
-    mat = getattr(aval, "manual_axis_type", None)
-    return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
-
-
-def vary(x, axes):
-    """Mark x as varying over the given manual axes (those it is not varying over yet)."""
-    missing = tuple(a for a in axes if a not in varying_axes(x))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 def _wrap_keys(keys):

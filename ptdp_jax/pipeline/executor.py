@@ -1,5 +1,6 @@
-"""One executor for any schedule table: a `lax.scan` over ticks inside a
-`shard_map` that is manual over 'pipe' ('tensor' stays automatic).
+"""One executor for any schedule table: a `lax.scan` over ticks inside the
+train step's `shard_map`, which is manual over 'pipe' and 'data' ('tensor' stays
+automatic, so tensor parallelism still comes from the sharding annotations).
 
 Each tick, every stage reads its row of the table and runs one op under
 `lax.switch` (so idle ticks cost nothing), then activations move one stage
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.schedule import build_schedule
+from ptdp_jax.sharding import vary
 
 MSG = ("batch", "seq", "embed")            # stage-to-stage message (b, s, h)
 MSG_SCATTERED = ("batch", "seq", "embed_sg")  # the same, split over 'tensor' (scatter/gather)
@@ -36,11 +38,6 @@ def schedule_for(cfg):
     layers_per_chunk = cfg.model.num_layers // (p * v)
     return build_schedule(cfg.parallel.schedule, p, cfg.num_microbatches, v,
                           split_backward=layers_per_chunk >= 2)
-
-
-def _vary(x, axes):
-    from ptdp_jax.step import vary
-    return vary(x, axes)
 
 
 class _Residuals:
@@ -111,7 +108,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     res_lo, res_hi = _Residuals(), _Residuals()
 
     def forward_pullbacks(j, mb, x):
-        x = _vary(x, manual)
+        x = vary(x, manual)
         lo_w, hi_w = chunk_weights(j)
         l0 = first_layer_of(j)
         if n_lo:
@@ -128,7 +125,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     S = sched.num_stash_slots
 
     def zeros(shape, dt):
-        return _vary(jnp.zeros(shape, dt), manual)
+        return vary(jnp.zeros(shape, dt), manual)
 
     # The receive buffers and the stash have one extra "trash" row (index = their size):
     # a message nobody will read lands there, and an idle stage's slot points there.
@@ -180,7 +177,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         x = jax.lax.cond(r["is_first"] == 1, lambda: embed_fn(w["embed"], r["mb"]), lambda: ins["x"])
         y, lo, hi = forward_pullbacks(r["vchunk"], r["mb"], x)
         # (some residuals are constants, e.g. empty placeholders: mark them per stage too)
-        return outputs(y=y, lo=[_vary(a, manual) for a in lo], hi=[_vary(a, manual) for a in hi],
+        return outputs(y=y, lo=[vary(a, manual) for a in lo], hi=[vary(a, manual) for a in hi],
                        ins=ins)
 
     def upper(ins, r):
