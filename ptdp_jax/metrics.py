@@ -200,8 +200,14 @@ class MetricsLogger:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")
         if tensorboard:
-            from tensorboardX import SummaryWriter
-            self._writer = SummaryWriter(logdir=str(self.run_dir))
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError:
+                import warnings
+                warnings.warn("tensorboardX is not installed: no TensorBoard events are written "
+                              f"(metrics still go to {self.path}); run.tensorboard=false silences this")
+            else:
+                self._writer = SummaryWriter(logdir=str(self.run_dir))
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if not self.enabled or self._file is None:

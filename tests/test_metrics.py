@@ -173,3 +173,16 @@ def test_metrics_logger_disabled(tmp_path):
     log.log(1, {"loss": 1.0})
     log.close()
     assert not run.exists()
+
+
+def test_logger_without_tensorboardx_still_writes_jsonl(tmp_path, monkeypatch):
+    import sys
+    import pytest
+    from ptdp_jax.metrics import MetricsLogger
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)       # import now fails
+    with pytest.warns(UserWarning, match="tensorboardX is not installed"):
+        logger = MetricsLogger(tmp_path, tensorboard=True)
+    logger.log(1, {"loss": 2.5})
+    logger.close()
+    assert '"loss": 2.5' in (tmp_path / "metrics.jsonl").read_text()
+    assert not list(tmp_path.glob("events.out.tfevents.*"))
