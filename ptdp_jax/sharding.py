@@ -83,12 +83,6 @@ class Sharder:
         return Sharder(self.mesh, self.manual | frozenset(axes))
 
 
-def tree_shardings(mesh: Mesh, logical_tree) -> object:
-    """A pytree of logical-name tuples -> a pytree of NamedShardings."""
-    return jax.tree.map(lambda names: NamedSharding(mesh, logical_to_spec(names)), logical_tree,
-                        is_leaf=lambda x: isinstance(x, tuple))
-
-
 def varying_axes(x) -> frozenset:
     """The manual mesh axes x varies over (jax 0.10: manual_axis_type; later: vma)."""
     aval = jax.typeof(x)
