@@ -5,3 +5,11 @@ import os
 # about a third of the time (every comparison in the tests is between runs with the same flags).
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                                    "--xla_backend_optimization_level=0")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data_cache(tmp_path_factory):
+    """A per-module cache for the embedded corpus's token file."""
+    return tmp_path_factory.mktemp("data_cache")

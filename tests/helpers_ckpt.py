@@ -80,3 +80,11 @@ def snapshot(directory: Path) -> dict:
         out[str(p.relative_to(directory))] = (p.is_dir(), st.st_size if p.is_file() else 0,
                                               st.st_mtime_ns)
     return out
+
+
+def trees_equal(a, b) -> bool:
+    """Same structure and bit-identical leaves."""
+    import jax
+    import numpy as np
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb))

@@ -21,14 +21,6 @@ from ptdp_jax.train import resolve_config, train
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
-@pytest.fixture(scope="module")
-def data_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("data_cache")
-
-
-def _leaves_equal(a, b) -> bool:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb))
 
 
 def test_resume_is_bit_identical(tmp_path, data_cache):
@@ -50,7 +42,7 @@ def test_resume_is_bit_identical(tmp_path, data_cache):
     second = train(mesh_shape=mesh, overrides=ov, log=H.Log())
     assert second.start_step == 10 and len(second.losses) == 10
     assert first.losses + second.losses == base.losses          # bit-identical
-    assert _leaves_equal(second.params, base.params)
+    assert H.trees_equal(second.params, base.params)
     assert sorted(int(p.name) for p in ckpt.iterdir()) == [16, 20]   # keep=2
 
 
@@ -157,9 +149,9 @@ def test_load_never_unpickles(tmp_path, small, monkeypatch):
     restored, step = m.restore_latest()
     m.close()
     assert step == 2
-    assert _leaves_equal(jax.device_get(restored["opt"]), jax.device_get(state["opt"]))
+    assert H.trees_equal(jax.device_get(restored["opt"]), jax.device_get(state["opt"]))
     _, params = CK.load_params(tmp_path)
-    assert _leaves_equal(params, jax.device_get(canonical_params(cfg, state["params"])))
+    assert H.trees_equal(params, jax.device_get(canonical_params(cfg, state["params"])))
 
 
 def test_incomplete_checkpoint_is_ignored(tmp_path, small):

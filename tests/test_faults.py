@@ -22,14 +22,6 @@ from ptdp_jax.train import TrainingStopped, resolve_config, train
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
-@pytest.fixture(scope="module")
-def data_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("data_cache")
-
-
-def _equal(a, b) -> bool:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb))
 
 
 class Proc:
@@ -135,9 +127,9 @@ def test_nonfinite_steps_are_skipped(tmp_path, data_cache):
     assert res.bad_steps == 5
     _, s1, _ = CK.load_checkpoint(tmp_path / "ckpt" / "1")
     _, s6, _ = CK.load_checkpoint(tmp_path / "ckpt" / "6")
-    assert _equal(s1["params"], s6["params"]) and _equal(s1["opt"], s6["opt"])
+    assert H.trees_equal(s1["params"], s6["params"]) and H.trees_equal(s1["opt"], s6["opt"])
     assert int(s6["step"]) == 6 and int(s6["bad_steps"]) == 5 and int(s1["bad_steps"]) == 0
-    assert _equal(res.params, s1["params"])
+    assert H.trees_equal(res.params, s1["params"])
 
 
 def _nonfinite(tmp_path, data_cache, **extra):
@@ -156,7 +148,7 @@ def test_too_many_nonfinite_steps_stop_the_run(tmp_path, data_cache):
     assert sorted(p.name for p in ckpt.iterdir()) == ["1", "2"]      # complete, no partial
     _, s1, _ = CK.load_checkpoint(ckpt / "1")
     _, s2, _ = CK.load_checkpoint(ckpt)                              # the newest
-    assert int(s2["step"]) == 2 and _equal(s1["params"], s2["params"])
+    assert int(s2["step"]) == 2 and H.trees_equal(s1["params"], s2["params"])
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(s2["params"]))
 
 
@@ -226,7 +218,7 @@ def test_disk_full_on_a_real_small_filesystem(tmp_path, data_cache):
         restored, step = m2.restore_latest()
         m2.close()
         assert step == 2
-        assert _equal(jax.device_get(restored["params"]), jax.device_get(state["params"]))
+        assert H.trees_equal(jax.device_get(restored["params"]), jax.device_get(state["params"]))
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
