@@ -73,24 +73,24 @@ _state: dict = {"setup": None, "watchdog": None}
 
 # ----------------------------------------------------------------------------- start-up
 
-def _env_int(name: str) -> int | None:
+def _env_number(name: str, kind=int):
+    """The environment variable `name` as `kind` (int or float), None when unset."""
     v = os.environ.get(name, "").strip()
     if not v:
         return None
     try:
-        return int(v)
+        return kind(v)
     except ValueError:
-        raise ConfigError(f"environment variable {name}={v!r} is not an integer") from None
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"environment variable {name}={v!r} is not {what}") from None
+
+
+def _env_int(name: str) -> int | None:
+    return _env_number(name, int)
 
 
 def _env_float(name: str) -> float | None:
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return None
-    try:
-        return float(v)
-    except ValueError:
-        raise ConfigError(f"environment variable {name}={v!r} is not a number") from None
+    return _env_number(name, float)
 
 
 def _explicit_setup(coordinator, num_processes, process_id) -> ProcessSetup | None:
