@@ -1,0 +1,93 @@
+"""Compile a config's train step, time it, and trace one step with jax.profiler.
+
+    PYTHONPATH=. python benchmarks/capture_step.py configs/bench-1.3b.yaml --mesh 1,4,1 \
+        --trace-dir /tmp/trace [--steps 6] [--hlo-dir DIR] [key=value ...]
+
+Synthetic tokens (uniform over the vocabulary), so no dataset is read. Prints one JSON
+line: median step time over `--steps` timed steps after two warm-up steps, peak memory
+per device, and where the trace (perfetto_trace.json.gz) was written. With `--hlo-dir`
+the optimized HLO of the step is written there too. `benchmarks/profile_step.py` runs
+this and then reads the trace by category."""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import time
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("config")
+    ap.add_argument("--mesh", required=True)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--trace-dir", default="")
+    ap.add_argument("--hlo-dir", default="")
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_intermixed_args(argv)
+
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from ptdp_jax.config import parse_cli_overrides, validate
+    from ptdp_jax.sharding import make_mesh
+    from ptdp_jax.step import compile_all, make_optimizer
+    from ptdp_jax.train import resolve_config
+
+    mesh_shape = tuple(int(x) for x in a.mesh.split(","))
+    cfg = validate(resolve_config(a.config, mesh_shape, parse_cli_overrides(a.overrides)),
+                   len(jax.devices()))
+    mesh = make_mesh(cfg.parallel.mesh_shape)
+    tx, _ = make_optimizer(cfg)
+    c = compile_all(cfg, mesh, tx)
+    state = c.init()
+    rng = np.random.default_rng(0)
+    B, s = cfg.train.global_batch_size, cfg.model.seq_len
+    batch_sh = NamedSharding(mesh, P("data"))
+    batches = [jax.device_put(rng.integers(0, cfg.model.vocab_size, (B, s + 1)).astype(np.int32),
+                              batch_sh) for _ in range(2)]
+    t0 = time.perf_counter()
+    if a.hlo_dir:
+        os.makedirs(a.hlo_dir, exist_ok=True)
+        text = c.step.lower(state, batches[0]).compile().as_text()
+        with open(os.path.join(a.hlo_dir, "step_after_optimizations.txt"), "w") as f:
+            f.write(text)
+    state, out = c.step(state, batches[0])
+    float(out["loss"])
+    first = time.perf_counter() - t0
+    times = []
+    for i in range(1 + a.steps):
+        t0 = time.perf_counter()
+        state, out = c.step(state, batches[i % 2])
+        float(out["loss"])
+        times.append(time.perf_counter() - t0)
+    times = times[1:]
+    trace = None
+    if a.trace_dir:
+        with jax.profiler.trace(a.trace_dir, create_perfetto_trace=True):
+            state, out = c.step(state, batches[0])
+            float(out["loss"])
+        found = sorted(glob.glob(os.path.join(a.trace_dir, "**", "perfetto_trace.json.gz"),
+                                 recursive=True), key=os.path.getmtime)
+        trace = found[-1] if found else None
+    n = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor
+    mem = [d.memory_stats() or {} for d in jax.devices()[:n]]
+    out = {"config": a.config, "overrides": a.overrides, "device": jax.devices()[0].device_kind,
+           "mesh": list(mesh_shape), "schedule": cfg.parallel.schedule,
+           "v": cfg.parallel.virtual_stages, "m": cfg.num_microbatches,
+           "micro_batch": cfg.train.micro_batch_size, "recompute": cfg.train.recompute,
+           "step_time_s": round(statistics.median(times), 4),
+           "step_times_s": [round(t, 4) for t in times], "first_step_s": round(first, 2),
+           "tokens_per_s": round(B * s / statistics.median(times), 1),
+           "peak_mem_gib": [round(m.get("peak_bytes_in_use", 0) / 2**30, 2) for m in mem],
+           "final_loss": round(float(out["loss"]), 4), "trace": trace}
+    print(json.dumps(out), flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
