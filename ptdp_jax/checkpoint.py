@@ -55,6 +55,7 @@ import orbax.checkpoint as ocp
 
 from ptdp_jax.config import Config
 from ptdp_jax.data import data_state
+from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.ckpt_format import (  # noqa: F401  (re-exported: the public checkpoint API)
     FORMAT, META_FILE, META_ITEM, STATE_ITEM, VERSION, CheckpointError, _scan, _shape_tree,
     _short, canonical_abstract_state, canonical_shardings,
@@ -203,7 +204,8 @@ class CheckpointManager:
                     "dropout_keys": "fold_in(fold_in(key(train.seed), step), global row)"},
             "config": json.loads(json.dumps(tree)),
             "layout": {"mesh": [d, p, t], "schedule": cfg.parallel.schedule,
-                       "virtual_stages": cfg.parallel.virtual_stages},
+                       "virtual_stages": cfg.parallel.virtual_stages,
+                       "chunk_layers": list(chunk_layers(cfg))},
             "param_shapes": _shape_tree(cfg.model),
             "time": time.time(),
         }

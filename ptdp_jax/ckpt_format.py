@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.config import Config, ConfigError, flatten, load_config
 from ptdp_jax.models import model as M
+from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.sharding import logical_to_spec
 
 
@@ -124,16 +125,16 @@ def _map_layers(cfg, tx, state, fn):
 
 
 def to_canonical_state(cfg, tx, state):
-    """Train state in stage layout (p, v, L/(p*v), ...) -> canonical (L, ...)."""
-    p, v = cfg.parallel.pipe, cfg.parallel.virtual_stages
+    """Train state in stage layout (p, v, Lmax, ...) -> canonical (L, ...)."""
+    counts, p = chunk_layers(cfg), cfg.parallel.pipe
     return _map_layers(cfg, tx, state,
-                       lambda x: M.to_canonical_layout({"x": x}, p, v)["x"])
+                       lambda x: M.to_canonical_layout({"x": x}, counts, p)["x"])
 
 
 def to_stage_state(cfg, tx, state):
     """Inverse of to_canonical_state."""
-    p, v = cfg.parallel.pipe, cfg.parallel.virtual_stages
-    return _map_layers(cfg, tx, state, lambda x: M.to_stage_layout({"x": x}, p, v)["x"])
+    counts, p = chunk_layers(cfg), cfg.parallel.pipe
+    return _map_layers(cfg, tx, state, lambda x: M.to_stage_layout({"x": x}, counts, p)["x"])
 
 
 def canonical_abstract_state(cfg, tx):

@@ -90,6 +90,9 @@ class ParallelConfig:
     schedule: str = "1f1b"               # gpipe | 1f1b | interleaved
     virtual_stages: int = 1
     scatter_gather: bool = False
+    # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p) summing
+    # to model.num_layers; () = even split; "auto" = balanced against the embedding and head.
+    stage_layers: tuple[int, ...] | str = ()
     allow_cross_host_tensor: bool = False  # multi-process: let 'tensor' span hosts (warns; slow)
 
     @property
@@ -157,10 +160,17 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     """Turn a YAML/CLI value into the field's type, or raise ConfigError."""
     origin = typing.get_origin(typ)
     args = typing.get_args(typ)
-    if origin in (typing.Union, types.UnionType):           # X | None
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+    if origin in (typing.Union, types.UnionType):           # X | None, X | str
+        if type(None) in args and (value is None or (isinstance(value, str)
+                                                     and value.lower() in ("none", "null"))):
             return None
-        return _coerce(key, value, [a for a in args if a is not type(None)][0])
+        options = [a for a in args if a is not type(None)]
+        for i, option in enumerate(options):
+            try:
+                return _coerce(key, value, option)
+            except ConfigError:
+                if i == len(options) - 1:
+                    raise
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.split(",") if v.strip()]
@@ -303,9 +313,26 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
     else:
         need(v == 1, f"parallel.virtual_stages={v} needs parallel.schedule=interleaved "
                      f"(got {p.schedule!r})")
-    need(m.num_layers % (pp * v) == 0,
-         f"model.num_layers={m.num_layers} is not divisible by parallel.pipe x "
-         f"parallel.virtual_stages = {pp} x {v} = {pp * v}")
+    sl = p.stage_layers
+    if isinstance(sl, str):
+        need(sl == "auto", f"parallel.stage_layers={sl!r} is neither 'auto' nor a list of "
+                           f"{pp * v} layer counts")
+        need(m.num_layers >= pp * v, f"parallel.stage_layers=auto needs at least one layer per "
+                                     f"model chunk: model.num_layers={m.num_layers} < parallel.pipe"
+                                     f" x parallel.virtual_stages = {pp} x {v} = {pp * v}")
+    elif sl:
+        need(len(sl) == pp * v, f"parallel.stage_layers has {len(sl)} entries {list(sl)}; it needs "
+                                f"parallel.pipe x parallel.virtual_stages = {pp} x {v} = {pp * v}"
+                                f" (one per model chunk, in chunk order)")
+        need(all(n >= 1 for n in sl), f"parallel.stage_layers={list(sl)}: every chunk needs at "
+                                      f"least one layer")
+        need(sum(sl) == m.num_layers, f"parallel.stage_layers={list(sl)} sums to {sum(sl)}, not "
+                                      f"model.num_layers={m.num_layers}")
+    else:
+        need(m.num_layers % (pp * v) == 0,
+             f"model.num_layers={m.num_layers} is not divisible by parallel.pipe x "
+             f"parallel.virtual_stages = {pp} x {v} = {pp * v} (or set parallel.stage_layers to "
+             f"a list of {pp * v} counts, or to auto)")
     need(t.global_batch_size % (t.micro_batch_size * d) == 0,
          f"train.global_batch_size={t.global_batch_size} is not divisible by "
          f"train.micro_batch_size x parallel.data = {t.micro_batch_size} x {d} = "

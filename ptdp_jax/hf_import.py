@@ -175,7 +175,7 @@ def write_checkpoint(cfg, params, directory: str | os.PathLike) -> Path:
     if manager.steps():
         raise ValueError(f"{directory} already holds checkpoints (steps {manager.steps()}); "
                          f"import into a new or empty directory")
-    stage = dict(params, layers=to_stage_layout(params["layers"], 1, 1))
+    stage = dict(params, layers=to_stage_layout(params["layers"], (cfg.model.num_layers,), 1))
     stage = jax.device_put(jax.tree.map(jnp.asarray, stage), shardings["params"])
     state = {"params": stage, "opt": jax.jit(tx.init, out_shardings=shardings["opt"])(stage),
              "step": jnp.zeros((), jnp.int32), "bad_steps": jnp.zeros((), jnp.int32)}

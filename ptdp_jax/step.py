@@ -17,6 +17,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
+from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.sharding import Sharder, logical_to_spec, vary
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -58,17 +59,15 @@ def state_shardings(cfg, mesh, tx):
 
 
 def init_state(cfg, tx):
-    p = cfg.parallel
     params = M.init_params(cfg.model, cfg.train.seed)
-    params["layers"] = M.to_stage_layout(params["layers"], p.pipe, p.virtual_stages)
+    params["layers"] = M.to_stage_layout(params["layers"], chunk_layers(cfg), cfg.parallel.pipe)
     return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32),
             "bad_steps": jnp.zeros((), jnp.int32)}
 
 
 def canonical_params(cfg, params):
     out = dict(params)
-    out["layers"] = M.to_canonical_layout(params["layers"], cfg.parallel.pipe,
-                                          cfg.parallel.virtual_stages)
+    out["layers"] = M.to_canonical_layout(params["layers"], chunk_layers(cfg), cfg.parallel.pipe)
     return out
 
 

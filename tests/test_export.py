@@ -10,6 +10,7 @@ import helpers_ckpt as H
 from ptdp_jax import checkpoint as CK
 from ptdp_jax import export as EX
 from ptdp_jax.models import model as M
+from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.sharding import Sharder, make_mesh
 from ptdp_jax.step import compile_all, make_optimizer
 from ptdp_jax.train import resolve_config
@@ -59,8 +60,8 @@ def _checkpoint(tmp_path, arch, mesh=(1, 2, 2)):
     compiled = compile_all(cfg, make_mesh(mesh), tx)
     params = _random_params(cfg)
     state = compiled.init()
-    stage = dict(params, layers=M.to_stage_layout(params["layers"], cfg.parallel.pipe,
-                                                  cfg.parallel.virtual_stages))
+    stage = dict(params, layers=M.to_stage_layout(params["layers"], chunk_layers(cfg),
+                                                  cfg.parallel.pipe))
     state["params"] = jax.device_put(stage, compiled.shardings["params"])
     state["step"] = jnp.int32(3)
     with CK.CheckpointManager(cfg, compiled.shardings) as m:

@@ -5,8 +5,8 @@ head + loss (last stage). Parameters are plain dicts:
     {'embed': {...}, 'layers': {name: (L, ...)}, 'head': {...}}
 
 That canonical layout (layers on a leading axis of length L) does not depend on
-the mesh or the schedule; `to_stage_layout` turns it into (p, v, L/(p*v), ...)
-with Megatron's chunk placement for pipelined training.
+the mesh or the schedule; `to_stage_layout` turns it into (p, v, Lmax, ...)
+with Megatron's chunk placement for pipelined training (any number of layers per chunk).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import zlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ptdp_jax.models import gpt, llama
 from ptdp_jax.models.layers import vocab_parallel_cross_entropy
@@ -81,21 +82,46 @@ def init_params(cfg, seed: int):
 
 # ----------------------------------------------------------------------------- pipeline layout
 
-def to_stage_layout(layers, p: int, v: int):
-    """(L, ...) -> (p, v, L/(p*v), ...): stage i, chunk j holds global chunk j*p + i."""
+def even_chunk_layers(num_layers: int, p: int, v: int) -> tuple[int, ...]:
+    """Layers per model chunk (global chunk order) for an even split."""
+    return (num_layers // (p * v),) * (p * v)
+
+
+def _layer_index(counts, p: int):
+    """(p, v, Lmax) global layer index of each stage-layout row; -1 for padding rows.
+    Global chunk c = j*p + i lives on stage i as virtual chunk j and holds counts[c]
+    consecutive layers (Megatron's placement, with any per-chunk counts)."""
+    v, lmax = len(counts) // p, max(counts)
+    idx = np.full((p, v, lmax), -1, np.int64)
+    start = np.cumsum((0,) + tuple(counts))
+    for c, n in enumerate(counts):
+        idx[c % p, c // p, :n] = np.arange(start[c], start[c] + n)
+    return idx
+
+
+def to_stage_layout(layers, counts, p: int):
+    """(L, ...) -> (p, v, Lmax, ...); counts: layers of each global chunk (sum L).
+    Padding rows (a chunk with fewer than Lmax layers) are zeros and never read."""
+    idx = _layer_index(tuple(counts), p)
+    if len(set(counts)) == 1:                      # even split: a reshape, no gather
+        v = len(counts) // p
+        return jax.tree.map(lambda x: jnp.swapaxes(
+            x.reshape((v, p, counts[0]) + x.shape[1:]), 0, 1), layers)
+
     def f(x):
-        L = x.shape[0]
-        x = x.reshape((v, p, L // (p * v)) + x.shape[1:])
-        return jnp.swapaxes(x, 0, 1)
+        padded = jnp.concatenate([x, jnp.zeros((1,) + x.shape[1:], x.dtype)])
+        return padded[np.where(idx >= 0, idx, x.shape[0])]
     return jax.tree.map(f, layers)
 
 
-def to_canonical_layout(layers, p: int, v: int):
-    """Inverse of to_stage_layout."""
-    def f(x):
-        x = jnp.swapaxes(x, 0, 1)
-        return x.reshape((-1,) + x.shape[3:])
-    return jax.tree.map(f, layers)
+def to_canonical_layout(layers, counts, p: int):
+    """Inverse of to_stage_layout: (p, v, Lmax, ...) -> (L, ...)."""
+    if len(set(counts)) == 1:
+        return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[3:]), layers)
+    idx = _layer_index(tuple(counts), p)
+    order = np.argsort(np.where(idx >= 0, idx, idx.size).reshape(-1), kind="stable")
+    rows = order[: int((idx >= 0).sum())]          # flat (p*v*Lmax) row of each layer, in order
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[3:])[rows], layers)
 
 
 # ----------------------------------------------------------------------------- forward pieces
@@ -115,23 +141,30 @@ def embed(cfg, sh, embed_p, tokens_bs, key_rows=None):
     return arch(cfg).embed(embed_p, tokens_bs, cfg, sh, key_rows)
 
 
-def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None, first_layer=0):
-    """Apply a stack of layers (leading axis) with a scan, so compile time does
-    not grow with depth; recomputation through jax.checkpoint policies."""
+def layer_fn(cfg, sh, recompute: str = "none"):
+    """One layer as f(layer_params, x_bsh, layer_index, key_rows) -> x_bsh: dropout keys
+    folded with the (global) layer index, recomputation by the mode's jax.checkpoint policy."""
     layer = arch(cfg).layer
 
-    def body(x, scanned):
-        lp, idx = scanned
+    def f(lp, x_bsh, idx, key_rows):
         keys = None
         if key_rows is not None:
             keys = jax.vmap(lambda k: jax.random.fold_in(k, idx))(key_rows)
-        return layer(lp, x, cfg, sh, keys), None
+        return layer(lp, x_bsh, cfg, sh, keys)
 
     if recompute in REMAT_POLICIES:
-        body = jax.checkpoint(body, policy=REMAT_POLICIES[recompute])
+        f = jax.checkpoint(f, policy=REMAT_POLICIES[recompute])
+    return f
+
+
+def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None, first_layer=0):
+    """Apply a stack of layers (leading axis) with a scan, so compile time does
+    not grow with depth; recomputation through jax.checkpoint policies."""
+    f = layer_fn(cfg, sh, recompute)
     n = jax.tree.leaves(layers_p)[0].shape[0]
     idx = first_layer + jnp.arange(n, dtype=jnp.int32)
-    x_bsh, _ = jax.lax.scan(body, x_bsh, (layers_p, idx))
+    x_bsh, _ = jax.lax.scan(lambda x, sc: (f(sc[0], x, sc[1], key_rows), None),
+                            x_bsh, (layers_p, idx))
     return x_bsh
 
 

@@ -1,43 +1,112 @@
-"""One executor for any schedule table: a `lax.scan` over ticks inside the
-train step's `shard_map`, which is manual over 'pipe' and 'data' ('tensor' stays
-automatic, so tensor parallelism still comes from the sharding annotations).
+"""One executor for any schedule table: a `lax.scan` over ticks inside the train step's
+`shard_map`, which is manual over 'pipe' and 'data' ('tensor' stays automatic, so tensor
+parallelism still comes from the sharding annotations).
 
-Each tick, every stage reads its row of the table and runs one op under
-`lax.switch` (so idle ticks cost nothing), then activations move one stage
-forward and gradients one stage back with `ppermute` (outside the switch):
+Each tick, on every stage:
 
-    op 0  idle
-    op 1  forward of (microbatch, chunk): embed first if chunk 0; on the last chunk
-          also the head + loss and its gradient, which seeds that chunk's backward
-    op 2  backward, upper half of the chunk's layers (keeps the mid cotangent)
-    op 3  backward, lower half (sends the input gradient upstream; chunk 0:
-          into the embedding)
-    op 4  backward of the whole chunk (chunks of a single layer)
+    receive   the messages of the last tick go into their receive slots
+    run op    one `lax.switch` over the stage's branch (idle, a forward, or a backward half
+              of one model chunk); the branch updates the state it owns in place: the
+              residual stash, the gradient accumulators, the send buffers, the loss
+    send      activations move one stage forward, gradients one stage back (`ppermute`)
 
-Backward uses `jax.vjp` per microbatch. Its residuals live in a stash of
-`schedule.num_stash_slots` slots (the schedule's in-flight bound, not m);
-residuals that are the chunk's own weights are not copied into the stash but
-taken from the weights again at backward time. Gradients accumulate in float32.
+There is one conditional per tick and no other: a buffer passes through exactly one branch,
+which either leaves it alone (no copy) or updates one slot of it in place. Branches are
+specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk's layers
+are unrolled with their weights as loop constants: no per-tick weight slicing, no scan
+inside a tick. Backward uses `jax.vjp` per layer; its residuals live in a stash of
+`schedule.num_stash_slots` slots (the schedule's in-flight bound, not m), without the weights.
+Gradients accumulate in float32; the embedding gradient by scatter-add into its accumulator.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ptdp_jax.models import model as M
-from ptdp_jax.pipeline.schedule import build_schedule
+from ptdp_jax.pipeline import schedule as S
+from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.sharding import vary
 
 MSG = ("batch", "seq", "embed")            # stage-to-stage message (b, s, h)
 MSG_SCATTERED = ("batch", "seq", "embed_sg")  # the same, split over 'tensor' (scatter/gather)
 
 
-def schedule_for(cfg):
+def schedule_for(cfg) -> S.Schedule:
     p, v = cfg.parallel.pipe, cfg.parallel.virtual_stages
-    layers_per_chunk = cfg.model.num_layers // (p * v)
-    return build_schedule(cfg.parallel.schedule, p, cfg.num_microbatches, v,
-                          split_backward=layers_per_chunk >= 2)
+    return S.build_schedule(cfg.parallel.schedule, p, cfg.num_microbatches, v,
+                            split_backward=min(chunk_layers(cfg)) >= 2)
+
+
+# ----------------------------------------------------------------------------- control table
+
+@dataclass(frozen=True)
+class Branch:
+    """One `lax.switch` branch: an op on one virtual chunk with a given layer count."""
+    op: int           # schedule.IDLE / FWD / BWD_UPPER / BWD_LOWER / BWD_FULL
+    vchunk: int = 0
+    n_layers: int = 0
+    first: bool = False   # global chunk 0: embedding in, embedding gradient out
+    last: bool = False    # last global chunk: head and loss
+
+
+class TickControl(NamedTuple):
+    """One tick's row for this stage (int32 scalars; slot -1 = the trash row)."""
+    branch: jax.Array
+    mb: jax.Array
+    first_layer: jax.Array      # global index of the chunk's first layer (dropout keys)
+    stash_slot: jax.Array
+    fwd_in_slot: jax.Array
+    bwd_in_slot: jax.Array
+    loss_ct_slot: jax.Array
+    fwd_recv_slot: jax.Array
+    bwd_recv_slot: jax.Array
+
+
+def control_table(sched: S.Schedule, counts) -> tuple[list[Branch], dict[str, np.ndarray]]:
+    """The branch list (0 = idle) and the (ticks, p) int32 arrays of TickControl."""
+    arr = sched.executor_arrays()
+    p, T = sched.p, sched.num_ticks
+    starts = np.cumsum((0,) + tuple(counts))
+    branches, index = [Branch(S.IDLE)], {Branch(S.IDLE): 0}
+    out = {"branch": np.zeros((T, p), np.int32), "first_layer": np.zeros((T, p), np.int32)}
+    for t in range(T):
+        for s in range(p):
+            if arr["op"][t, s] == S.IDLE:
+                continue
+            c = int(arr["vchunk"][t, s]) * p + s
+            br = Branch(int(arr["op"][t, s]), int(arr["vchunk"][t, s]), int(counts[c]),
+                        bool(arr["is_first"][t, s]), bool(arr["is_last"][t, s]))
+            if br not in index:
+                index[br] = len(branches)
+                branches.append(br)
+            out["branch"][t, s], out["first_layer"][t, s] = index[br], starts[c]
+    for k in TickControl._fields:
+        if k not in out:
+            out[k] = arr[k]
+    return branches, out
+
+
+# ----------------------------------------------------------------------------- state
+
+class PipeState(NamedTuple):
+    """The scan carry. Receive buffers and the stash have a trash row at index [size]."""
+    fwd_buf: jax.Array      # (TF+1, b, s, h) activations received, by slot
+    bwd_buf: jax.Array      # (TB+1, b, s, h) gradients received and loss cotangents, by slot
+    recv_fwd: jax.Array     # (b, s, h) last tick's incoming activation
+    recv_bwd: jax.Array     # (b, s, h) last tick's incoming gradient
+    send_fwd: jax.Array     # (b, s, h) this tick's outgoing activation
+    send_bwd: jax.Array     # (b, s, h) this tick's outgoing gradient
+    mid: jax.Array          # (b, s, h) cotangent between the two backward halves
+    stash: tuple            # [Lmax][leaf] (S+1, ...) forward residuals of layer l, by slot
+    g_layers: tuple         # [v][Lmax] {name: float32 (...)} layer gradients
+    g_embed: dict           # float32 embedding gradients
+    g_head: dict            # float32 head gradients
+    loss: jax.Array         # () float32 loss sum
 
 
 class _Residuals:
@@ -50,13 +119,13 @@ class _Residuals:
     def split(self, pullback, weights):
         leaves, treedef = jax.tree.flatten(pullback)
         wids = {id(w): i for i, w in enumerate(jax.tree.leaves(weights))}
-        from_weights = tuple(wids.get(id(l), -1) for l in leaves)
+        from_weights = tuple(wids.get(id(a), -1) for a in leaves)
         if self.treedef is None:
             self.treedef, self.from_weights = treedef, from_weights
-        # The pullback's static part (its jaxpr) is the same in every trace; only the leaves
-        # (residuals) differ, so the first trace's treedef rebuilds any later one.
-        assert from_weights == self.from_weights, "residual structure changed between traces"
-        return [l for l, w in zip(leaves, from_weights) if w < 0]
+        # Every layer is the same function of (weights, x, layer index, keys), so the
+        # pullback's static part is the same in every trace; only the residuals differ.
+        assert from_weights == self.from_weights, ("residual structure changed between traces", from_weights, self.from_weights, [getattr(a, "shape", None) for a in leaves])
+        return [a for a, w in zip(leaves, from_weights) if w < 0]
 
     def join(self, stashed, weights):
         wl = jax.tree.leaves(weights)
@@ -65,174 +134,127 @@ class _Residuals:
         return jax.tree.unflatten(self.treedef, leaves)
 
 
+def _f32_add(acc, g):
+    return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g)
+
+
+# ----------------------------------------------------------------------------- the executor
+
 def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     """Loss sum and gradient sums of this data-parallel replica's microbatches.
 
-    params: stage-local ('layers' (1, v, Lc, ...)), varying over 'pipe' and 'data'.
-    batch_rs1: this replica's rows (B/d, s+1). Returns (loss_sum, grads) with
-    the same structure as params; embed/head gradients still to be psum'd over 'pipe'."""
+    params: stage-local float32 ('layers' (1, v, Lmax, ...)), varying over 'pipe' and 'data'.
+    batch_rs1: this replica's rows (B/d, s+1). Returns (loss_sum, grads) with the structure
+    of params; embed/head gradients still to be psum'd over 'pipe'."""
     from ptdp_jax.step import DTYPES
-    sched = schedule_for(cfg)
-    tab = {k: jnp.asarray(a) for k, a in sched.executor_arrays().items()}
+    sched, counts = schedule_for(cfg), chunk_layers(cfg)
+    branches, ctl = control_table(sched, counts)
     p, v, m = sched.p, sched.v, sched.m
-    mc = cfg.model
-    Lc = mc.num_layers // (p * v)
-    n_lo = Lc // 2 if sched.split_backward else 0
-    dtype = DTYPES[cfg.train.dtype]
-    manual = tuple(sh.manual)
+    mc, dtype, manual = cfg.model, DTYPES[cfg.train.dtype], tuple(sh.manual)
+    lmax = max(counts)
     stage = jax.lax.axis_index("pipe")
     sg = cfg.parallel.scatter_gather and cfg.parallel.tensor > 1
 
-    b = batch_rs1.shape[0] // m
-    s = mc.seq_len
+    b, s, h = batch_rs1.shape[0] // m, mc.seq_len, mc.hidden_size
     mbs = batch_rs1.reshape((m, b, s + 1))
     keys = None if keys_r is None else keys_r.reshape((m, b))
+    key_rows = (lambda mb: None) if keys is None else (lambda mb: keys[mb])
 
-    # Compute-dtype copies of the weights (f32 master weights stay outside).
+    # Loop constants, made once per step: compute-dtype weights, one dict per (chunk, layer).
     w = M.cast(params, dtype)
-    layers_w = jax.tree.map(lambda a: a[0], w["layers"])                   # (v, Lc, ...)
+    W = [[jax.tree.map(lambda a: a[0, j, l], w["layers"]) for l in range(lmax)] for j in range(v)]
+    layer = M.layer_fn(mc, sh, cfg.train.recompute)
+    res = _Residuals()
 
-    def chunk_weights(j):
-        cw = jax.tree.map(lambda a: a[j], layers_w)
-        return (jax.tree.map(lambda a: a[:n_lo], cw), jax.tree.map(lambda a: a[n_lo:], cw))
-
-    def key_rows(mb):
-        return None if keys is None else keys[mb]
-
-    def run(lw, x, first_layer, mb):
-        return M.run_layers(mc, sh, lw, x, cfg.train.recompute, key_rows(mb), first_layer)
-
-    def first_layer_of(j):
-        return (j * p + stage) * Lc
-
-    res_lo, res_hi = _Residuals(), _Residuals()
-
-    def forward_pullbacks(j, mb, x):
-        x = vary(x, manual)
-        lo_w, hi_w = chunk_weights(j)
-        l0 = first_layer_of(j)
-        if n_lo:
-            h, pull_lo = jax.vjp(lambda lw, x_: run(lw, x_, l0, mb), lo_w, x)
-            lo = res_lo.split(pull_lo, lo_w)
-        else:
-            h, lo = x, []
-        y, pull_hi = jax.vjp(lambda hw, h_: run(hw, h_, l0 + n_lo, mb), hi_w, h)
-        return y, lo, res_hi.split(pull_hi, hi_w)
-
-    # Structures of the stashed residuals, from one abstract trace.
-    x_abs = jax.ShapeDtypeStruct((b, s, mc.hidden_size), dtype)
-    _, lo_abs, hi_abs = jax.eval_shape(lambda x: forward_pullbacks(0, 0, x), x_abs)
-    S = sched.num_stash_slots
+    def layer_fwd(wl, x, idx, mb):
+        y, pull = jax.vjp(lambda w_, x_: layer(w_, x_, idx, key_rows(mb)), wl, x)
+        return y, res.split(pull, wl)
 
     def zeros(shape, dt):
         return vary(jnp.zeros(shape, dt), manual)
 
-    # The receive buffers and the stash have one extra "trash" row (index = their size):
-    # a message nobody will read lands there, and an idle stage's slot points there.
-    # State is updated with one slice update (under a cond on the op for the stash and
-    # the gradients), never by selecting whole buffers, so idle ticks cannot put NaN or
-    # Inf anywhere that is read.
-    TF, TB, TS = sched.num_fwd_slots, sched.num_bwd_slots, S
-    msg0 = zeros((b, s, mc.hidden_size), dtype)
+    # Residual shapes from one abstract trace made like the real ones (varying input, traced
+    # layer index and microbatch), so that it yields the same residual structure.
+    i32 = jax.ShapeDtypeStruct((), jnp.int32)
+    res_abs = jax.eval_shape(lambda x, i, mb: layer_fwd(W[0][0], vary(x, manual), i, mb)[1],
+                             jax.ShapeDtypeStruct((b, s, h), dtype), i32, i32)
+    TF, TB, TS = sched.num_fwd_slots, sched.num_bwd_slots, sched.num_stash_slots
+    msg0 = zeros((b, s, h), dtype)
     f32 = lambda t: jax.tree.map(lambda a: zeros(a.shape, jnp.float32), t)
-    g_lo_shape = jax.tree.map(lambda a: a[:, :n_lo], layers_w)      # (v, Lc/2, ...)
-    g_hi_shape = jax.tree.map(lambda a: a[:, n_lo:], layers_w)
-    carry = {
-        "fwd_buf": zeros((TF + 1, b, s, mc.hidden_size), dtype),
-        "bwd_buf": zeros((TB + 1, b, s, mc.hidden_size), dtype),
-        "stash_lo": [zeros((TS + 1,) + a.shape, a.dtype) for a in lo_abs],
-        "stash_hi": [zeros((TS + 1,) + a.shape, a.dtype) for a in hi_abs],
-        "mid": msg0, "recv_fwd": msg0, "recv_bwd": msg0,
-        "g_lo": f32(g_lo_shape), "g_hi": f32(g_hi_shape),
-        "g_embed": f32(w["embed"]), "g_head": f32(w["head"]),
-        "loss": zeros((), jnp.float32),
-    }
-    # What an op that produces no gradient / residuals returns (compute dtype: the
-    # float32 accumulation happens only on backward ticks).
-    g_lo0 = jax.tree.map(lambda a: zeros(a.shape[1:], dtype), g_lo_shape)
-    g_hi0 = jax.tree.map(lambda a: zeros(a.shape[1:], dtype), g_hi_shape)
-    lo0 = [zeros(a.shape, a.dtype) for a in lo_abs]
-    hi0 = [zeros(a.shape, a.dtype) for a in hi_abs]
-
-    def embed_fn(e, mb):
-        return M.embed(mc, sh, e, mbs[mb, :, :-1], key_rows(mb))
+    state = PipeState(
+        fwd_buf=zeros((TF + 1, b, s, h), dtype), bwd_buf=zeros((TB + 1, b, s, h), dtype),
+        recv_fwd=msg0, recv_bwd=msg0, send_fwd=msg0, send_bwd=msg0, mid=msg0,
+        stash=tuple(tuple(zeros((TS + 1,) + a.shape, a.dtype) for a in res_abs)
+                    for _ in range(lmax)),
+        g_layers=tuple(tuple(f32(W[j][l]) for l in range(lmax)) for j in range(v)),
+        g_embed=f32(params["embed"]), g_head=f32(params["head"]), loss=zeros((), jnp.float32))
 
     # ------------------------------------------------------------------ the ops
-    # Pure computations on this tick's operands (chunk input x, incoming cotangent ct,
-    # mid cotangent; the stash is read, never written, inside). Outputs: y (forward
-    # output), dx (input gradient), mid, residuals to stash, gradients of the two halves.
-    def outputs(y=None, dx=None, mid=None, lo=None, hi=None, g_lo=None, g_hi=None, ins=None):
-        cast = lambda t: jax.tree.map(lambda g: g.astype(dtype), t)
-        return {"y": msg0 if y is None else y.astype(dtype),
-                "dx": msg0 if dx is None else dx.astype(dtype),
-                "mid": ins["mid"] if mid is None else mid.astype(dtype),
-                "lo": lo0 if lo is None else lo, "hi": hi0 if hi is None else hi,
-                "g_lo": g_lo0 if g_lo is None else cast(g_lo),
-                "g_hi": g_hi0 if g_hi is None else cast(g_hi)}
+    def forward(br):
+        def run(st: PipeState, c: TickControl) -> PipeState:
+            if br.first:
+                x = M.embed(mc, sh, w["embed"], mbs[c.mb, :, :-1], key_rows(c.mb))
+            else:
+                x = st.fwd_buf[c.fwd_in_slot]
+            stash = list(st.stash)
+            for l in range(br.n_layers):
+                x, leaves = layer_fwd(W[br.vchunk][l], x, c.first_layer + l, c.mb)
+                stash[l] = tuple(buf.at[c.stash_slot].set(vary(a, manual))
+                                 for buf, a in zip(stash[l], leaves))
+            st = st._replace(stash=tuple(stash))
+            return head(st, x, c) if br.last else st._replace(send_fwd=x.astype(dtype))
+        return run
 
-    def op_idle(ins, r):
-        return outputs(ins=ins)
+    def backward(br, part):
+        n = br.n_layers
+        lo, hi = {S.BWD_UPPER: (n // 2, n), S.BWD_LOWER: (0, n // 2), S.BWD_FULL: (0, n)}[part]
 
-    def op_forward(ins, r):
-        x = jax.lax.cond(r["is_first"] == 1, lambda: embed_fn(w["embed"], r["mb"]), lambda: ins["x"])
-        y, lo, hi = forward_pullbacks(r["vchunk"], r["mb"], x)
-        # (some residuals are constants, e.g. empty placeholders: mark them per stage too)
-        return outputs(y=y, lo=[vary(a, manual) for a in lo], hi=[vary(a, manual) for a in hi],
-                       ins=ins)
+        def run(st: PipeState, c: TickControl) -> PipeState:
+            ct = st.mid if part == S.BWD_LOWER else st.bwd_buf[c.bwd_in_slot]
+            g = list(st.g_layers[br.vchunk])
+            for l in reversed(range(lo, hi)):
+                wl = W[br.vchunk][l]
+                pull = res.join([buf[c.stash_slot] for buf in st.stash[l]], wl)
+                g_w, ct = pull(ct)
+                g[l] = _f32_add(g[l], g_w)
+            layers = list(st.g_layers)
+            layers[br.vchunk] = tuple(g)
+            st = st._replace(g_layers=tuple(layers))
+            if part == S.BWD_UPPER:
+                return st._replace(mid=ct.astype(dtype))
+            if br.first:
+                return st._replace(g_embed=embed_grad(st.g_embed, ct, c.mb))
+            return st._replace(send_bwd=ct.astype(dtype))
+        return run
 
-    def upper(ins, r):
-        _, hi_w = chunk_weights(r["vchunk"])
-        stashed = [buf[ins["slot"]] for buf in ins["stash_hi"]]
-        g_hi, ct_mid = res_hi.join(stashed, hi_w)(ins["ct"])
-        return g_hi, ct_mid
-
-    def lower(ins, r, mid):
-        if not n_lo:
-            return None, mid
-        lo_w, _ = chunk_weights(r["vchunk"])
-        stashed = [buf[ins["slot"]] for buf in ins["stash_lo"]]
-        return res_lo.join(stashed, lo_w)(mid)
-
-    def op_upper(ins, r):
-        g_hi, mid = upper(ins, r)
-        return outputs(mid=mid, g_hi=g_hi, ins=ins)
-
-    def op_lower(ins, r):
-        g_lo, dx = lower(ins, r, ins["mid"])
-        return outputs(dx=dx, g_lo=g_lo, ins=ins)
-
-    def op_full(ins, r):
-        g_hi, mid = upper(ins, r)
-        g_lo, dx = lower(ins, r, mid.astype(dtype))
-        return outputs(dx=dx, g_lo=g_lo, g_hi=g_hi, ins=ins)
-
-    branches = (op_idle, op_forward, op_upper, op_lower, op_full)
-
-    # The ends of the pipe, applied after the op to the accumulators alone.
-    def head_update(acc, y, mb, slot):
+    def head(st: PipeState, y, c: TickControl) -> PipeState:
         """Last chunk's forward: loss, its gradient (seeds this microbatch's backward),
         head and (tied) embedding gradients."""
-        targets = mbs[mb, :, 1:]
+        targets = mbs[c.mb, :, 1:]
         loss, (g_e, g_h, dy) = jax.value_and_grad(
             lambda e, hd, y_: M.head_loss(mc, sh, e, hd, y_, targets), argnums=(0, 1, 2))(
                 w["embed"], w["head"], y)
-        add = lambda t, g: jax.tree.map(lambda a, x: a + x.astype(jnp.float32), t, g)
-        return {"loss": acc["loss"] + loss, "g_embed": add(acc["g_embed"], g_e),
-                "g_head": add(acc["g_head"], g_h),
-                "bwd_buf": acc["bwd_buf"].at[slot].set(dy.astype(dtype))}
+        return st._replace(loss=st.loss + loss, g_embed=_f32_add(st.g_embed, g_e),
+                           g_head=_f32_add(st.g_head, g_h),
+                           bwd_buf=st.bwd_buf.at[c.loss_ct_slot].set(dy.astype(dtype)))
 
-    def embed_update(g_embed, dx, mb):
-        """First chunk's backward: the input gradient flows into the embedding."""
-        _, pull_e = jax.vjp(lambda e: embed_fn(e, mb), w["embed"])
-        (g_e,) = pull_e(dx)
-        return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), g_embed, g_e)
+    def embed_grad(g_embed, dx, mb):
+        """The input gradient of chunk 0 into the embedding, taken against the float32
+        tables so that XLA scatter-adds it into the accumulator in place."""
+        _, pull = jax.vjp(lambda e: M.embed(mc, sh, e, mbs[mb, :, :-1], key_rows(mb)),
+                          params["embed"])
+        (g,) = pull(dx.astype(jnp.float32))
+        return jax.tree.map(jnp.add, g_embed, g)
+
+    def idle(st, c):
+        return st
+
+    ops = [idle] + [forward(br) if br.op == S.FWD else backward(br, br.op)
+                    for br in branches[1:]]
 
     # ------------------------------------------------------------------ one tick
     fwd_perm = [(i, (i + 1) % p) for i in range(p)] if v > 1 else [(i, i + 1) for i in range(p - 1)]
     bwd_perm = [(i, (i - 1) % p) for i in range(p)] if v > 1 else [(i + 1, i) for i in range(p - 1)]
-
-    def pick(slot, trash):
-        return jnp.where(slot >= 0, slot, trash)
 
     def move(msg, perm):
         if sg:   # scatter/gather: each tensor rank sends 1/t of the message, all-gather on arrival
@@ -241,40 +263,24 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
             return sh.constrain(sh.constrain(out, MSG_SCATTERED), MSG)
         return jax.lax.ppermute(msg, "pipe", perm)
 
-    def tick(c, t):
-        r = {k: a[t, stage] for k, a in tab.items()}
-        op, j, mb = r["op"], r["vchunk"], r["mb"]
-        fwd_buf = c["fwd_buf"].at[pick(r["fwd_recv_slot"], TF)].set(c["recv_fwd"])
-        bwd_buf = c["bwd_buf"].at[pick(r["bwd_recv_slot"], TB)].set(c["recv_bwd"])
-        slot = pick(r["stash_slot"], TS)
-        ins = {"x": fwd_buf[jnp.maximum(r["fwd_in_slot"], 0)],
-               "ct": bwd_buf[jnp.maximum(r["bwd_in_slot"], 0)], "mid": c["mid"],
-               "stash_lo": c["stash_lo"], "stash_hi": c["stash_hi"], "slot": slot}
-        out = jax.lax.switch(op, branches, ins, r)
+    def trash_if_none(c: TickControl) -> TickControl:
+        sizes = {"stash_slot": TS, "fwd_in_slot": TF, "fwd_recv_slot": TF,
+                 "bwd_in_slot": TB, "loss_ct_slot": TB, "bwd_recv_slot": TB}
+        return c._replace(**{k: jnp.where(getattr(c, k) >= 0, getattr(c, k), n)
+                             for k, n in sizes.items()})
 
-        # State updates, each under a cond on the op so other ticks leave the buffer alone.
-        is_fwd = op == 1
-        stash = jax.lax.cond(
-            is_fwd, lambda st: jax.tree.map(lambda buf, a: buf.at[slot].set(a), st, (out["lo"], out["hi"])),
-            lambda st: st, (c["stash_lo"], c["stash_hi"]))
-        accumulate = lambda pred, acc, g: jax.lax.cond(
-            pred, lambda a: jax.tree.map(lambda x, y: x.at[j].add(y.astype(jnp.float32)), a, g),
-            lambda a: a, acc)
-        c = dict(c, fwd_buf=fwd_buf, mid=out["mid"], stash_lo=stash[0], stash_hi=stash[1],
-                 g_lo=accumulate((op == 3) | (op == 4), c["g_lo"], out["g_lo"]),
-                 g_hi=accumulate((op == 2) | (op == 4), c["g_hi"], out["g_hi"]))
-        acc = {"loss": c["loss"], "g_embed": c["g_embed"], "g_head": c["g_head"], "bwd_buf": bwd_buf}
-        acc = jax.lax.cond(is_fwd & (r["is_last"] == 1),
-                           lambda a: head_update(a, out["y"], mb, pick(r["loss_ct_slot"], TB)),
-                           lambda a: a, acc)
-        g_embed = jax.lax.cond(((op == 3) | (op == 4)) & (r["is_first"] == 1),
-                               lambda g: embed_update(g, out["dx"], mb), lambda g: g, acc["g_embed"])
-        c = dict(c, loss=acc["loss"], g_head=acc["g_head"], bwd_buf=acc["bwd_buf"], g_embed=g_embed,
-                 recv_fwd=move(out["y"], fwd_perm), recv_bwd=move(out["dx"], bwd_perm))
-        return c, None
+    def tick(st: PipeState, row):
+        c = trash_if_none(TickControl(**{k: a[stage] for k, a in row.items()}))
+        st = st._replace(fwd_buf=st.fwd_buf.at[c.fwd_recv_slot].set(st.recv_fwd),
+                         bwd_buf=st.bwd_buf.at[c.bwd_recv_slot].set(st.recv_bwd))
+        st = jax.lax.switch(c.branch, ops, st, c)
+        return st._replace(recv_fwd=move(st.send_fwd, fwd_perm),
+                           recv_bwd=move(st.send_bwd, bwd_perm)), None
 
-    carry, _ = jax.lax.scan(tick, carry, jnp.arange(sched.num_ticks))
-    g_layers = jax.tree.map(lambda lo, hi: jnp.concatenate([lo, hi], axis=1)[None],
-                            carry["g_lo"], carry["g_hi"])
-    grads = {"embed": carry["g_embed"], "layers": g_layers, "head": carry["g_head"]}
-    return carry["loss"], grads
+    rows = {k: jnp.asarray(a) for k, a in ctl.items()}
+    state, _ = jax.lax.scan(tick, state, rows)
+    g_layers = jax.tree.map(lambda *ls: jnp.stack(ls), *[jax.tree.map(
+        lambda *x: jnp.stack(x), *state.g_layers[j]) for j in range(v)])
+    grads = {"embed": state.g_embed, "layers": jax.tree.map(lambda a: a[None], g_layers),
+             "head": state.g_head}
+    return state.loss, grads

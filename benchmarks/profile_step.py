@@ -1,0 +1,129 @@
+"""Where a pipeline step's GPU time goes: trace one step and break it down by kernel category,
+per stage and per pipeline tick (F / b / B / idle), against the ideal step time.
+
+    PYTHONPATH=. python benchmarks/profile_step.py configs/bench-1.3b.yaml --mesh 1,4,1 \
+        [--one-gpu-step 0.623] [--trace FILE [--step-time S]] [--steps 6] [--trace-dir DIR] \
+        [--json OUT] [--top 5] [key=value ...]
+
+Without `--trace`, runs benchmarks/capture_step.py (GPUs: times `--steps` steps, traces one) and
+analyses its trace; with `--trace FILE` (perfetto_trace.json[.gz]) it only analyses (CPU is
+enough). The expected tick count and each (tick, stage)'s op come from the config's pipeline
+schedule. `--one-gpu-step S`: the one-GPU step time of the same global batch; the ideal step is
+S / (d p t) x (1 + bubble), bubble = (p-1)/m (gpipe, 1f1b) or (p-1)/(v m) (interleaved). Prints
+markdown tables (ptdp_jax.profiling.format_report); `--json OUT` writes the full report."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+
+
+def load_cfg(config: str, mesh: tuple[int, int, int], overrides: list[str]):
+    """The config with the mesh applied (no jax needed)."""
+    from ptdp_jax.config import load_config, parse_cli_overrides
+    cfg = load_config(config, parse_cli_overrides(overrides))
+    d, p, t = mesh
+    return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, data=d, pipe=p,
+                                                                 tensor=t))
+
+
+def schedule_of(cfg):
+    """The executor's schedule for cfg; built here if the executor's schedule_for is unusable."""
+    try:
+        from ptdp_jax.pipeline.executor import schedule_for
+        return schedule_for(cfg)
+    except Exception as e:   # the executor is being rewritten: any failure falls back
+        print(f"note: executor.schedule_for unusable ({type(e).__name__}: {e}); "
+              "building the schedule here", file=sys.stderr)
+    from ptdp_jax.pipeline.schedule import build_schedule
+    p, v = cfg.parallel.pipe, cfg.parallel.virtual_stages
+    layers_per_chunk = cfg.model.num_layers // (p * v)
+    return build_schedule(cfg.parallel.schedule, p, cfg.num_microbatches, v,
+                          split_backward=layers_per_chunk >= 2)
+
+
+def op_label(op) -> str:
+    """'F' forward, 'b' upper-half backward, 'B' lower-half or whole backward, '.' idle."""
+    if op is None:
+        return "."
+    return "b" if op.half == "upper" else op.kind
+
+
+def tick_labels(sched) -> list[list[str]]:
+    """labels[tick][stage] of a Schedule."""
+    return [[op_label(op) for op in row] for row in sched.table]
+
+
+def stage_of_device(mesh: tuple[int, int, int]) -> dict[int, int]:
+    """Device index -> pipeline stage for a (data, pipe, tensor) mesh laid out in device order
+    (tensor fastest, as ptdp_jax.sharding.make_mesh does)."""
+    d, p, t = mesh
+    return {i: (i // t) % p for i in range(d * p * t)}
+
+
+def ideal_step_s(one_gpu_step_s: float, mesh: tuple[int, int, int], m: int, v: int = 1,
+                 schedule: str = "1f1b") -> float:
+    """S / (d p t) x (1 + bubble); bubble (p-1)/m, or (p-1)/(v m) for interleaved (0 if p = 1)."""
+    d, p, t = mesh
+    bubble = (p - 1) / (v * m if schedule == "interleaved" else m)
+    return one_gpu_step_s / (d * p * t) * (1 + bubble)
+
+
+def capture(config: str, mesh: str, steps: int, trace_dir: str, overrides: list[str]) -> dict:
+    """Run benchmarks/capture_step.py's main() (GPUs): its JSON line as a dict."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture_step.py")
+    spec = importlib.util.spec_from_file_location("capture_step", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main([config, "--mesh", mesh, "--steps", str(steps), "--trace-dir", trace_dir]
+                    + list(overrides))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--mesh", required=True, help="d,p,t")
+    ap.add_argument("--one-gpu-step", type=float, default=None, help="one-GPU step time, s")
+    ap.add_argument("--trace", default="", help="analyse this trace only (no GPU run)")
+    ap.add_argument("--step-time", type=float, default=None,
+                    help="measured step time, s, for --trace (default: the trace's window)")
+    ap.add_argument("--steps", type=int, default=6, help="timed steps of the capture run")
+    ap.add_argument("--trace-dir", default="", help="where the capture run writes (default: temp)")
+    ap.add_argument("--json", default="", help="write the report dict here")
+    ap.add_argument("--top", type=int, default=5, help="kernels listed per category")
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_intermixed_args(argv)
+    from ptdp_jax import profiling
+
+    mesh = tuple(int(x) for x in a.mesh.split(","))
+    cfg = load_cfg(a.config, mesh, a.overrides)
+    sched = schedule_of(cfg)
+    step_s, trace = a.step_time, a.trace
+    if not trace:
+        run = capture(a.config, a.mesh, a.steps, a.trace_dir or tempfile.mkdtemp(prefix="trace_"),
+                      a.overrides)
+        step_s, trace = run["step_time_s"], run["trace"]
+        if not trace:
+            sys.exit("capture_step.py wrote no trace")
+    ideal = None
+    if a.one_gpu_step:
+        ideal = ideal_step_s(a.one_gpu_step, mesh, sched.m, sched.v, cfg.parallel.schedule)
+    rep = profiling.report(profiling.load_trace(trace), tick_labels(sched),
+                           stage_of_device(mesh), ideal_s=ideal, step_s=step_s, top_n=a.top)
+    rep.update({"config": a.config, "overrides": a.overrides, "mesh": list(mesh), "trace": trace,
+                "schedule": cfg.parallel.schedule, "m": sched.m, "v": sched.v})
+    print(f"{a.config} mesh {a.mesh} {cfg.parallel.schedule} m={sched.m} v={sched.v} "
+          f"ticks={sched.num_ticks} trace {trace}\n")
+    print(profiling.format_report(rep), flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rep, f, indent=1)
+    return rep
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
