@@ -5,8 +5,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ptdp_jax.models.layers import (ACT, FFN, HEADS, attention_impl, causal_attention, dropout,
-                                    fold_rows, layer_norm)
+from ptdp_jax.models.layers import (ACT, FFN, HEADS, attention_impl, causal_attention, dense,
+                                    dropout, fold_rows, layer_norm)
+
+DENSE_WEIGHTS = ("qkv_w", "out_w", "fc1_w", "fc2_w")     # layer weights used through dense()
 
 
 def param_specs(cfg):
@@ -49,15 +51,15 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     """One pre-LN transformer layer: x + Attn(LN(x)), then + MLP(LN(.))."""
     impl = attention_impl(cfg.attention, x_bsh.dtype)
     y = layer_norm(x_bsh, p["ln1_scale"], p["ln1_bias"], cfg.norm_eps)
-    qkv_bs3nd = jnp.einsum("bsh,hknd->bsknd", y, p["qkv_w"]) + p["qkv_b"]
+    qkv_bs3nd = dense("bsh,hknd->bsknd", y, p["qkv_w"]) + p["qkv_b"]
     q, k, v = (sh.constrain(qkv_bs3nd[:, :, i], HEADS) for i in range(3))
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
-    attn_bsh = jnp.einsum("bsnd,ndh->bsh", a_bsnd, p["out_w"]) + p["out_b"]
+    attn_bsh = dense("bsnd,ndh->bsh", a_bsnd, p["out_w"]) + p["out_b"]
     x_bsh = x_bsh + dropout(sh.constrain(attn_bsh, ACT), cfg.dropout, fold_rows(key_rows, 0))
     y = layer_norm(x_bsh, p["ln2_scale"], p["ln2_bias"], cfg.norm_eps)
-    u_bsf = sh.constrain(jnp.einsum("bsh,hf->bsf", y, p["fc1_w"]) + p["fc1_b"], FFN)
+    u_bsf = sh.constrain(dense("bsh,hf->bsf", y, p["fc1_w"]) + p["fc1_b"], FFN)
     u_bsf = jax.nn.gelu(u_bsf, approximate=True)
-    mlp_bsh = jnp.einsum("bsf,fh->bsh", u_bsf, p["fc2_w"]) + p["fc2_b"]
+    mlp_bsh = dense("bsf,fh->bsh", u_bsf, p["fc2_w"]) + p["fc2_b"]
     x_bsh = x_bsh + dropout(sh.constrain(mlp_bsh, ACT), cfg.dropout, fold_rows(key_rows, 1))
     return sh.constrain(x_bsh, ACT)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ptdp_jax.models.layers import (ACT, FFN, HEADS, attention_impl, causal_attention, dropout,
-                                    fold_rows, rms_norm, rotary)
+from ptdp_jax.models.layers import (ACT, FFN, HEADS, attention_impl, causal_attention, dense,
+                                    dropout, fold_rows, rms_norm, rotary)
+
+DENSE_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")   # used through dense()
 
 
 def param_specs(cfg):
@@ -39,16 +41,16 @@ def embed(p, tokens_bs, cfg, sh, key_rows=None):
 def layer(p, x_bsh, cfg, sh, key_rows=None):
     impl = attention_impl(cfg.attention, x_bsh.dtype)
     y = rms_norm(x_bsh, p["attn_norm"], cfg.norm_eps)
-    q = rotary(sh.constrain(jnp.einsum("bsh,hnd->bsnd", y, p["wq"]), HEADS), cfg.rope_theta)
-    k = rotary(sh.constrain(jnp.einsum("bsh,hnd->bsnd", y, p["wk"]), HEADS), cfg.rope_theta)
-    v = sh.constrain(jnp.einsum("bsh,hnd->bsnd", y, p["wv"]), HEADS)
+    q = rotary(sh.constrain(dense("bsh,hnd->bsnd", y, p["wq"]), HEADS), cfg.rope_theta)
+    k = rotary(sh.constrain(dense("bsh,hnd->bsnd", y, p["wk"]), HEADS), cfg.rope_theta)
+    v = sh.constrain(dense("bsh,hnd->bsnd", y, p["wv"]), HEADS)
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
-    attn_bsh = sh.constrain(jnp.einsum("bsnd,ndh->bsh", a_bsnd, p["wo"]), ACT)
+    attn_bsh = sh.constrain(dense("bsnd,ndh->bsh", a_bsnd, p["wo"]), ACT)
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
     y = rms_norm(x_bsh, p["mlp_norm"], cfg.norm_eps)
-    g_bsf = sh.constrain(jnp.einsum("bsh,hf->bsf", y, p["w_gate"]), FFN)
-    u_bsf = sh.constrain(jnp.einsum("bsh,hf->bsf", y, p["w_up"]), FFN)
-    mlp_bsh = jnp.einsum("bsf,fh->bsh", jax.nn.silu(g_bsf) * u_bsf, p["w_down"])
+    g_bsf = sh.constrain(dense("bsh,hf->bsf", y, p["w_gate"]), FFN)
+    u_bsf = sh.constrain(dense("bsh,hf->bsf", y, p["w_up"]), FFN)
+    mlp_bsh = dense("bsf,fh->bsh", jax.nn.silu(g_bsf) * u_bsf, p["w_down"])
     x_bsh = x_bsh + dropout(sh.constrain(mlp_bsh, ACT), cfg.dropout, fold_rows(key_rows, 1))
     return sh.constrain(x_bsh, ACT)
 

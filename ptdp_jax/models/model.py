@@ -32,6 +32,11 @@ def _specs(cfg):
     return arch(cfg).param_specs(cfg)
 
 
+def dense_weight_names(cfg) -> tuple[str, ...]:
+    """Layer weights the model uses through layers.dense (GEMM weights)."""
+    return arch(cfg).DENSE_WEIGHTS
+
+
 def param_logical_axes(cfg, stage_layout: bool = False):
     """Pytree of logical-axis tuples matching the parameters."""
     lead = ("stage", "chunk", "layers") if stage_layout else ("layers",)
@@ -127,7 +132,7 @@ def to_canonical_layout(layers, counts, p: int):
 # ----------------------------------------------------------------------------- forward pieces
 
 REMAT_POLICIES = {
-    "selective": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,   # keep GEMM outputs
+    "selective": jax.checkpoint_policies.save_only_these_names("dense"),     # keep GEMM outputs
     "full": jax.checkpoint_policies.nothing_saveable,                          # keep layer inputs
 }
 

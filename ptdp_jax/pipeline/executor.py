@@ -134,6 +134,12 @@ class _Residuals:
         return jax.tree.unflatten(self.treedef, leaves)
 
 
+def _grads_of(tree):
+    """Per weight the leaf that carries its gradient: the float32 master of a
+    (compute copy, master) pair, the weight itself otherwise."""
+    return {k: a[1] if isinstance(a, tuple) else a for k, a in tree.items()}
+
+
 def _f32_add(acc, g):
     return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g)
 
@@ -160,9 +166,16 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     keys = None if keys_r is None else keys_r.reshape((m, b))
     key_rows = (lambda mb: None) if keys is None else (lambda mb: keys[mb])
 
-    # Loop constants, made once per step: compute-dtype weights, one dict per (chunk, layer).
+    # Loop constants, made once per step: compute-dtype weights, one dict per (chunk, layer);
+    # GEMM weights as (compute copy, float32 master) pairs, so that their gradients come out
+    # of the GEMM in float32 (layers.dense) and go straight into the accumulators.
     w = M.cast(params, dtype)
-    W = [[jax.tree.map(lambda a: a[0, j, l], w["layers"]) for l in range(lmax)] for j in range(v)]
+    dense = M.dense_weight_names(mc)
+
+    def layer_weights(j, l):
+        return {k: (a[0, j, l], params["layers"][k][0, j, l]) if k in dense else a[0, j, l]
+                for k, a in w["layers"].items()}
+    W = [[layer_weights(j, l) for l in range(lmax)] for j in range(v)]
     layer = M.layer_fn(mc, sh, cfg.train.recompute)
     res = _Residuals()
 
@@ -186,7 +199,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         recv_fwd=msg0, recv_bwd=msg0, send_fwd=msg0, send_bwd=msg0, mid=msg0,
         stash=tuple(tuple(zeros((TS + 1,) + a.shape, a.dtype) for a in res_abs)
                     for _ in range(lmax)),
-        g_layers=tuple(tuple(f32(W[j][l]) for l in range(lmax)) for j in range(v)),
+        g_layers=tuple(tuple(f32(_grads_of(W[j][l])) for l in range(lmax)) for j in range(v)),
         g_embed=f32(params["embed"]), g_head=f32(params["head"]), loss=zeros((), jnp.float32))
 
     # ------------------------------------------------------------------ the ops
@@ -216,7 +229,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
                 wl = W[br.vchunk][l]
                 pull = res.join([buf[c.stash_slot] for buf in st.stash[l]], wl)
                 g_w, ct = pull(ct)
-                g[l] = _f32_add(g[l], g_w)
+                g[l] = _f32_add(g[l], _grads_of(g_w))
             layers = list(st.g_layers)
             layers[br.vchunk] = tuple(g)
             st = st._replace(g_layers=tuple(layers))
