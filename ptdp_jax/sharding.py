@@ -82,6 +82,19 @@ class Sharder:
     def inside(self, axes) -> "Sharder":
         return Sharder(self.mesh, self.manual | frozenset(axes))
 
+    def per_device(self, fn, in_names, out_names):
+        """fn on each device's block: a shard_map, nested in the current one, that is
+        manual over every mesh axis not manual yet (size-1 axes too, so nothing is left
+        to GSPMD's partitioner inside). Inputs and outputs are laid out by the rule table."""
+        rest = tuple(a for a in self.mesh.axis_names if a not in self.manual)
+        if not rest:
+            return fn
+        in_specs = tuple(logical_to_spec(n, self.manual) for n in in_names)
+        out_specs = (logical_to_spec(out_names, self.manual) if isinstance(out_names[0], str)
+                     else tuple(logical_to_spec(n, self.manual) for n in out_names))
+        return jax.shard_map(fn, mesh=jax.sharding.get_abstract_mesh(), in_specs=in_specs,
+                             out_specs=out_specs, axis_names=set(rest))
+
 
 def varying_axes(x) -> frozenset:
     """The manual mesh axes x varies over (jax 0.10: manual_axis_type; later: vma)."""

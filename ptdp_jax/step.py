@@ -104,15 +104,18 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
 
 def make_grad_fn(cfg, mesh):
     """(params, batch (B, s+1), step) -> (mean loss, mean gradients), jit-able."""
-    # Manual over 'data' and 'pipe' where they have size > 1 ('tensor' stays automatic: GSPMD
-    # does tensor parallelism from the annotations). Size-1 axes stay automatic: XLA rejects
-    # all-reduces over all-trivial manual groups. Without tensor parallelism every axis is
-    # manual, so nothing inside is left to GSPMD's partitioner (cuDNN attention's custom
-    # partitioner fails inside a partially manual region).
-    if mesh.shape["tensor"] == 1 and mesh.size > 1:
+    # Manual over 'data' and 'pipe' ('tensor' stays automatic: GSPMD does tensor parallelism
+    # from the annotations); size-1 axes are manual too, so that attention's nested per-device
+    # region (layers.causal_attention) only has 'tensor' left, and no reduction runs over a
+    # size-1 axis (_psum_over). Without tensor parallelism every axis is manual, so nothing
+    # inside is left to GSPMD's partitioner (cuDNN attention's custom partitioner fails inside
+    # a partially manual region).
+    if mesh.size == 1 or mesh.size == mesh.shape["tensor"]:
+        manual = ()                                  # one device, or (1, 1, t): all GSPMD
+    elif mesh.shape["tensor"] == 1:
         manual = ("data", "pipe", "tensor")
     else:
-        manual = tuple(a for a in ("data", "pipe") if mesh.shape[a] > 1)
+        manual = ("data", "pipe")
     sh = Sharder(mesh).inside(manual)
     pspecs = stage_param_specs(cfg)
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)

@@ -71,16 +71,36 @@ def attention_impl(name: str, dtype) -> str:
 def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
     """Causal self-attention through jax.nn.dot_product_attention (cuDNN on GPU).
 
-    cuDNN's kernel is a custom call whose partitioner cannot run inside a partly
-    manual shard_map: with tensor parallelism inside our manual data/pipe region
-    (tensor stays automatic there) XLA's attention is used instead. Without
-    tensor parallelism that region is fully manual and cuDNN runs per device; on
-    a (1, 1, t) mesh there is no manual region and GSPMD partitions it by heads."""
-    if impl == "cudnn" and sh is not None and sh.mesh is not None and sh.manual \
-            and sh.mesh.shape["tensor"] > 1:
+    Heads are split over 'tensor', so attention needs no communication. Inside a
+    partly manual region (pipeline or data manual, 'tensor' automatic) cuDNN's custom
+    partitioner cannot run, so the attention runs per device in a nested shard_map
+    that is manual over every remaining mesh axis (`Sharder.per_device`); without
+    tensor parallelism that region is already fully manual, and on a (1, 1, t) mesh
+    (no manual region) GSPMD partitions the call by heads itself. Exception: (d, 1, t)
+    meshes use XLA's attention (see below)."""
+    def attend(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+
+    if sh is None or sh.mesh is None or not sh.manual or sh.mesh.shape["tensor"] == 1:
+        return attend(q_bsnd, k_bsnd, v_bsnd)
+    if sh.mesh.shape["pipe"] == 1:
+        # (d, 1, t): the nested region fails Shardy's verifier inside the microbatch loop
+        # (jax 0.10); XLA's attention there until the data-parallel path is reworked.
         impl = "xla"
-    return jax.nn.dot_product_attention(q_bsnd, k_bsnd, v_bsnd, is_causal=True,
-                                        implementation=impl)
+        return attend(q_bsnd, k_bsnd, v_bsnd)
+    # A custom VJP keeps q, k, v as the only residuals and recomputes the attention inside
+    # the per-device backward, so no residual has to cross the nested shard_map boundary.
+    local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
+    local_bwd = sh.per_device(lambda q, k, v, g: jax.vjp(attend, q, k, v)[1](g),
+                              (HEADS,) * 4, (HEADS,) * 3)
+
+    @jax.custom_vjp
+    def attention(q, k, v):
+        return local_fwd(q, k, v)
+
+    attention.defvjp(lambda q, k, v: (local_fwd(q, k, v), (q, k, v)),
+                     lambda qkv, g: local_bwd(*qkv, g))
+    return attention(q_bsnd, k_bsnd, v_bsnd)
 
 
 def dropout(x, rate: float, key_rows):
