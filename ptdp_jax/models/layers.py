@@ -131,17 +131,26 @@ def rotary(x_bsnd, theta: float):
     return out.astype(x_bsnd.dtype)
 
 
-def vocab_parallel_cross_entropy(logits_bsv, targets_bs, vocab_size: int, sh):
+def vocab_parallel_cross_entropy(logits_bsv, targets_bs, vocab_size: int, sh, ids_v=None,
+                                 axis=None):
     """Sum of token losses, without gathering the vocab-sharded logits.
 
     Padded vocabulary entries (index >= vocab_size) are masked out of the
     softmax, so the function does not depend on the padding. The max, the sum
     of exponentials and the target logit are each reduced over the sharded
-    vocab dim, which XLA turns into all-reduces of (b, s) values."""
+    vocab dim, which XLA turns into all-reduces of (b, s) values. With `axis` (a
+    manual mesh axis) the logits are one shard of the vocabulary per device along
+    it, `ids_v` the vocabulary id of each of their columns; the three reductions
+    are then also taken over `axis`."""
     logits = sh.constrain(logits_bsv.astype(jnp.float32), ("batch", "seq", "vocab"))
-    ids_v = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
+    if ids_v is None:
+        ids_v = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2)
+    else:
+        ids_v = jnp.broadcast_to(ids_v, logits.shape)
+    reduce = (lambda x, op: op(x, axis)) if axis else (lambda x, op: x)
     logits = jnp.where(ids_v < vocab_size, logits, jnp.finfo(jnp.float32).min)
-    m_bs = jax.lax.stop_gradient(logits.max(-1))
-    lse_bs = jnp.log(jnp.exp(logits - m_bs[..., None]).sum(-1)) + m_bs
-    target_bs = jnp.where(ids_v == targets_bs[..., None], logits, 0.0).sum(-1)
+    m_bs = reduce(jax.lax.stop_gradient(logits.max(-1)), jax.lax.pmax)
+    lse_bs = jnp.log(reduce(jnp.exp(logits - m_bs[..., None]).sum(-1), jax.lax.psum)) + m_bs
+    target_bs = reduce(jnp.where(ids_v == targets_bs[..., None], logits, 0.0).sum(-1),
+                       jax.lax.psum)
     return (lse_bs - target_bs).sum()

@@ -177,10 +177,11 @@ def logits(cfg, sh, embed_p, head_p, x_bsh):
     return arch(cfg).logits(embed_p, head_p, x_bsh, cfg, sh)
 
 
-def head_loss(cfg, sh, embed_p, head_p, x_bsh, targets_bs):
-    """Sum of token cross-entropies (float32), vocab-parallel."""
+def head_loss(cfg, sh, embed_p, head_p, x_bsh, targets_bs, ids_v=None, axis=None):
+    """Sum of token cross-entropies (float32), vocab-parallel (see
+    layers.vocab_parallel_cross_entropy for a vocabulary also split over `axis`)."""
     return vocab_parallel_cross_entropy(logits(cfg, sh, embed_p, head_p, x_bsh), targets_bs,
-                                        cfg.vocab_size, sh)
+                                        cfg.vocab_size, sh, ids_v, axis)
 
 
 def loss_sum(cfg, params, tokens_bs, targets_bs, sh: Sharder | None = None, recompute="none",

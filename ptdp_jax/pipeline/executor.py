@@ -30,6 +30,7 @@ import numpy as np
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
+from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
 from ptdp_jax.sharding import vary
 
 MSG = ("batch", "seq", "embed")            # stage-to-stage message (b, s, h)
@@ -65,6 +66,8 @@ class TickControl(NamedTuple):
     loss_ct_slot: jax.Array
     fwd_recv_slot: jax.Array
     bwd_recv_slot: jax.Array
+    head_tick: jax.Array        # 1 where the last chunk runs a forward anywhere (same on all stages)
+    head_mb: jax.Array          # that forward's microbatch
 
 
 def control_table(sched: S.Schedule, counts) -> tuple[list[Branch], dict[str, np.ndarray]]:
@@ -73,7 +76,7 @@ def control_table(sched: S.Schedule, counts) -> tuple[list[Branch], dict[str, np
     p, T = sched.p, sched.num_ticks
     starts = np.cumsum((0,) + tuple(counts))
     branches, index = [Branch(S.IDLE)], {Branch(S.IDLE): 0}
-    out = {"branch": np.zeros((T, p), np.int32), "first_layer": np.zeros((T, p), np.int32)}
+    out = {k: np.zeros((T, p), np.int32) for k in ("branch", "first_layer", "head_tick", "head_mb")}
     for t in range(T):
         for s in range(p):
             if arr["op"][t, s] == S.IDLE:
@@ -85,6 +88,8 @@ def control_table(sched: S.Schedule, counts) -> tuple[list[Branch], dict[str, np
                 index[br] = len(branches)
                 branches.append(br)
             out["branch"][t, s], out["first_layer"][t, s] = index[br], starts[c]
+            if br.op == S.FWD and br.last:
+                out["head_tick"][t, :], out["head_mb"][t, :] = 1, arr["mb"][t, s]
     for k in TickControl._fields:
         if k not in out:
             out[k] = arr[k]
@@ -102,10 +107,12 @@ class PipeState(NamedTuple):
     send_fwd: jax.Array     # (b, s, h) this tick's outgoing activation
     send_bwd: jax.Array     # (b, s, h) this tick's outgoing gradient
     mid: jax.Array          # (b, s, h) cotangent between the two backward halves
+    head_y: jax.Array       # (b, s, h) the last chunk's output, for the head of this tick
     stash: tuple            # [Lmax][leaf] (S+1, ...) forward residuals of layer l, by slot
     g_layers: tuple         # [v][Lmax] {name: float32 (...)} layer gradients
     g_embed: dict           # float32 embedding gradients
     g_head: dict            # float32 head gradients
+    g_vocab: dict           # float32 gradients of this stage's vocabulary slice (head over pipe)
     loss: jax.Array         # () float32 loss sum
 
 
@@ -178,6 +185,9 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     W = [[layer_weights(j, l) for l in range(lmax)] for j in range(v)]
     layer = M.layer_fn(mc, sh, cfg.train.recompute)
     res = _Residuals()
+    spread = spread_over_pipe(cfg)          # the head over every stage (pipeline/head.py)
+    slices = VocabSlices(cfg) if spread else None
+    head_w = slices.take({"embed": w["embed"], "head": w["head"]}, stage) if spread else {}
 
     def layer_fwd(wl, x, idx, mb):
         y, pull = jax.vjp(lambda w_, x_: layer(w_, x_, idx, key_rows(mb)), wl, x)
@@ -196,11 +206,12 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     f32 = lambda t: jax.tree.map(lambda a: zeros(a.shape, jnp.float32), t)
     state = PipeState(
         fwd_buf=zeros((TF + 1, b, s, h), dtype), bwd_buf=zeros((TB + 1, b, s, h), dtype),
-        recv_fwd=msg0, recv_bwd=msg0, send_fwd=msg0, send_bwd=msg0, mid=msg0,
+        recv_fwd=msg0, recv_bwd=msg0, send_fwd=msg0, send_bwd=msg0, mid=msg0, head_y=msg0,
         stash=tuple(tuple(zeros((TS + 1,) + a.shape, a.dtype) for a in res_abs)
                     for _ in range(lmax)),
         g_layers=tuple(tuple(f32(_grads_of(W[j][l])) for l in range(lmax)) for j in range(v)),
-        g_embed=f32(params["embed"]), g_head=f32(params["head"]), loss=zeros((), jnp.float32))
+        g_embed=f32(params["embed"]), g_head=f32(params["head"]), g_vocab=f32(head_w),
+        loss=zeros((), jnp.float32))
 
     # ------------------------------------------------------------------ the ops
     def forward(br):
@@ -215,7 +226,9 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
                 stash[l] = tuple(buf.at[c.stash_slot].set(vary(a, manual))
                                  for buf, a in zip(stash[l], leaves))
             st = st._replace(stash=tuple(stash))
-            return head(st, x, c) if br.last else st._replace(send_fwd=x.astype(dtype))
+            if br.last:
+                return st._replace(head_y=x.astype(dtype)) if spread else head(st, x, c)
+            return st._replace(send_fwd=x.astype(dtype))
         return run
 
     def backward(br, part):
@@ -259,6 +272,16 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         (g,) = pull(dx.astype(jnp.float32))
         return jax.tree.map(jnp.add, g_embed, g)
 
+    def head_spread(st: PipeState, c: TickControl) -> PipeState:
+        """The head of this tick's last-chunk forward, every stage taking 1/p of the
+        vocabulary; the loss is counted on the last stage, dy lands in its loss slot."""
+        last = stage == p - 1
+        loss, g, dy = head_over_pipe(cfg, sh, head_w, slices, stage, st.head_y, last,
+                                     mbs[c.head_mb, :, 1:])
+        return st._replace(loss=st.loss + jnp.where(last, loss, 0.0),
+                           g_vocab=_f32_add(st.g_vocab, g),
+                           bwd_buf=st.bwd_buf.at[c.loss_ct_slot].set(dy.astype(dtype)))
+
     def idle(st, c):
         return st
 
@@ -287,6 +310,8 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         st = st._replace(fwd_buf=st.fwd_buf.at[c.fwd_recv_slot].set(st.recv_fwd),
                          bwd_buf=st.bwd_buf.at[c.bwd_recv_slot].set(st.recv_bwd))
         st = jax.lax.switch(c.branch, ops, st, c)
+        if spread:     # the same predicate on every stage: collectives inside are fine
+            st = jax.lax.cond(c.head_tick == 1, head_spread, idle, st, c)
         return st._replace(recv_fwd=move(st.send_fwd, fwd_perm),
                            recv_bwd=move(st.send_bwd, bwd_perm)), None
 
@@ -296,4 +321,8 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         lambda *x: jnp.stack(x), *state.g_layers[j]) for j in range(v)])
     grads = {"embed": state.g_embed, "layers": jax.tree.map(lambda a: a[None], g_layers),
              "head": state.g_head}
+    if spread:
+        placed = slices.put(state.g_vocab, stage)
+        grads["embed"] = jax.tree.map(jnp.add, grads["embed"], placed["embed"])
+        grads["head"] = placed["head"]
     return state.loss, grads
