@@ -9,7 +9,8 @@ shorter (Megatron's `--account-for-embedding-in-pipeline-split` and
 
 Costs are in units of one layer's forward on one microbatch (FLOPs from the model's shapes):
 
-    F   of a chunk of n layers:      n          (+ the whole head and loss on the last chunk)
+    F   of a chunk of n layers:      n          (+ the whole head and loss on the last chunk,
+                                                 unless the head is spread over the stages)
     one backward half (ceil/floor):  bwd * n_h  (+ the embedding gradient on the first chunk)
 
 `bwd` is the backward/forward cost ratio of a layer per recompute mode (measured on H100 with
@@ -18,6 +19,7 @@ the 1.3B GPT: about 2 without recomputation, 2.5-2.7 with selective, 3 with full
 from __future__ import annotations
 
 from ptdp_jax.models.model import even_chunk_layers
+from ptdp_jax.pipeline.head import spread_over_pipe
 
 BACKWARD_COST = {"none": 2.0, "selective": 2.5, "full": 3.0}
 CE_OVERHEAD = 1.15            # softmax / cross-entropy element-wise work on top of the logits GEMM
@@ -42,8 +44,10 @@ def op_costs(cfg) -> dict[str, float]:
     mats = 4 * h * h + (3 if m.arch == "llama" else 2) * h * f
     layer_fwd = 2 * mats + 2 * s * h                    # per token; causal attention ~ half of 4 s h
     head_fwd = 2 * h * V
-    return {"head": 3 * CE_OVERHEAD * head_fwd / layer_fwd, "embed": 0.05,
-            "bwd": BACKWARD_COST[cfg.train.recompute]}
+    # With the head spread over every stage (pipeline/head.py) it weighs on all stages alike
+    # and does not move the balance.
+    head = 0.0 if spread_over_pipe(cfg) else 3 * CE_OVERHEAD * head_fwd / layer_fwd
+    return {"head": head, "embed": 0.05, "bwd": BACKWARD_COST[cfg.train.recompute]}
 
 
 def predicted_step(schedule, counts, costs) -> float:

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The record run for benchmarks/RESULTS.md on the 4-GPU machine: our layouts, the one-GPU
+# baseline and the PyTorch peer in one lease, with a deadline (cases past it are skipped).
+#
+#   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
+#
+# Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
+# every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
+# PEER_DIR: a copy of ../shared/peer (torch_ptd.py), carried to the machine; skipped if absent.
+set -u
+out=$1; deadline=$2; peer=${3:-.peer}
+mkdir -p "$out"
+export PYTHONPATH=${PYTHONPATH:-.}:. PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+start=$(date +%s)
+B13="configs/bench-1.3b.yaml"; B75="configs/gpt-7.5b.yaml"
+P13="--layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 51200 --micro-batch 1 --global-batch 16 --steps 10 --warmup 3 --dtype bf16"
+P75="--layers 36 --hidden 4096 --heads 32 --seq 2048 --vocab 51200 --micro-batch 1 --global-batch 32 --steps 6 --warmup 2 --dtype bf16"
+L75="train.global_batch_size=32 train.micro_batch_size=1 parallel.data=1 parallel.tensor=1"
+
+run() {   # run TAG COMMAND...: append the command's last JSON line, tagged, to record.jsonl
+  local tag=$1; shift
+  if (( $(date +%s) - start > deadline )); then
+    echo "{\"tag\": \"$tag\", \"error\": \"skipped: deadline\"}" >> "$out/record.jsonl"; return
+  fi
+  echo "=== $tag: $* (t=$(( $(date +%s) - start ))s)" | tee -a "$out/record.log"
+  local line
+  line=$("$@" 2>>"$out/record.log" | grep '^{' | tail -n 1)
+  if [[ -n "$line" ]]; then
+    python3 -c 'import json,sys; print(json.dumps({"tag": sys.argv[1], **json.loads(sys.argv[2])}))' \
+      "$tag" "$line" | tee -a "$out/record.jsonl"
+  else
+    echo "{\"tag\": \"$tag\", \"error\": \"failed, see record.log\"}" | tee -a "$out/record.jsonl"
+  fi
+}
+ours() { python3 benchmarks/capture_step.py "$@"; }
+peer() { [[ -f "$peer/torch_ptd.py" ]] && torchrun --standalone --nproc-per-node 4 "$peer/torch_ptd.py" "$@"; }
+
+nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tee -a "$out/record.log"
+run 1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8
+run pp4-1f1b-m16-sel ours $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/record_trace
+cp "$(ls -t $(find /tmp/record_trace -name 'perfetto_trace.json.gz') | head -1)" "$out/trace_pp4_1f1b.json.gz" 2>/dev/null
+run peer-pp4-1f1b peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
+run pp4-int2-m16-sel ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2
+run 7.5b-pp4-1f1b-sel ours $B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 4
+run peer-7.5b-pp4-1f1b peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+run pp4-1f1b-m8-sel ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.global_batch_size=8
+run pp4-1f1b-m32-sel ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.global_batch_size=32
+run 7.5b-pp4-int3-sel ours $B75 --mesh 1,4,1 $L75 train.recompute=selective parallel.schedule=interleaved parallel.virtual_stages=3 --steps 4
+run pp4-int2-m16-sel-auto ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2 parallel.stage_layers=auto
+run pp4-1f1b-m16-none ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.recompute=none
+run pp2tp2-1f1b-m16-sel ours $B13 --mesh 1,2,2 train.micro_batch_size=1
+echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
