@@ -3,6 +3,7 @@
 # baseline and the PyTorch peer in one lease, with a deadline (cases past it are skipped).
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
+#   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -26,7 +27,7 @@ run() {   # run TAG COMMAND...: append the command's last JSON line, tagged, to 
   fi
   echo "=== $tag: $* (t=$(( $(date +%s) - start ))s)" | tee -a "$out/record.log"
   local line
-  line=$("$@" 2>>"$out/record.log" | grep '^{' | tail -n 1)
+  line=$(timeout "${CASE_TIMEOUT:-240}" "$@" 2>>"$out/record.log" | grep '^{' | tail -n 1)
   if [[ -n "$line" ]]; then
     python3 -c 'import json,sys; print(json.dumps({"tag": sys.argv[1], **json.loads(sys.argv[2])}))' \
       "$tag" "$line" | tee -a "$out/record.jsonl"
@@ -38,6 +39,33 @@ ours() { python3 benchmarks/capture_step.py "$@"; }
 peer() { [[ -f "$peer/torch_ptd.py" ]] && torchrun --standalone --nproc-per-node 4 "$peer/torch_ptd.py" "$@"; }
 
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tee -a "$out/record.log"
+step_of() { python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r.get("tag") == sys.argv[2] and "step_time_s" in r: print(r["step_time_s"])' "$out/record.jsonl" "$1"; }
+
+if [[ "${SUITE:-record}" == "flags" ]]; then
+  # XLA command-buffer variants of the pipelined step, then the best one on the other layouts.
+  CB="--xla_gpu_enable_command_buffer"
+  run 1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8
+  run peer-pp4-1f1b peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
+  run pp4-1f1b-default ours $B13 --mesh 1,4,1 train.micro_batch_size=1
+  run pp4-1f1b-cb-coll env XLA_FLAGS="$CB=+COLLECTIVES" python3 benchmarks/capture_step.py $B13 --mesh 1,4,1 train.micro_batch_size=1
+  run pp4-1f1b-cb-coll-while env XLA_FLAGS="$CB=+COLLECTIVES,+WHILE" python3 benchmarks/capture_step.py $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/flags_trace
+  cp "$(ls -t $(find /tmp/flags_trace -name 'perfetto_trace.json.gz' 2>/dev/null) 2>/dev/null | head -1)" "$out/trace_pp4_1f1b_flags.json.gz" 2>/dev/null
+  best=""; bt=9; for v in default cb-coll cb-coll-while; do
+    t=$(step_of "pp4-1f1b-$v"); [[ -n "$t" ]] && python3 -c "import sys; sys.exit(0 if $t < $bt else 1)" && { best=$v; bt=$t; }
+  done
+  case $best in cb-coll) export XLA_FLAGS="$CB=+COLLECTIVES";; cb-coll-while) export XLA_FLAGS="$CB=+COLLECTIVES,+WHILE";; esac
+  echo "best: ${best:-none} ($bt s) XLA_FLAGS=${XLA_FLAGS:-}" | tee -a "$out/record.log"
+  run pp4-int2-best ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2
+  run pp2tp2-1f1b-best ours $B13 --mesh 1,2,2 train.micro_batch_size=1
+  run 7.5b-pp4-1f1b-best ours $B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 4
+  run peer-7.5b-pp4-1f1b peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
+  exit 0
+fi
+
 run 1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8
 run pp4-1f1b-m16-sel ours $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/record_trace
 cp "$(ls -t $(find /tmp/record_trace -name 'perfetto_trace.json.gz') | head -1)" "$out/trace_pp4_1f1b.json.gz" 2>/dev/null
