@@ -35,8 +35,8 @@ run() {   # run TAG COMMAND...: append the command's last JSON line, tagged, to 
     echo "{\"tag\": \"$tag\", \"error\": \"failed, see record.log\"}" | tee -a "$out/record.jsonl"
   fi
 }
-ours() { python3 benchmarks/capture_step.py "$@"; }
-peer() { [[ -f "$peer/torch_ptd.py" ]] && torchrun --standalone --nproc-per-node 4 "$peer/torch_ptd.py" "$@"; }
+ours="python3 benchmarks/capture_step.py"                      # commands, not functions:
+peer="torchrun --standalone --nproc-per-node 4 $peer/torch_ptd.py"  # `timeout` runs them
 
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tee -a "$out/record.log"
 step_of() { python3 -c 'import json,sys
@@ -48,35 +48,34 @@ if [[ "${SUITE:-record}" == "flags" ]]; then
   # XLA command-buffer variants of the pipelined step, then the best one on the other layouts.
   CB="--xla_gpu_enable_command_buffer"
   run 1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8
-  run peer-pp4-1f1b peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
-  run pp4-1f1b-default ours $B13 --mesh 1,4,1 train.micro_batch_size=1
-  run pp4-1f1b-cb-coll env XLA_FLAGS="$CB=+COLLECTIVES" python3 benchmarks/capture_step.py $B13 --mesh 1,4,1 train.micro_batch_size=1
-  run pp4-1f1b-cb-coll-while env XLA_FLAGS="$CB=+COLLECTIVES,+WHILE" python3 benchmarks/capture_step.py $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/flags_trace
+  run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
+  run pp4-1f1b-default $ours $B13 --mesh 1,4,1 train.micro_batch_size=1
+  run pp4-1f1b-cb-coll env XLA_FLAGS="$CB=+COLLECTIVES" python3 benchmarks/capture_step.py $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/flags_trace
   cp "$(ls -t $(find /tmp/flags_trace -name 'perfetto_trace.json.gz' 2>/dev/null) 2>/dev/null | head -1)" "$out/trace_pp4_1f1b_flags.json.gz" 2>/dev/null
   best=""; bt=9; for v in default cb-coll cb-coll-while; do
     t=$(step_of "pp4-1f1b-$v"); [[ -n "$t" ]] && python3 -c "import sys; sys.exit(0 if $t < $bt else 1)" && { best=$v; bt=$t; }
   done
   case $best in cb-coll) export XLA_FLAGS="$CB=+COLLECTIVES";; cb-coll-while) export XLA_FLAGS="$CB=+COLLECTIVES,+WHILE";; esac
   echo "best: ${best:-none} ($bt s) XLA_FLAGS=${XLA_FLAGS:-}" | tee -a "$out/record.log"
-  run pp4-int2-best ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2
-  run pp2tp2-1f1b-best ours $B13 --mesh 1,2,2 train.micro_batch_size=1
-  run 7.5b-pp4-1f1b-best ours $B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 4
-  run peer-7.5b-pp4-1f1b peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+  run pp4-int2-best $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2
+  run pp2tp2-1f1b-best $ours $B13 --mesh 1,2,2 train.micro_batch_size=1
+  run 7.5b-pp4-1f1b-best $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 4
+  run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
   echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
   exit 0
 fi
 
 run 1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8
-run pp4-1f1b-m16-sel ours $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/record_trace
+run pp4-1f1b-m16-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/record_trace
 cp "$(ls -t $(find /tmp/record_trace -name 'perfetto_trace.json.gz') | head -1)" "$out/trace_pp4_1f1b.json.gz" 2>/dev/null
-run peer-pp4-1f1b peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
-run pp4-int2-m16-sel ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2
-run 7.5b-pp4-1f1b-sel ours $B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 4
-run peer-7.5b-pp4-1f1b peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
-run pp4-1f1b-m8-sel ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.global_batch_size=8
-run pp4-1f1b-m32-sel ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.global_batch_size=32
-run 7.5b-pp4-int3-sel ours $B75 --mesh 1,4,1 $L75 train.recompute=selective parallel.schedule=interleaved parallel.virtual_stages=3 --steps 4
-run pp4-int2-m16-sel-auto ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2 parallel.stage_layers=auto
-run pp4-1f1b-m16-none ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.recompute=none
-run pp2tp2-1f1b-m16-sel ours $B13 --mesh 1,2,2 train.micro_batch_size=1
+run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
+run pp4-int2-m16-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2
+run 7.5b-pp4-1f1b-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 4
+run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+run pp4-1f1b-m8-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.global_batch_size=8
+run pp4-1f1b-m32-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.global_batch_size=32
+run 7.5b-pp4-int3-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective parallel.schedule=interleaved parallel.virtual_stages=3 --steps 4
+run pp4-int2-m16-sel-auto $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2 parallel.stage_layers=auto
+run pp4-1f1b-m16-none $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.recompute=none
+run pp2tp2-1f1b-m16-sel $ours $B13 --mesh 1,2,2 train.micro_batch_size=1
 echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
