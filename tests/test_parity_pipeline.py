@@ -5,7 +5,8 @@ Mixed meshes matter: pipe rings replicated over data or tensor are where XLA's
 collective-permute handling has gone wrong before. The matrix below covers each
 schedule on (1,2,1), (1,4,1), (2,2,2), (1,2,4), (2,4,1), (1,4,2); v = 2 and 4;
 m = p, 2p, 3p; recompute none, selective and full; scatter/gather on and off;
-and split and unsplit backward (1 layer per chunk)."""
+split and unsplit backward (1 layer per chunk); and uneven layers per chunk
+(parallel.stage_layers, explicit and auto)."""
 import pytest
 
 from parity import assert_close, loss_and_grads, reference, tiny_config
@@ -49,6 +50,12 @@ CASES = [
     ("llama", (1, 4, 2), {**GP, **mb(4), **FULL}),
     ("llama", (2, 4, 1), {**F1, **mb(4, 2), **SEL}),
     ("llama", (1, 2, 4), {**I4, **mb(2), **FULL, **SG}),
+    # parallel.stage_layers: uneven chunks (padded stage layout), explicit and auto
+    ("gpt", (1, 4, 1), {**F1, **mb(8), "parallel.stage_layers": (2, 3, 1, 2)}),   # a 1-layer chunk
+    ("gpt", (2, 2, 2), {**I2, **mb(2, 2), "parallel.stage_layers": (3, 1, 2, 2), **SEL}),
+    ("gpt", (1, 2, 4), {**F1, **mb(4), "parallel.stage_layers": "auto", **SG}),
+    ("llama", (2, 2, 1), {**F1, **mb(2, 2), "parallel.stage_layers": (5, 3), **FULL}),
+    ("llama", (1, 4, 2), {**GP, **mb(4), "parallel.stage_layers": (2, 2, 3, 1)}),
 ]
 
 
@@ -62,6 +69,9 @@ def _id(case):
         tags.append(o["train.recompute"])
     if o.get("parallel.scatter_gather"):
         tags.append("sg")
+    if "parallel.stage_layers" in o:
+        sl = o["parallel.stage_layers"]
+        tags.append("layers-" + (sl if isinstance(sl, str) else "".join(map(str, sl))))
     return f"{arch}-{'x'.join(map(str, mesh))}-{'-'.join(tags)}"
 
 
