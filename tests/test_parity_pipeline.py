@@ -56,6 +56,10 @@ CASES = [
     ("gpt", (1, 2, 4), {**F1, **mb(4), "parallel.stage_layers": "auto", **SG}),
     ("llama", (2, 2, 1), {**F1, **mb(2, 2), "parallel.stage_layers": (5, 3), **FULL}),
     ("llama", (1, 4, 2), {**GP, **mb(4), "parallel.stage_layers": (2, 2, 3, 1)}),
+    # a padded vocabulary (128) that 3 stages cannot share: the head stays on the last stage
+    ("gpt", (1, 3, 1), {**F1, **mb(4), "parallel.stage_layers": (3, 3, 2), "model.vocab_size": 100}),
+    ("llama", (2, 3, 1), {**F1, **mb(2, 2), "parallel.stage_layers": "auto",
+                          "model.vocab_size": 100, **SEL}),
 ]
 
 
@@ -65,6 +69,8 @@ def _id(case):
     if "parallel.virtual_stages" in o:
         tags.append(f"v{o['parallel.virtual_stages']}")
     tags.append(f"mb{o['train.micro_batch_size']}")
+    if "model.vocab_size" in o:
+        tags.append(f"V{o['model.vocab_size']}")
     if "train.recompute" in o:
         tags.append(o["train.recompute"])
     if o.get("parallel.scatter_gather"):
@@ -79,6 +85,7 @@ def _id(case):
 def test_pipeline_parity(case):
     arch, mesh, overrides = case
     cfg = tiny_config(arch, mesh, **overrides)
-    batch_key = tuple((k, v) for k, v in overrides.items() if k == "train.global_batch_size")
+    batch_key = tuple((k, v) for k, v in overrides.items()
+                      if k in ("train.global_batch_size", "model.vocab_size"))
     ref = reference(arch, batch_key)
     assert_close(loss_and_grads(cfg), ref)
