@@ -20,7 +20,7 @@ from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.sharding import Sharder, logical_to_spec, vary
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DTYPES = M.DTYPES
 
 
 def make_optimizer(cfg):

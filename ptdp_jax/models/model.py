@@ -22,6 +22,7 @@ from ptdp_jax.models.layers import vocab_parallel_cross_entropy
 from ptdp_jax.sharding import Sharder
 
 ARCHS = {"gpt": gpt, "llama": llama}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}     # train.dtype -> compute dtype
 
 
 def arch(cfg):

@@ -131,7 +131,7 @@ class _Residuals:
             self.treedef, self.from_weights = treedef, from_weights
         # Every layer is the same function of (weights, x, layer index, keys), so the
         # pullback's static part is the same in every trace; only the residuals differ.
-        assert from_weights == self.from_weights, ("residual structure changed between traces", from_weights, self.from_weights, [getattr(a, "shape", None) for a in leaves])
+        assert from_weights == self.from_weights, "residual structure changed between traces"
         return [a for a, w in zip(leaves, from_weights) if w < 0]
 
     def join(self, stashed, weights):
@@ -159,11 +159,10 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     params: stage-local float32 ('layers' (1, v, Lmax, ...)), varying over 'pipe' and 'data'.
     batch_rs1: this replica's rows (B/d, s+1). Returns (loss_sum, grads) with the structure
     of params; embed/head gradients still to be psum'd over 'pipe'."""
-    from ptdp_jax.step import DTYPES
     sched, counts = schedule_for(cfg), chunk_layers(cfg)
     branches, ctl = control_table(sched, counts)
     p, v, m = sched.p, sched.v, sched.m
-    mc, dtype, manual = cfg.model, DTYPES[cfg.train.dtype], tuple(sh.manual)
+    mc, dtype, manual = cfg.model, M.DTYPES[cfg.train.dtype], tuple(sh.manual)
     lmax = max(counts)
     stage = jax.lax.axis_index("pipe")
     sg = cfg.parallel.scatter_gather and cfg.parallel.tensor > 1
