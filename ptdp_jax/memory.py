@@ -1,0 +1,217 @@
+"""Memory per device of a training layout, estimated before anything compiles.
+
+    est = estimate_memory(cfg)          # bytes on the most loaded device of cfg's layout
+    est.total, est.describe()           # "params 2.41 + grads 1.53 + ... = 9.55 GiB"
+    device_memory_bytes()               # what the device has (None if unknown)
+
+The model (bytes per device; the most loaded device of the layout):
+
+* params: float32 master weights (4 B/param) and, with train.dtype=bfloat16, the bf16 compute
+  copies made once per step (2 B/param);
+* grads: float32 accumulators (4 B/param); optimizer: AdamW's m and v in float32 (8 B/param).
+  The parameters held by a device: the layers of its pipeline stage in the padded stage layout
+  (p, v, max layers per chunk, ...) of `ptdp_jax.pipeline.balance.chunk_layers`, plus the
+  embedding and head, which every pipeline stage holds today; each tensor divided by t along
+  the dimensions that `sharding.LOGICAL_RULES` maps to 'tensor' (heads, mlp, vocab).
+* activations: the residuals one layer keeps for its backward, per token of a microbatch, by
+  train.recompute (16-bit compute; for float32 compute twice that):
+
+      selective  the 4 GEMM outputs and the layer input: 2 (3h + (3h + f)/t) bytes for GPT,
+                 2 (3h + (3h + 2f)/t) for LLaMA (= 20 h at t = 1, f = 4h);
+      none       78 (10 h + 24 h / t) / 34 bytes: Korthikanti et al.'s 34 s b h with flash
+                 attention (no 5 a s^2 b term), scaled to the 78 h bytes measured here at t = 1
+                 (XLA's per-layer vjp keeps float32 LayerNorm and GeLU intermediates that
+                 Megatron's fused kernels do not);
+      full       the layer input only, 2 h bytes, plus one layer's `none` residuals while that
+                 layer is recomputed in the backward (in `workspace`);
+
+  times the layers of the largest model chunk times the stash slots of the schedule
+  (`Schedule.num_stash_slots` + the executor's trash slot; one microbatch without pipelining),
+  plus the executor's stage-to-stage message buffers, plus the float32 logits of one
+  microbatch on the last stage, b s V / t x 4 bytes (V / (t p) when the head is spread over the
+  pipeline stages, `pipeline/head.py`);
+* workspace: 0.5 GiB for XLA's temporaries and the allocator (fitted), plus the recomputation
+  transient of `full`.
+
+How close it gets (measured `peak_bytes_in_use` of the step, GPT, bf16, s 2048, V 51,200,
+benchmarks/RESULTS.md, H100 and H200 alike; estimate - measured):
+
+    1.3B  (1,1,1) micro 8, selective                 40.91 GiB   estimate 40.71  (-0.5%)
+    1.3B  (1,4,1) 1f1b micro 1, selective             9.71       estimate  9.91  (+2.1%)
+    1.3B  (1,4,1) 1f1b micro 1, none                 16.72       estimate 16.71  (-0.1%, fitted)
+    1.3B  (1,4,1) interleaved v 2, selective         10.01       estimate 10.38  (+3.7%)
+    1.3B  (1,4,1) interleaved v 2, (2,2,2,2,4,4,4,4) 11.98       estimate 13.01  (+8.6%)
+    1.3B  (1,2,2) 1f1b micro 1, selective             8.57       estimate  8.52  (-0.6%)
+    7.5B  (1,4,1) 1f1b micro 1, selective            42.27       estimate 41.82  (-1.1%)
+    7.5B  (1,4,1) interleaved v 3, selective         41.96       estimate 42.29  (+0.8%)
+
+So within 4% where the chunks are even, and an overestimate (never an under-) of 9% for
+uneven chunks (the stash is allocated for the largest chunk; XLA seems to reuse some of it).
+(tests/test_memory_estimate.py holds these rows; `full` has no measurement yet.)
+No jax at module level: the model's parameter shapes and the chunk layout are imported when
+an estimate is made.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+GiB = 1024 ** 3
+
+MASTER_BYTES_PER_PARAM = 4          # float32 master weights
+COMPUTE_COPY_BYTES_PER_PARAM = 2    # bf16 copies of the weights (train.dtype=bfloat16 only)
+GRAD_BYTES_PER_PARAM = 4            # float32 gradient accumulators
+ADAM_BYTES_PER_PARAM = 8            # AdamW m and v, float32
+LOGITS_BYTES = 4                    # float32 logits of one microbatch
+NONE_BYTES_PER_H_AT_T1 = 78.0       # recompute=none residuals per token per layer, in units of h
+                                    # bytes (16-bit compute, t = 1), fitted to 1.3B (1,4,1) none
+WORKSPACE_BYTES = int(0.5 * GiB)    # XLA temporaries and allocator slack (fitted)
+MESSAGE_BUFFERS = 6                 # executor's (b, s, h) send/receive/mid/head_y buffers
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device, for the most loaded device of the layout."""
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    workspace: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.workspace
+
+    def describe(self) -> str:
+        parts = ("params", "grads", "optimizer", "activations", "workspace")
+        text = " + ".join(f"{k} {getattr(self, k) / GiB:.2f}" for k in parts)
+        return f"{text} = {self.total / GiB:.2f} GiB per device"
+
+
+# ----------------------------------------------------------------------------- parameters
+
+def _tensor_sharded(names: tuple, shape: tuple, t: int) -> float:
+    """Elements of one tensor on one device: dims mapped to 'tensor' divided by t."""
+    from ptdp_jax.sharding import LOGICAL_RULES
+    n = 1.0
+    for name, size in zip(names, shape):
+        n *= size / t if (name is not None and LOGICAL_RULES.get(name) == "tensor") else size
+    return n
+
+
+def params_per_device(cfg) -> dict[str, float]:
+    """Parameters held by one device, by group: {'layers', 'embed', 'head'} (elements).
+    Layers: the stage's padded v x max-chunk-layers slots; embed and head on every stage."""
+    from ptdp_jax.models.model import arch
+    from ptdp_jax.pipeline.balance import chunk_layers
+    m, par = cfg.model, cfg.parallel
+    t = par.tensor
+    specs = arch(m).param_specs(m)
+    counts = chunk_layers(cfg)
+    layer_slots = par.virtual_stages * max(counts)
+    out = {}
+    for group, spec_group in (("embed", "embed"), ("layers", "layer"), ("head", "head")):
+        n = sum(_tensor_sharded(names, shape, t) for shape, names, _ in specs[spec_group].values())
+        out[group] = n * (layer_slots if group == "layers" else 1)
+    return out
+
+
+# ----------------------------------------------------------------------------- activations
+
+def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float:
+    """Residuals one layer keeps for its backward, bytes per token of a microbatch (one device)."""
+    m, t = cfg.model, cfg.parallel.tensor
+    h, f = m.hidden_size, m.ffn
+    mode = recompute or cfg.train.recompute
+    scale = (4 if cfg.train.dtype == "float32" else 2) / 2      # 16-bit is the unit
+    if mode == "full":
+        return 2.0 * h * scale
+    if mode == "selective":
+        sharded = 3 * h + (2 * f if m.arch == "llama" else f)
+        return 2.0 * (3 * h + sharded / t) * scale
+    if mode == "none":
+        return NONE_BYTES_PER_H_AT_T1 * (10 * h + 24 * h / t) / 34 * scale
+    raise ValueError(f"train.recompute={mode!r} is not one of ['none', 'selective', 'full']")
+
+
+def stash_slots(cfg) -> int:
+    """Microbatch-chunk residual sets held at once on the busiest stage: the schedule's
+    in-flight bound plus the executor's trash slot; 1 without pipelining."""
+    par = cfg.parallel
+    if par.pipe == 1:
+        return 1
+    from ptdp_jax.pipeline.balance import chunk_layers
+    from ptdp_jax.pipeline.schedule import build_schedule
+    sched = build_schedule(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
+                           split_backward=min(chunk_layers(cfg)) >= 2)
+    return sched.num_stash_slots + 1
+
+
+def _head_spread(cfg) -> bool:
+    par = cfg.parallel
+    return par.pipe > 1 and cfg.model.padded_vocab_size % (par.pipe * par.tensor) == 0
+
+
+def activation_bytes(cfg) -> float:
+    """Stash + message buffers + logits of the most loaded device."""
+    from ptdp_jax.pipeline.balance import chunk_layers
+    m, par, tr = cfg.model, cfg.parallel, cfg.train
+    tokens = tr.micro_batch_size * m.seq_len
+    dtype_bytes = 4 if tr.dtype == "float32" else 2
+    if par.pipe == 1:
+        stash = m.num_layers * layer_activation_bytes_per_token(cfg) * tokens
+        buffers = 0.0
+    else:
+        stash = stash_slots(cfg) * max(chunk_layers(cfg)) * layer_activation_bytes_per_token(cfg) * tokens
+        # fwd/bwd receive buffers (a few slots each) and the per-tick messages, (b, s, h) each
+        buffers = (2 * 2 + MESSAGE_BUFFERS) * tokens * m.hidden_size * dtype_bytes
+    vocab_share = m.padded_vocab_size / (par.tensor * (par.pipe if _head_spread(cfg) else 1))
+    logits = tokens * vocab_share * LOGITS_BYTES
+    return stash + buffers + logits
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+def estimate_memory(cfg) -> MemoryEstimate:
+    """Bytes per device of cfg's layout (cfg: a `ptdp_jax.config.Config`), most loaded device."""
+    n = sum(params_per_device(cfg).values())
+    copies = COMPUTE_COPY_BYTES_PER_PARAM if cfg.train.dtype == "bfloat16" else 0
+    workspace = WORKSPACE_BYTES
+    if cfg.train.recompute == "full":     # one layer's full residuals while it is recomputed
+        tokens = cfg.train.micro_batch_size * cfg.model.seq_len
+        workspace += layer_activation_bytes_per_token(cfg, "none") * tokens
+    return MemoryEstimate(
+        params=int(n * (MASTER_BYTES_PER_PARAM + copies)),
+        grads=int(n * GRAD_BYTES_PER_PARAM),
+        optimizer=int(n * ADAM_BYTES_PER_PARAM),
+        activations=int(activation_bytes(cfg)),
+        workspace=int(workspace))
+
+
+def device_memory_bytes(device=None) -> int | None:
+    """Memory of one device: a GPU's `memory_stats()['bytes_limit']` when it reports one; a CPU
+    device: the host's RAM (os.sysconf) divided by the number of local devices; None if unknown.
+    device: a jax Device (None: the first local device)."""
+    import jax
+    dev = device if device is not None else jax.local_devices()[0]
+    if dev.platform == "cpu":
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+        cpus = [d for d in jax.local_devices() if d.platform == "cpu"]
+        return int(ram // max(1, len(cpus)))
+    try:
+        stats = dev.memory_stats() or {}
+    except Exception:          # backends without memory stats
+        return None
+    limit = stats.get("bytes_limit")
+    return int(limit) if limit else None
+
+
+def gib(n_bytes: float) -> float:
+    return n_bytes / GiB
+
+
+__all__ = ["MemoryEstimate", "estimate_memory", "device_memory_bytes", "params_per_device",
+           "layer_activation_bytes_per_token", "stash_slots", "activation_bytes", "GiB", "gib"]

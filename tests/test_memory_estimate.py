@@ -1,0 +1,94 @@
+"""ptdp_jax.memory: the estimate against the measured peaks of benchmarks/RESULTS.md, and its
+structure (1F1B flat in m, GPipe growing, recompute modes ordered, tensor parallelism dividing)."""
+import ast
+from pathlib import Path
+
+import pytest
+
+from ptdp_jax.config import load_config
+from ptdp_jax.memory import (GiB, MemoryEstimate, device_memory_bytes, estimate_memory,
+                             params_per_device)
+
+ROOT = Path(__file__).resolve().parents[1]
+B13, B75 = str(ROOT / "configs/bench-1.3b.yaml"), str(ROOT / "configs/gpt-7.5b.yaml")
+MB1 = {"train.micro_batch_size": 1}
+INT = {"parallel.schedule": "interleaved"}
+B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
+
+# (config, (d, p, t), overrides, measured peak GiB per GPU, tolerance): RESULTS.md, 2026-11-26.
+MEASURED = [
+    (B13, (1, 1, 1), {"train.micro_batch_size": 8}, 40.91, 0.05),
+    (B13, (1, 4, 1), MB1, 9.71, 0.05),
+    (B13, (1, 4, 1), {**MB1, "train.recompute": "none"}, 16.72, 0.05),
+    (B13, (1, 4, 1), {**MB1, **INT, "parallel.virtual_stages": 2}, 10.01, 0.05),
+    (B13, (1, 4, 1), {**MB1, **INT, "parallel.virtual_stages": 2,
+                      "parallel.stage_layers": "auto"}, 11.98, 0.10),
+    (B13, (1, 2, 2), MB1, 8.57, 0.05),
+    (B75, (1, 4, 1), B75_32, 42.27, 0.05),
+    (B75, (1, 4, 1), {**B75_32, **INT, "parallel.virtual_stages": 3}, 41.96, 0.05),
+]
+
+
+def cfg_of(path, mesh, overrides):
+    d, p, t = mesh
+    return load_config(path, {**overrides, "parallel.data": d, "parallel.pipe": p,
+                              "parallel.tensor": t})
+
+
+@pytest.mark.parametrize("path,mesh,overrides,measured_gib,tol", MEASURED,
+                         ids=[f"{Path(r[0]).stem}-{r[1]}-{i}" for i, r in enumerate(MEASURED)])
+def test_estimate_matches_measured_peaks(path, mesh, overrides, measured_gib, tol):
+    est = estimate_memory(cfg_of(path, mesh, overrides))
+    assert abs(est.total / GiB - measured_gib) <= tol * measured_gib, est.describe()
+
+
+def test_parts_and_describe():
+    est = estimate_memory(cfg_of(B13, (1, 4, 1), MB1))
+    assert est.total == est.params + est.grads + est.optimizer + est.activations + est.workspace
+    # float32 master + bf16 copy : float32 grads : Adam m, v = 6 : 4 : 8 bytes per parameter
+    assert est.grads * 2 == pytest.approx(est.optimizer, rel=1e-6)
+    assert est.params * 4 == pytest.approx(est.grads * 6, rel=1e-6)
+    text = est.describe()
+    assert "params" in text and "activations" in text and text.endswith("GiB per device")
+    assert "\n" not in text
+    with pytest.raises(Exception):
+        est.params = 0                           # frozen
+    assert isinstance(est, MemoryEstimate)
+
+
+def test_1f1b_flat_in_m_gpipe_grows():
+    f1 = [estimate_memory(cfg_of(B13, (1, 4, 1), {**MB1, "train.global_batch_size": m})).total
+          for m in (8, 16, 32)]
+    assert f1[0] == f1[1] == f1[2]               # measured: 9.71 GiB for m = 8, 16, 32
+    gp = [estimate_memory(cfg_of(B13, (1, 4, 1), {**MB1, "train.global_batch_size": m,
+                                                   "parallel.schedule": "gpipe"})).activations
+          for m in (8, 32)]
+    assert gp[1] > 3 * gp[0] * 0.9
+
+
+def test_recompute_modes_ordered_and_tensor_divides():
+    act = {r: estimate_memory(cfg_of(B13, (1, 4, 1), {**MB1, "train.recompute": r})).activations
+           for r in ("none", "selective", "full")}
+    assert act["none"] > act["selective"] > act["full"]
+    one = params_per_device(cfg_of(B13, (1, 1, 1), MB1))
+    two = params_per_device(cfg_of(B13, (1, 1, 2), MB1))
+    assert two["layers"] == pytest.approx(one["layers"] / 2, rel=0.01)   # biases of h replicated
+    four = params_per_device(cfg_of(B13, (1, 4, 1), MB1))
+    assert four["layers"] == pytest.approx(one["layers"] / 4)
+    assert four["embed"] == one["embed"]         # the embedding sits on every stage
+
+
+def test_device_memory_bytes_on_cpu():
+    import jax
+    n = device_memory_bytes()
+    assert isinstance(n, int) and n > 0
+    assert n * len(jax.local_devices()) <= (1 << 50)
+    assert device_memory_bytes(jax.local_devices()[1]) == n
+
+
+def test_no_jax_at_module_level():
+    tree = ast.parse((ROOT / "ptdp_jax/memory.py").read_text())
+    top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    names = [a.name for n in top for a in n.names] + [n.module or "" for n in top
+                                                      if isinstance(n, ast.ImportFrom)]
+    assert not any(name.split(".")[0] in ("jax", "ptdp_jax") for name in names), names
