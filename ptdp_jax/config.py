@@ -10,6 +10,8 @@ the numbers.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
 import math
 import os
 import types
@@ -31,6 +33,7 @@ class ModelConfig:
     num_layers: int = 4
     hidden_size: int = 128
     num_heads: int = 4
+    num_kv_heads: int | None = None      # llama: key/value heads (grouped-query attention); None: num_heads
     ffn_hidden_size: int | None = None   # None: 4h for gpt, 2/3*4h rounded up to 256 for llama
     vocab_size: int = 257                # the byte tokenizer's 256 bytes + end-of-document
     seq_len: int = 128
@@ -49,6 +52,11 @@ class ModelConfig:
         return 4 * self.hidden_size
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: num_kv_heads, or num_heads (no grouped-query attention)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
@@ -61,7 +69,11 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    steps: int = 200
+    steps: int = 200                     # the run ends after this many steps (of the whole run)
+    decay_steps: int | None = None       # length of the cosine (warm-up included); None: train.steps
+    stop_at_step: int = 0                # stop early (checkpoint, exit 0) at this step; 0: never
+    stop_after_minutes: float = 0.0      # stop (checkpoint, exit 0) after this long; 0: never
+    skip_memory_check: bool = False      # do not refuse a run the memory estimate says cannot fit
     global_batch_size: int = 16
     micro_batch_size: int = 4
     lr: float = 3e-3
@@ -87,7 +99,7 @@ class ParallelConfig:
     data: int = 1
     pipe: int = 1
     tensor: int = 1
-    schedule: str = "1f1b"               # gpipe | 1f1b | interleaved
+    schedule: str = "1f1b"               # gpipe | 1f1b | interleaved | zb-h1 (zero bubble)
     virtual_stages: int = 1
     scatter_gather: bool = False
     # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p) summing
@@ -114,6 +126,7 @@ class CheckpointConfig:
     every: int = 0                       # 0: only at the end
     keep: int = 3
     resume: bool = True
+    overwrite: bool = False              # resume=false: remove an earlier run's checkpoints in dir
 
 
 @dataclass(frozen=True)
@@ -146,7 +159,7 @@ CHOICES = {
     "model.attention": ("auto", "xla", "cudnn"),
     "train.dtype": ("float32", "bfloat16"),
     "train.recompute": ("none", "selective", "full"),
-    "parallel.schedule": ("gpipe", "1f1b", "interleaved"),
+    "parallel.schedule": ("gpipe", "1f1b", "interleaved", "zb-h1"),
 }
 
 
@@ -201,18 +214,43 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     return value
 
 
-def _apply(cfg: Config, overrides: Mapping[str, Any]) -> Config:
+def all_keys() -> list[str]:
+    """Every dotted config key ('model.hidden_size', ...)."""
+    cfg = Config()
+    return [f"{f.name}.{name}" for f in fields(Config)
+            for name in _field_types(type(getattr(cfg, f.name)))]
+
+
+def did_you_mean(key: str) -> str:
+    """' (did you mean 'train.steps'?)' for a near miss of a known key, else ''."""
+    keys = all_keys()
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if not close and "." in key:                 # a right name in a wrong or misspelt section
+        name = key.split(".", 1)[1]
+        close = [k for k in keys if k.split(".", 1)[1] == name][:1] or \
+            difflib.get_close_matches(name, [k.split(".", 1)[1] for k in keys], n=1, cutoff=0.75)
+        close = [k for k in keys if k.split(".", 1)[1] in close][:1]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _apply(cfg: Config, overrides: Mapping[str, Any], where=lambda key: "") -> Config:
+    """Apply dotted overrides; `where(key)` prefixes an error's message (file and line)."""
     sections = {f.name: f.type for f in fields(Config)}
     updates: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
         parts = key.split(".")
         if len(parts) != 2 or parts[0] not in sections:
-            raise ConfigError(f"unknown config key {key!r}; sections are {sorted(sections)}")
+            raise ConfigError(f"{where(key)}unknown config key {key!r}{did_you_mean(key)}; "
+                              f"sections are {sorted(sections)}")
         section, name = parts
         types_ = _field_types(type(getattr(cfg, section)))
         if name not in types_:
-            raise ConfigError(f"unknown config key {key!r}; {section} has {sorted(types_)}")
-        updates.setdefault(section, {})[name] = _coerce(key, value, types_[name])
+            raise ConfigError(f"{where(key)}unknown config key {key!r}{did_you_mean(key)}; "
+                              f"{section} has {sorted(types_)}")
+        try:
+            updates.setdefault(section, {})[name] = _coerce(key, value, types_[name])
+        except ConfigError as e:
+            raise ConfigError(f"{where(key)}{e}") from None
     return replace(cfg, **{s: replace(getattr(cfg, s), **u) for s, u in updates.items()})
 
 
@@ -238,6 +276,60 @@ def parse_cli_overrides(items: list[str]) -> dict[str, str]:
     return out
 
 
+def _yaml_lines(text: str) -> dict[str, int]:
+    """Dotted key -> line number (1-based) of every key in a YAML text."""
+    out: dict[str, int] = {}
+
+    def walk(node, prefix):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{prefix}{k.value}"
+                out[key] = k.start_mark.line + 1
+                walk(v, key + ".")
+    try:
+        walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
+    except yaml.YAMLError:
+        pass
+    return out
+
+
+def read_yaml(path: "str | os.PathLike") -> tuple[dict[str, Any], dict[str, int]]:
+    """(dotted overrides, key -> line) of a config file; ConfigError naming the file and
+    line for anything that is not a YAML mapping of sections."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory; give a YAML file "
+                          f"(e.g. configs/demo.yaml)")
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {e}") from None
+    try:
+        tree = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"config file {str(path)!r}{where}: YAML syntax error: {what}") from None
+    tree = tree or {}
+    if not isinstance(tree, Mapping):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections "
+                          f"(model:, train:, ...), not a {type(tree).__name__}")
+    lines = _yaml_lines(text)
+    sections = {f.name: f.type for f in fields(Config)}
+    for name, value in tree.items():
+        if name in sections and not isinstance(value, Mapping) and value is not None:
+            example = next(iter(_field_types(type(getattr(Config(), name)))))
+            raise ConfigError(
+                f"config file {str(path)!r}, line {lines.get(str(name), '?')}: section {name!r} "
+                f"must be a mapping of keys (indented lines such as '  {example}: ...' under "
+                f"'{name}:'), got {value!r}")
+    flat = flatten({k: v for k, v in tree.items() if v is not None or k not in sections})
+    return flat, lines
+
+
 def load_config(config: "str | os.PathLike | Config | None" = None,
                 overrides: Mapping[str, Any] | None = None) -> Config:
     """Defaults, then a YAML file (or a Config), then dotted overrides."""
@@ -246,15 +338,15 @@ def load_config(config: "str | os.PathLike | Config | None" = None,
     else:
         cfg = Config()
         if config is not None:
-            path = Path(config)
-            if not path.is_file():
-                raise ConfigError(f"config file {str(path)!r} does not exist")
-            with open(path) as f:
-                tree = yaml.safe_load(f) or {}
-            if not isinstance(tree, Mapping):
-                raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections")
-            cfg = _apply(cfg, flatten(tree))
+            flat, lines = read_yaml(config)
+            cfg = _apply(cfg, flat, lambda key: f"config file {str(config)!r}, line "
+                                                f"{lines.get(key, '?')}: ")
     return _apply(cfg, dict(overrides or {}))
+
+
+def to_yaml(cfg: Config) -> str:
+    """The whole resolved config as YAML (load_config of it gives cfg back)."""
+    return yaml.safe_dump(json.loads(json.dumps(cfg.to_dict())), sort_keys=False)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -280,11 +372,21 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         value = getattr(getattr(cfg, section), name)
         need(value >= 1, f"{key} must be positive, got {value}")
     for key in ("train.warmup_steps", "train.eval_every", "train.sample_tokens", "checkpoint.every",
-                "train.weight_decay", "train.grad_clip", "model.dropout"):
+                "train.weight_decay", "train.grad_clip", "model.dropout", "train.stop_at_step",
+                "train.stop_after_minutes"):
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         need(value >= 0, f"{key} must be >= 0, got {value}")
     need(t.lr > 0, f"train.lr must be positive, got {t.lr}")
+    if t.decay_steps is not None:
+        need(t.decay_steps >= 1, f"train.decay_steps must be positive, got {t.decay_steps}")
+    if m.num_kv_heads is not None:
+        need(m.arch == "llama", f"model.num_kv_heads={m.num_kv_heads}: grouped-query attention "
+                                f"is for model.arch=llama (GPT has num_heads key/value heads)")
+        need(m.num_kv_heads >= 1, f"model.num_kv_heads must be positive, got {m.num_kv_heads}")
+        need(m.num_heads % m.num_kv_heads == 0,
+             f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads="
+             f"{m.num_kv_heads} (each key/value head serves a whole group of query heads)")
     need(0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
     need(m.dropout < 1, f"model.dropout must be < 1, got {m.dropout}")
     need(m.ffn >= 1, f"model.ffn_hidden_size must be positive, got {m.ffn}")
@@ -303,6 +405,9 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
                                   f"model.hidden_size/model.num_heads = {m.head_dim}")
     need(m.num_heads % tp == 0,
          f"model.num_heads={m.num_heads} is not divisible by parallel.tensor={tp}")
+    need(m.kv_heads % tp == 0,
+         f"model.num_kv_heads={m.kv_heads} is not divisible by parallel.tensor={tp} (key/value "
+         f"heads are split over the tensor-parallel devices)")
     need(m.ffn % tp == 0, f"model.ffn_hidden_size={m.ffn} is not divisible by parallel.tensor={tp}")
     need(m.padded_vocab_size % tp == 0,
          f"padded vocabulary {m.padded_vocab_size} (model.vocab_size={m.vocab_size} rounded up to "

@@ -1,6 +1,8 @@
 """The watchdog of a multi-process run: heartbeats through jax.distributed's
 key-value store, so that when a process dies or fails the others stop within a
-bounded time with a message naming the lost process (ptdp_jax.distributed starts it)."""
+bounded time with a message naming the lost process (ptdp_jax.distributed starts it).
+It knows nothing of ptdp_jax.distributed: `setup` is any object with coordinator,
+num_processes and process_id."""
 from __future__ import annotations
 
 import atexit
@@ -11,7 +13,11 @@ import threading
 import time
 import warnings
 
-from ptdp_jax.distributed import _KEY, EXIT_PEER_LOST, ProcessSetup, _short
+from ptdp_jax.exits import ExitCode, short_error as _short
+
+_KEY = "ptdp_watchdog"
+EXIT_PEER_LOST = ExitCode.PEER_LOST
+
 
 class Watchdog:
     """Heartbeats through the coordination service's key-value store (see module doc).
@@ -19,7 +25,7 @@ class Watchdog:
     Keys: <_KEY>/beat/<i> (a counter), <_KEY>/host/<i> ("host (pid N)"),
     <_KEY>/state/<i> ("done" or "failed: why")."""
 
-    def __init__(self, client, setup: ProcessSetup, timeout: float):
+    def __init__(self, client, setup, timeout: float):
         self.client, self.setup, self.timeout = client, setup, float(timeout)
         self.me, self.n = setup.process_id, setup.num_processes
         self.interval = max(0.05, min(1.0, self.timeout / 10))
@@ -31,7 +37,7 @@ class Watchdog:
         self.thread = threading.Thread(target=self._run, name="ptdp-watchdog", daemon=True)
 
     @classmethod
-    def start(cls, setup: ProcessSetup, timeout: float) -> "Watchdog | None":
+    def start(cls, setup, timeout: float) -> "Watchdog | None":
         from jax._src.distributed import global_state
         client = getattr(global_state, "client", None)
         if client is None or not hasattr(client, "key_value_dir_get"):

@@ -15,6 +15,7 @@ I2 = {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}
 I4 = {"parallel.schedule": "interleaved", "parallel.virtual_stages": 4}
 GP = {"parallel.schedule": "gpipe"}
 F1 = {"parallel.schedule": "1f1b"}
+ZB = {"parallel.schedule": "zb-h1"}
 FULL = {"train.recompute": "full"}
 SEL = {"train.recompute": "selective"}
 SG = {"parallel.scatter_gather": True}
@@ -56,6 +57,12 @@ CASES = [
     ("gpt", (1, 2, 4), {**F1, **mb(4), "parallel.stage_layers": "auto", **SG}),
     ("llama", (2, 2, 1), {**F1, **mb(2, 2), "parallel.stage_layers": (5, 3), **FULL}),
     ("llama", (1, 4, 2), {**GP, **mb(4), "parallel.stage_layers": (2, 2, 3, 1)}),
+    # zero bubble: backward split into B (input gradient) and W (weight gradient)
+    ("gpt", (1, 4, 1), {**ZB, **mb(8)}),
+    ("gpt", (2, 2, 2), {**ZB, **mb(2, 2), **SEL, **SG}),
+    ("gpt", (1, 2, 4), {**ZB, **mb(4), **FULL}),
+    ("llama", (2, 4, 1), {**ZB, **mb(4, 2), **SEL, "parallel.stage_layers": (3, 1, 2, 2)}),
+    ("llama", (1, 4, 2), {**ZB, **mb(8)}),
     # a padded vocabulary (128) that 3 stages cannot share: the head stays on the last stage
     ("gpt", (1, 3, 1), {**F1, **mb(4), "parallel.stage_layers": (3, 3, 2), "model.vocab_size": 100}),
     ("llama", (2, 3, 1), {**F1, **mb(2, 2), "parallel.stage_layers": "auto",

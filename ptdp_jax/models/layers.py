@@ -3,47 +3,14 @@ vocab-parallel cross-entropy. Shapes are in the names: x_bsh is (batch, seq, hid
 Logical axis names only; `sh` (a Sharder) maps them to the mesh."""
 from __future__ import annotations
 
-from functools import partial
-
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
+
+from ptdp_jax.models.dense import dense  # noqa: F401  (the layers' GEMMs; re-exported)
 
 ACT = ("batch", "seq", "embed")              # (b, s, h) activations
 HEADS = ("batch", "seq", "heads", "head_dim")  # (b, s, n, d) per-head tensors
 FFN = ("batch", "seq", "mlp")                # (b, s, f) MLP hidden
-
-
-def dense(spec: str, x, w):
-    """x @ w as an einsum ("bsh,hf->bsf"). Its output is named "dense" for the
-    selective-recomputation policy (keep GEMM outputs). w is an array, or a pair
-    (w, w_f32) of the compute-dtype weight and its float32 master: then the weight
-    gradient is taken against the master, straight out of the GEMM in float32, so a
-    caller can add it to a float32 accumulator without a pass over a low-precision copy."""
-    if isinstance(w, tuple):
-        return checkpoint_name(_dense_f32_grad(spec, x, *w), "dense")
-    return checkpoint_name(jnp.einsum(spec, x, w), "dense")
-
-
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _dense_f32_grad(spec, x, w, w_f32):
-    return jnp.einsum(spec, x, w)
-
-
-def _dense_fwd(spec, x, w, w_f32):
-    return jnp.einsum(spec, x, w), (x, w)
-
-
-def _dense_bwd(spec, res, g):
-    x, w = res
-    xs, ws = spec.split("->")[0].split(",")
-    ys = spec.split("->")[1]
-    dx = jnp.einsum(f"{ys},{ws}->{xs}", g, w)
-    dw = jnp.einsum(f"{xs},{ys}->{ws}", x, g, preferred_element_type=jnp.float32)
-    return dx, None, dw          # no gradient for the compute-dtype copy; float32 for the master
-
-
-_dense_f32_grad.defvjp(_dense_fwd, _dense_bwd)
 
 
 def layer_norm(x_bsh, scale_h, bias_h, eps):

@@ -61,6 +61,8 @@ def predicted_step(schedule, counts, costs) -> float:
             n = counts[op.chunk]
             if op.kind == "F":
                 cost = n + (costs["head"] if op.chunk == last else 0.0)
+            elif op.kind == "W" or op.half == "input":     # zero bubble: B and W halve a backward
+                cost = costs["bwd"] * n / 2
             else:
                 layers = {"upper": n - n // 2, "lower": n // 2, "full": n}[op.half]
                 cost = costs["bwd"] * layers

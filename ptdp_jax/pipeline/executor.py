@@ -5,9 +5,12 @@ parallelism still comes from the sharding annotations).
 Each tick, on every stage:
 
     receive   the messages of the last tick go into their receive slots
-    run op    one `lax.switch` over the stage's branch (idle, a forward, or a backward half
-              of one model chunk); the branch updates the state it owns in place: the
-              residual stash, the gradient accumulators, the send buffers, the loss
+    run op    one `lax.switch` over the stage's branch (idle, a forward, a backward half of
+              one model chunk, or for zero-bubble tables its B (input gradient) or W (weight
+              gradient)); the branch updates the state it owns in place: the residual stash,
+              the W stash, the gradient accumulators, the send buffers
+    head      (when the last chunk ran a forward anywhere) every stage takes 1/p of the
+              vocabulary for the loss and its gradient (pipeline/head.py)
     send      activations move one stage forward, gradients one stage back (`ppermute`)
 
 There is one conditional per tick and no other: a buffer passes through exactly one branch,
@@ -28,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ptdp_jax.models import model as M
+from ptdp_jax.models.dense import MasterGrad, Probe, Taps, weight_grad
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
@@ -61,6 +65,7 @@ class TickControl(NamedTuple):
     mb: jax.Array
     first_layer: jax.Array      # global index of the chunk's first layer (dropout keys)
     stash_slot: jax.Array
+    wstash_slot: jax.Array      # zero-bubble tables: B-to-W slot
     fwd_in_slot: jax.Array
     bwd_in_slot: jax.Array
     loss_ct_slot: jax.Array
@@ -109,6 +114,8 @@ class PipeState(NamedTuple):
     mid: jax.Array          # (b, s, h) cotangent between the two backward halves
     head_y: jax.Array       # (b, s, h) the last chunk's output, for the head of this tick
     stash: tuple            # [Lmax][leaf] (S+1, ...) forward residuals of layer l, by slot
+    wstash: tuple           # [Lmax] {GEMM weight: (x (SW+1, b, s, ...), dy (SW+1, b, s, ...))}
+                            #   what W needs, from B (zero-bubble tables; empty otherwise)
     g_layers: tuple         # [v][Lmax] {name: float32 (...)} layer gradients
     g_embed: dict           # float32 embedding gradients
     g_head: dict            # float32 head gradients
@@ -143,8 +150,8 @@ class _Residuals:
 
 def _grads_of(tree):
     """Per weight the leaf that carries its gradient: the float32 master of a
-    (compute copy, master) pair, the weight itself otherwise."""
-    return {k: a[1] if isinstance(a, tuple) else a for k, a in tree.items()}
+    MasterGrad pair, the weight itself otherwise."""
+    return {k: a.master if isinstance(a, MasterGrad) else a for k, a in tree.items()}
 
 
 def _f32_add(acc, g):
@@ -179,8 +186,8 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     dense = M.dense_weight_names(mc)
 
     def layer_weights(j, l):
-        return {k: (a[0, j, l], params["layers"][k][0, j, l]) if k in dense else a[0, j, l]
-                for k, a in w["layers"].items()}
+        return {k: MasterGrad(a[0, j, l], params["layers"][k][0, j, l]) if k in dense
+                else a[0, j, l] for k, a in w["layers"].items()}
     W = [[layer_weights(j, l) for l in range(lmax)] for j in range(v)]
     layer = M.layer_fn(mc, sh, cfg.train.recompute)
     res = _Residuals()
@@ -188,7 +195,26 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     slices = VocabSlices(cfg) if spread else None
     head_w = slices.take({"embed": w["embed"], "head": w["head"]}, stage) if spread else {}
 
+    # Zero-bubble tables split a backward into B and W: the GEMMs' weights get zero taps whose
+    # "gradients" are the GEMM inputs and output gradients (models/dense.py), which B stores
+    # in the W stash and W turns into weight gradients. Shapes from one recording trace.
+    zb = sched.has_weight_ops
+    gemm_shapes = {}
+    if zb:
+        plain = M.layer_fn(mc, sh)          # no jax.checkpoint around the probes
+        jax.eval_shape(lambda x: plain({k: Probe(a.w, k, gemm_shapes) if k in dense else a
+                                        for k, a in W[0][0].items()}, x, 0, None),
+                       jax.ShapeDtypeStruct((b, s, h), dtype))
+
+    def vjp_weights(wl):
+        """The weights a layer's vjp is taken against: with zero taps on zero-bubble tables."""
+        if not zb:
+            return wl
+        return {k: Taps(a.w, *(vary(jnp.zeros(sh_, dtype), manual) for sh_ in gemm_shapes[k]))
+                if k in dense else a for k, a in wl.items()}
+
     def layer_fwd(wl, x, idx, mb):
+        wl = vjp_weights(wl)
         y, pull = jax.vjp(lambda w_, x_: layer(w_, x_, idx, key_rows(mb)), wl, x)
         return y, res.split(pull, wl)
 
@@ -209,6 +235,9 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         stash=tuple(tuple(zeros((TS + 1,) + a.shape, a.dtype) for a in res_abs)
                     for _ in range(lmax)),
         g_layers=tuple(tuple(f32(_grads_of(W[j][l])) for l in range(lmax)) for j in range(v)),
+        wstash=tuple({k: tuple(zeros((sched.num_wstash_slots + 1,) + sh_, dtype)
+                               for sh_ in gemm_shapes[k]) for k in dense} if zb else {}
+                     for _ in range(lmax)),
         g_embed=f32(params["embed"]), g_head=f32(params["head"]), g_vocab=f32(head_w),
         loss=zeros((), jnp.float32))
 
@@ -232,19 +261,25 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
     def backward(br, part):
         n = br.n_layers
-        lo, hi = {S.BWD_UPPER: (n // 2, n), S.BWD_LOWER: (0, n // 2), S.BWD_FULL: (0, n)}[part]
+        lo, hi = {S.BWD_UPPER: (n // 2, n), S.BWD_LOWER: (0, n // 2), S.BWD_FULL: (0, n),
+                  S.BWD_INPUT: (0, n)}[part]
 
         def run(st: PipeState, c: TickControl) -> PipeState:
             ct = st.mid if part == S.BWD_LOWER else st.bwd_buf[c.bwd_in_slot]
-            g = list(st.g_layers[br.vchunk])
+            g, wstash = list(st.g_layers[br.vchunk]), list(st.wstash)
             for l in reversed(range(lo, hi)):
-                wl = W[br.vchunk][l]
+                wl = vjp_weights(W[br.vchunk][l])
                 pull = res.join([buf[c.stash_slot] for buf in st.stash[l]], wl)
                 g_w, ct = pull(ct)
-                g[l] = _f32_add(g[l], _grads_of(g_w))
+                if zb:          # B: GEMM inputs and output gradients to the W stash
+                    wstash[l] = {k: tuple(buf.at[c.wstash_slot].set(vary(a, manual))
+                                          for buf, a in zip(wstash[l][k], g_w[k][1:]))
+                                 for k in dense}
+                    g_w = {k: a for k, a in g_w.items() if k not in dense}
+                g[l] = dict(g[l], **_f32_add({k: g[l][k] for k in g_w}, _grads_of(g_w)))
             layers = list(st.g_layers)
             layers[br.vchunk] = tuple(g)
-            st = st._replace(g_layers=tuple(layers))
+            st = st._replace(g_layers=tuple(layers), wstash=tuple(wstash))
             if part == S.BWD_UPPER:
                 return st._replace(mid=ct.astype(dtype))
             if br.first:
@@ -284,8 +319,21 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     def idle(st, c):
         return st
 
-    ops = [idle] + [forward(br) if br.op == S.FWD else backward(br, br.op)
-                    for br in branches[1:]]
+    def weight(br):
+        def run(st: PipeState, c: TickControl) -> PipeState:
+            """W: the weight gradients of a chunk's GEMMs, from the W stash, added to the
+            float32 accumulators inside the GEMMs."""
+            g = list(st.g_layers[br.vchunk])
+            for l in range(br.n_layers):
+                g[l] = dict(g[l], **{k: g[l][k] + weight_grad(xb[c.wstash_slot], gb[c.wstash_slot])
+                                     for k, (xb, gb) in st.wstash[l].items()})
+            layers = list(st.g_layers)
+            layers[br.vchunk] = tuple(g)
+            return st._replace(g_layers=tuple(layers))
+        return run
+
+    ops = [idle] + [forward(br) if br.op == S.FWD else weight(br) if br.op == S.BWD_WEIGHT
+                    else backward(br, br.op) for br in branches[1:]]
 
     # ------------------------------------------------------------------ one tick
     fwd_perm = [(i, (i + 1) % p) for i in range(p)] if v > 1 else [(i, i + 1) for i in range(p - 1)]
@@ -299,7 +347,8 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         return jax.lax.ppermute(msg, "pipe", perm)
 
     def trash_if_none(c: TickControl) -> TickControl:
-        sizes = {"stash_slot": TS, "fwd_in_slot": TF, "fwd_recv_slot": TF,
+        sizes = {"stash_slot": TS, "wstash_slot": sched.num_wstash_slots, "fwd_in_slot": TF,
+                 "fwd_recv_slot": TF,
                  "bwd_in_slot": TB, "loss_ct_slot": TB, "bwd_recv_slot": TB}
         return c._replace(**{k: jnp.where(getattr(c, k) >= 0, getattr(c, k), n)
                              for k, n in sizes.items()})

@@ -6,7 +6,8 @@ the predicted and the theoretical bubble fraction, and writes a PNG.
 In the picture the x axis is time in the cost model (t_f = 1, t_b = 2 per microbatch and stage,
 divided by v per chunk): a tick is as wide as its most expensive op, and each op is as wide as its
 own cost. Rows are stages (stage 0 on top). Microbatch numbers are 1-BASED, like the paper.
-Forward cells are blue, backward cells green; the first model chunk of a stage is dark, the
+Forward cells are blue, backward cells green (zero-bubble schedules: input gradients B green,
+weight gradients W orange); the first model chunk of a stage is dark, the
 other chunks (v > 1) are lighter. A split backward (upper half, then lower half at the next tick)
 is drawn as one cell with a dotted line between the halves.
 """
@@ -25,10 +26,11 @@ from .schedule import SCHEDULES, Schedule, bubble_fraction_theory, build_schedul
 
 _FWD = ["#1f5fa8", "#6fa3dc", "#a9c8ec", "#d3e3f6"]   # dark -> light per local chunk
 _BWD = ["#2b8a3e", "#74c184", "#acdcb6", "#d5eedb"]
+_WGT = ["#d9730d", "#f0a35e", "#f6c79b", "#fbe3cd"]   # zero-bubble weight-gradient ops
 
 
 def _colour(kind: str, vchunk: int) -> str:
-    palette = _FWD if kind == "F" else _BWD
+    palette = {"F": _FWD, "B": _BWD, "W": _WGT}[kind]
     return palette[min(vchunk, len(palette) - 1)]
 
 
@@ -75,10 +77,12 @@ def draw_schedule(schedule: Schedule, path: str, t_f: float = 1.0, t_b: float = 
                  f"{'' if s.split_backward else ', unsplit backward'}\nbubble fraction "
                  f"{s.bubble_fraction(t_f, t_b):.4f} (theory {float(theory):.4f}); "
                  "cell numbers = microbatch (1-based)", fontsize=9)
+    kinds = "FBW" if s.has_weight_ops else "FB"
+    names = {"F": "forward", "B": "input gradient (B)" if s.has_weight_ops else "backward",
+             "W": "weight gradient (W)"}
     handles = [Rectangle((0, 0), 1, 1, facecolor=_colour(k, c), edgecolor="black", lw=0.6)
-               for k in "FB" for c in range(s.v)]
-    labels = [f"{'forward' if k == 'F' else 'backward'}{f' chunk {c}' if s.v > 1 else ''}"
-              for k in "FB" for c in range(s.v)]
+               for k in kinds for c in range(s.v)]
+    labels = [f"{names[k]}{f' chunk {c}' if s.v > 1 else ''}" for k in kinds for c in range(s.v)]
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)

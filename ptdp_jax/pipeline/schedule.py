@@ -35,31 +35,37 @@ from fractions import Fraction
 
 import numpy as np
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
-# executor op codes
-IDLE, FWD, BWD_UPPER, BWD_LOWER, BWD_FULL = 0, 1, 2, 3, 4
+# executor op codes; BWD_INPUT / BWD_WEIGHT are the zero-bubble split of a backward into B (the
+# input gradient, sent upstream) and W (the weight gradient, which can wait)
+IDLE, FWD, BWD_UPPER, BWD_LOWER, BWD_FULL, BWD_INPUT, BWD_WEIGHT = range(7)
 _OP_CODE = {("F", "full"): FWD, ("B", "upper"): BWD_UPPER, ("B", "lower"): BWD_LOWER,
-            ("B", "full"): BWD_FULL}
+            ("B", "full"): BWD_FULL, ("B", "input"): BWD_INPUT, ("W", "weight"): BWD_WEIGHT}
 
 
 @dataclass(frozen=True)
 class Op:
     """One op of one stage at one tick."""
-    kind: str        # 'F' or 'B'
+    kind: str        # 'F', 'B' or 'W' (zero-bubble weight gradient)
     microbatch: int
     chunk: int       # GLOBAL chunk index in [0, p*v)
-    half: str        # 'full' for F and unsplit B; 'upper' or 'lower' for split B
+    half: str        # 'full' for F and unsplit B; 'upper' or 'lower' for split B;
+                     # 'input' for a zero-bubble B, 'weight' for its W
 
     @property
     def completes_backward(self) -> bool:
-        """True for the op that finishes a backward (and sends the gradient upstream)."""
-        return self.kind == "B" and self.half in ("lower", "full")
+        """True for the op that finishes the input gradient (and sends it upstream)."""
+        return self.kind == "B" and self.half in ("lower", "full", "input")
 
 
 def bubble_fraction_theory(name: str, p: int, m: int, v: int = 1) -> Fraction:
-    """The paper's bubble fraction: (p-1)/m, or (p-1)/(v m) for the interleaved schedule."""
+    """The papers' bubble fraction: (p-1)/m, or (p-1)/(v m) for the interleaved schedule;
+    ZB-H1 (Qi et al.): (p-1)(t_F + t_B - t_W) / (m (t_F + t_B + t_W)) = (p-1)/(3m) with
+    t_B = t_W = t_b/2 = t_F."""
     _validate(name, p, m, v)
+    if name == "zb-h1":
+        return Fraction(p - 1, 3 * m)
     return Fraction(p - 1, m * v if name == "interleaved" else m)
 
 
@@ -69,7 +75,7 @@ def _validate(name: str, p: int, m: int, v: int) -> None:
     for key, val in (("p", p), ("m", m), ("v", v)):
         if not isinstance(val, (int, np.integer)) or val < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {key}={val!r}")
-    if name in ("gpipe", "1f1b") and v != 1:
+    if name in ("gpipe", "1f1b", "zb-h1") and v != 1:
         raise ValueError(f"schedule {name!r} needs v=1 (one model chunk per stage), got v={v}")
     if name == "interleaved":
         if v < 2:
@@ -109,8 +115,12 @@ def _stage_order(name: str, p: int, m: int, v: int, r: int) -> list[tuple[str, i
 
 
 def build_schedule(name: str, p: int, m: int, v: int = 1, split_backward: bool = True) -> "Schedule":
-    """Build the lockstep tick table of schedule ``name`` by ASAP placement of each stage's order."""
+    """Build the lockstep tick table of schedule ``name`` by ASAP placement of each stage's order
+    (zero-bubble schedules: by the list scheduler of ``zero_bubble.py``)."""
     _validate(name, p, m, v)
+    if name == "zb-h1":
+        from ptdp_jax.pipeline.zero_bubble import build_zb_h1
+        return build_zb_h1(p, m)
     last = p * v - 1
     halves = ("upper", "lower") if split_backward else ("full",)
     queues = []
@@ -190,7 +200,8 @@ class Schedule:
 
     # ---- cost model -------------------------------------------------------------------------
     def op_cost(self, op: Op | None, t_f=1, t_b=2) -> Fraction:
-        """F costs t_f/v, a split backward half t_b/(2v), an unsplit backward t_b/v (exact)."""
+        """F costs t_f/v, a split backward half t_b/(2v) (so do a zero-bubble B and W), an
+        unsplit backward t_b/v (exact)."""
         if op is None:
             return Fraction(0)
         if op.kind == "F":
@@ -228,12 +239,19 @@ class Schedule:
             for s, op in enumerate(row):
                 if op is None:
                     continue
-                counts[s] += 1 if op.kind == "F" else -1 if op.completes_backward else 0
+                done = op.kind == "W" if self.has_weight_ops else op.completes_backward
+                counts[s] += 1 if op.kind == "F" else -1 if done else 0
                 best[s] = max(best[s], counts[s])
         return tuple(best)
 
+    @functools.cached_property
+    def has_weight_ops(self) -> bool:
+        """True for zero-bubble tables: backwards split into B (input) and W (weight) ops."""
+        return any(op is not None and op.kind == "W" for row in self.table for op in row)
+
     def max_in_flight(self, stage: int) -> int:
-        """Most (microbatch, chunk) pairs on ``stage`` whose forward ran and backward is not done."""
+        """Most (microbatch, chunk) pairs on ``stage`` whose forward ran and backward is not done
+        (for zero-bubble tables: whose W is not done, since W still needs the activations)."""
         return self._in_flight[stage]
 
     @property
@@ -242,10 +260,10 @@ class Schedule:
 
     # ---- executor arrays ------------------------------------------------------------------------
     @functools.cached_property
-    def _arrays(self) -> tuple[dict[str, np.ndarray], int, int]:
+    def _arrays(self) -> tuple[dict[str, np.ndarray], int, int, int]:
         T, p, last = self.num_ticks, self.p, self.last_chunk
         arr = {k: np.zeros((T, p), np.int32) for k in ("op", "mb", "vchunk", "is_first", "is_last")}
-        for k in ("stash_slot", "fwd_in_slot", "bwd_in_slot", "loss_ct_slot",
+        for k in ("stash_slot", "wstash_slot", "fwd_in_slot", "bwd_in_slot", "loss_ct_slot",
                   "fwd_recv_slot", "bwd_recv_slot"):
             arr[k] = np.full((T, p), -1, np.int32)
         where: dict[Op, tuple[int, int]] = {}
@@ -256,14 +274,21 @@ class Schedule:
                     arr["op"][t, s] = _OP_CODE[op.kind, op.half]
                     arr["mb"][t, s], arr["vchunk"][t, s] = op.microbatch, op.chunk // p
                     arr["is_first"][t, s], arr["is_last"][t, s] = op.chunk == 0, op.chunk == last
-        first_b = "upper" if self.split_backward else "full"
-        final_b = "lower" if self.split_backward else "full"
+        if self.has_weight_ops:
+            first_b = final_b = "input"
+        else:
+            first_b = "upper" if self.split_backward else "full"
+            final_b = "lower" if self.split_backward else "full"
         # Intervals (first tick, last tick, stage, key); receive buffers are keyed by the
         # CONSUMER (mb, chunk), so the loss cotangent and the gradient from chunk c+1 share a key.
-        stash, fwd_msgs, bwd_msgs, loss_cts = [], [], [], []
+        # Zero-bubble tables also keep what W needs (B's exported GEMM inputs and output
+        # gradients) from B to W: the W stash.
+        stash, wstash, fwd_msgs, bwd_msgs, loss_cts = [], [], [], [], []
         for op, (t, s) in where.items():
             mb, c = op.microbatch, op.chunk
-            if op.kind == "F":
+            if op.kind == "W":
+                wstash.append((where[Op("B", mb, c, "input")][0], t, s, (mb, c)))
+            elif op.kind == "F":
                 stash.append((t, where[Op("B", mb, c, final_b)][0], s, (mb, c)))
                 if c == last:          # loss cotangent written locally by the forward
                     loss_cts.append((t, where[Op("B", mb, c, first_b)][0], s, (mb, c)))
@@ -276,11 +301,14 @@ class Schedule:
                 t_use, s_use = where[Op("B", mb, c - 1, first_b)]
                 bwd_msgs.append((t + 1, t_use, s_use, (mb, c - 1)))
         stash_slot, _ = _allocate(stash)
+        wstash_slot, n_w = _allocate(wstash)
         fwd_slot, n_fwd = _allocate(fwd_msgs)
         bwd_slot, n_bwd = _allocate(bwd_msgs + loss_cts)
         for op, (t, s) in where.items():
             key = (op.microbatch, op.chunk)
             arr["stash_slot"][t, s] = stash_slot[key]
+            if self.has_weight_ops and (op.kind == "W" or op.half == "input"):
+                arr["wstash_slot"][t, s] = wstash_slot[key]
             if op.kind == "F" and op.chunk > 0:
                 arr["fwd_in_slot"][t, s] = fwd_slot[key]
             if op.kind == "F" and op.chunk == last:
@@ -292,14 +320,14 @@ class Schedule:
             for t0, _, s, key in msgs:
                 assert arr[name][t0, s] == -1, "two messages arrive at one stage in one tick"
                 arr[name][t0, s] = slots[key]
-        return arr, n_fwd, n_bwd
+        return arr, n_fwd, n_bwd, n_w
 
     def executor_arrays(self) -> dict[str, np.ndarray]:
         """Per-tick, per-stage int32 control arrays of shape (num_ticks, p); see module docs.
 
-        'op' (0 idle, 1 F, 2 B upper, 3 B lower, 4 B full), 'mb', 'vchunk', 'is_first',
-        'is_last', 'stash_slot', 'fwd_in_slot', 'bwd_in_slot', 'loss_ct_slot',
-        'fwd_recv_slot', 'bwd_recv_slot' (-1 where not applicable).
+        'op' (0 idle, 1 F, 2 B upper, 3 B lower, 4 B full, 5 B input, 6 W), 'mb', 'vchunk',
+        'is_first', 'is_last', 'stash_slot', 'wstash_slot', 'fwd_in_slot', 'bwd_in_slot',
+        'loss_ct_slot', 'fwd_recv_slot', 'bwd_recv_slot' (-1 where not applicable).
         """
         return {k: a.copy() for k, a in self._arrays[0].items()}
 
@@ -310,6 +338,11 @@ class Schedule:
     @property
     def num_bwd_slots(self) -> int:
         return self._arrays[2]
+
+    @property
+    def num_wstash_slots(self) -> int:
+        """Slots of the W stash (B-to-W data of zero-bubble tables; 1 otherwise)."""
+        return self._arrays[3]
 
     # ---- debugging ----------------------------------------------------------------------------
     def render_text(self) -> str:

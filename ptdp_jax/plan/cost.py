@@ -1,0 +1,194 @@
+"""Per-op time model of one layout: seconds per microbatch for a layer's forward and backward,
+the head, the stage-to-stage message, and the per-step reductions. Pure functions of a
+`Config` (its model, train and parallel sections) and a `GpuKind`.
+
+Compute, per layer and microbatch of b sequences (T = b s tokens), on one of t tensor ranks:
+
+    GEMMs      GPT: T x h -> 3h/t (QKV), T x h/t -> h (out), T x h -> f/t, T x f/t -> h
+               (LLaMA: Q, K, V, O, gate, up, down); 2 M K N FLOPs each, at the kind's
+               efficiency for that size; backward: the input and the weight gradient, 2x.
+    attention  flash: causal FLOPs 2 T s h / t at flash_fwd_efficiency (backward 2.5x the
+               FLOPs at flash_bwd_efficiency); unfused (Megatron 2021): the full square
+               4 T s h / t as GEMMs plus softmax_bytes per score (b a/t s^2) in memory.
+    element-   elementwise_bytes x T x h in memory (norms, GeLU, bias, dropout, residual), 10/34
+    wise       of it replicated over t and 24/34 split (Korthikanti et al.'s activation split),
+               plus stash copies: passes x the layer's stashed residuals (ptdp_jax's executor
+               writes them into a slot in the forward and reads them in the backward).
+    recompute  none: nothing; selective: attention and element-wise again in the backward;
+               full: the whole forward again, tensor all-reduces included.
+
+Communication (ring algorithms, NCCL bus bandwidths of the kind):
+
+    tensor     2 all-reduces of T h activations forward, 2 backward (Megatron's f and g), inside
+               a host over NVLink, over InfiniBand when t spans hosts.
+    pipeline   one T h message per stage boundary and direction; scatter/gather sends 1/t of it
+               and all-gathers it over NVLink on arrival; NVLink when both stages share a host.
+    data       one all-reduce of the device's gradients per step, ring over d; the ring's
+               inter-host bandwidth is the NICs of the group's GPUs on one host.
+    pipe       ptdp_jax all-reduces the embedding and head gradients over 'pipe' (every stage
+               holds them); Megatron the tied embedding between first and last stage.
+
+Devices are placed tensor fastest, then data, then pipe (Megatron's order and ptdp_jax's
+multi-host mesh), `gpus_per_host` to a host.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ptdp_jax.memory import layer_activation_bytes_per_token, params_per_device
+from ptdp_jax.plan.hardware import GpuKind
+
+REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every tensor rank repeats
+
+
+@dataclass(frozen=True)
+class OpCosts:
+    """Seconds per microbatch on one device of the layout (one tensor rank)."""
+    layer_fwd: float          # one layer's forward (tensor all-reduces included)
+    layer_bwd: float          # one layer's backward, recomputation included
+    head_fwd: float           # logits GEMM + cross-entropy, whole vocabulary share of one device
+    head_bwd: float
+    embed_bwd: float          # embedding gradient (scatter-add)
+    message: float            # one stage-to-stage message (scatter/gather applied)
+    tp_allreduce: float       # one tensor all-reduce of T h activations
+
+
+# ----------------------------------------------------------------------------- collectives
+
+def ring_allreduce_seconds(nbytes: float, n: int, bytes_per_s: float, latency_s: float) -> float:
+    """Ring all-reduce of nbytes over n ranks: 2 (n-1)/n nbytes at the bus bandwidth."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / bytes_per_s + 2 * (n - 1) * latency_s
+
+
+def ring_allgather_seconds(nbytes: float, n: int, bytes_per_s: float, latency_s: float) -> float:
+    """All-gather of an nbytes result over n ranks: (n-1)/n nbytes."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / bytes_per_s + (n - 1) * latency_s
+
+
+def group_link(gpu: GpuKind, stride: int, size: int, gpus_per_host: int) -> tuple[float, float]:
+    """(bus bandwidth, latency) of a collective over `size` ranks `stride` devices apart:
+    NVLink when they share a host, else the InfiniBand NICs of the group's ranks on one host
+    (at most NVLink's)."""
+    if size <= 1 or stride * size <= gpus_per_host:
+        return gpu.nvlink_bytes_per_s, gpu.nvlink_latency_s
+    per_host = max(1, gpus_per_host // stride)
+    return min(gpu.nvlink_bytes_per_s, per_host * gpu.ib_bytes_per_s), gpu.ib_latency_s
+
+
+# ----------------------------------------------------------------------------- per-op costs
+
+def layer_gemms(cfg) -> list[tuple[int, int, int]]:
+    """(M, K, N) of a layer's forward GEMMs on one tensor rank, M = b s tokens."""
+    m, t = cfg.model, cfg.parallel.tensor
+    h, f = m.hidden_size, m.ffn
+    T = cfg.train.micro_batch_size * m.seq_len
+    if m.arch == "llama":
+        return [(T, h, h // t)] * 3 + [(T, h // t, h)] + [(T, h, f // t)] * 2 + [(T, f // t, h)]
+    return [(T, h, 3 * h // t), (T, h // t, h), (T, h, f // t), (T, f // t, h)]
+
+
+def _memory_seconds(nbytes: float, gpu: GpuKind) -> float:
+    return nbytes / gpu.memory_bound_bytes_per_s
+
+
+def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's attention core on one tensor rank."""
+    m, t = cfg.model, cfg.parallel.tensor
+    b, s, h = cfg.train.micro_batch_size, m.seq_len, m.hidden_size
+    if gpu.attention == "flash":
+        causal = 2.0 * b * s * s * h / t
+        return (causal / (gpu.flash_fwd_efficiency * gpu.peak_flops),
+                2.5 * causal / (gpu.flash_bwd_efficiency * gpu.peak_flops))
+    square = 4.0 * b * s * s * h / t                       # Q K^T and A V, the full square
+    scores = b * (m.num_heads / t) * s * s
+    fwd = gpu.gemm_seconds(square) + _memory_seconds(scores * gpu.softmax_bytes_fwd, gpu)
+    bwd = 2 * gpu.gemm_seconds(square) + _memory_seconds(scores * gpu.softmax_bytes_bwd, gpu)
+    return fwd, bwd
+
+
+def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
+    """Seconds per microbatch of each op of cfg's layout on `gpu`."""
+    m, par, tr = cfg.model, cfg.parallel, cfg.train
+    t, p = par.tensor, par.pipe
+    h, s, b = m.hidden_size, m.seq_len, tr.micro_batch_size
+    T = b * s
+    act = gpu.activation_bytes
+
+    gemm_fwd = sum(gpu.gemm_seconds(2.0 * M * K * N) for M, K, N in layer_gemms(cfg))
+    attn_fwd, attn_bwd = attention_seconds(cfg, gpu)
+    split = REPLICATED_SHARE + (1 - REPLICATED_SHARE) / t
+    elem_fwd = _memory_seconds(gpu.elementwise_bytes_fwd * T * h * split, gpu)
+    elem_bwd = _memory_seconds(gpu.elementwise_bytes_bwd * T * h * split, gpu)
+    stash = layer_activation_bytes_per_token(cfg) * T
+    copy_fwd = _memory_seconds(gpu.stash_copy_passes_fwd * stash, gpu)
+    copy_bwd = _memory_seconds(gpu.stash_copy_passes_bwd * stash, gpu)
+    bw, lat = group_link(gpu, 1, t, gpus_per_host)
+    tp_ar = ring_allreduce_seconds(T * h * act, t, bw, lat)
+
+    fwd = gemm_fwd + attn_fwd + elem_fwd + 2 * tp_ar
+    bwd = 2 * gemm_fwd + attn_bwd + elem_bwd + 2 * tp_ar
+    if tr.recompute == "selective":
+        bwd += attn_fwd + elem_fwd
+    elif tr.recompute == "full":
+        bwd += fwd
+    bwd += copy_bwd if tr.recompute != "full" else 0.0
+    fwd += copy_fwd if tr.recompute != "full" else 0.0
+
+    V = m.padded_vocab_size
+    head_gemm = gpu.gemm_seconds(2.0 * T * h * V / t)
+    ce = _memory_seconds(T * V / t * 4 * gpu.head_ce_passes / 2, gpu)
+    head_fwd, head_bwd = head_gemm + ce, 2 * head_gemm + ce
+    embed_bwd = _memory_seconds(T * h * 4 * 3, gpu)
+
+    message = T * h * act
+    send = 0.0
+    if p > 1:
+        crosses = stage_boundary_crosses_host(cfg, gpus_per_host)
+        link = gpu.ib_bytes_per_s if crosses else gpu.nvlink_bytes_per_s
+        latency = gpu.ib_latency_s if crosses else gpu.nvlink_latency_s
+        if par.scatter_gather and t > 1:
+            send = message / t / link + latency
+            send += ring_allgather_seconds(message, t, gpu.nvlink_bytes_per_s, gpu.nvlink_latency_s)
+        else:
+            send = message / link + latency
+    return OpCosts(fwd, bwd, head_fwd, head_bwd, embed_bwd, send, tp_ar)
+
+
+def stage_boundary_crosses_host(cfg, gpus_per_host: int) -> bool:
+    """True when some pair of neighbouring pipeline stages sits on different hosts: a stage is
+    t x d consecutive devices (tensor fastest, then data, then pipe)."""
+    par = cfg.parallel
+    stride = par.tensor * par.data
+    return par.pipe > 1 and stride * par.pipe > gpus_per_host
+
+
+# ----------------------------------------------------------------------------- per step
+
+def dp_allreduce_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> float:
+    """The one data-parallel reduction of the device's gradients per step."""
+    par = cfg.parallel
+    n = sum(params_per_device(cfg).values())
+    bw, lat = group_link(gpu, par.tensor, par.data, gpus_per_host)
+    return ring_allreduce_seconds(n * gpu.grad_bytes, par.data, bw, lat)
+
+
+def pipe_allreduce_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> float:
+    """Embedding and head gradients reduced over the pipeline stages (ptdp_jax: over every
+    stage, which all hold them; Megatron: the tied embedding, first and last stage)."""
+    par = cfg.parallel
+    if par.pipe == 1:
+        return 0.0
+    per = params_per_device(cfg)
+    n = per["embed"] + per["head"]
+    ranks = par.pipe if gpu.execution == "lockstep" else 2
+    bw, lat = group_link(gpu, par.tensor * par.data, ranks, gpus_per_host)
+    return ring_allreduce_seconds(n * gpu.grad_bytes, ranks, bw, lat)
+
+
+def optimizer_seconds(cfg, gpu: GpuKind) -> float:
+    n = sum(params_per_device(cfg).values())
+    return _memory_seconds(n * gpu.optimizer_bytes_per_param, gpu)

@@ -1,0 +1,142 @@
+"""GPU kinds for the planner: peak, memory, links, GEMM efficiency against size, and how the
+training program runs on them.
+
+A kind describes one GPU *and the program whose step times calibrated it*:
+
+* `h100`, `h200`: ptdp_jax itself (lockstep executor, cuDNN flash attention, XLA element-wise
+  kernels), calibrated on our own leases (benchmarks/RESULTS.md, 2026-11-26, and the per-kernel
+  traces of that day: GEMMs at M = 2048 tokens, 17-430 GFLOP, ran at 0.69-0.83 of the dense
+  peak; cuDNN flash attention forward 0.345, backward 0.273 of the peak on causal FLOPs).
+  H200 is the same GH100 chip at the same clocks: its GEMM, attention and element-wise kernels
+  took the same time per tick as the H100's in our traces (not the 1.43x its HBM bandwidth
+  suggests, at these 8-32 MB tensors), so only memory, the host's per-tick gap and the
+  datasheet bandwidth differ.
+* `a100`: Megatron-LM as the paper ran it in 2021 (Narayanan et al., SC'21): each stage runs
+  its op order as soon as its inputs arrive (no lockstep), unfused attention (scores and
+  softmax in memory: 5 a s^2 b bytes of activations), fused element-wise kernels. Its GEMM
+  efficiency curve and memory-bound factors are fitted to the paper's Table 1 (the only A100
+  step times we have), so the Table 1 check tests the model's structure, not the curve.
+
+Links: NCCL bus bandwidth per GPU inside a host (NVLink through NVSwitch) and across hosts
+(one InfiniBand NIC per GPU: DGX A100 8x HDR 200 Gb/s, DGX H100/H200 8x NDR 400 Gb/s), with
+an efficiency already applied. Every field can be overridden (`with_overrides`, and on the
+command line `hw.<field>=value`, e.g. `hw.ib_bytes_per_s=2.5e10`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+
+@dataclass(frozen=True)
+class GpuKind:
+    name: str
+    peak_flops: float                    # dense 16-bit FLOP/s (datasheet)
+    memory_bytes: int                    # what a device holds
+    hbm_bytes_per_s: float               # datasheet HBM bandwidth
+    memory_bound_bytes_per_s: float      # what element-wise kernels of this program reach
+    nvlink_bytes_per_s: float            # NCCL bus bandwidth per GPU inside a host
+    ib_bytes_per_s: float                # per GPU across hosts (one NIC per GPU)
+    nvlink_latency_s: float              # per ring step of a collective, inside a host
+    ib_latency_s: float                  # per ring step across hosts
+    gemm_efficiency: tuple[tuple[float, float], ...]   # (GEMM GFLOP, fraction of peak_flops)
+    execution: str                       # "lockstep" (ptdp_jax) | "async" (Megatron)
+    attention: str                       # "flash" | "unfused"
+    flash_fwd_efficiency: float          # fraction of peak on causal FLOPs (2 b s^2 h / t)
+    flash_bwd_efficiency: float          # backward: 2.5x the forward's FLOPs
+    softmax_bytes_fwd: float             # unfused: bytes moved per attention score, forward
+    softmax_bytes_bwd: float             # ... backward
+    elementwise_bytes_fwd: float         # per token per h per layer, forward (norms, GeLU, ...)
+    elementwise_bytes_bwd: float         # ... backward (without the recomputed forward)
+    stash_copy_passes_fwd: float         # passes over a layer's stashed residuals, forward
+    stash_copy_passes_bwd: float         # ... backward
+    head_ce_passes: float                # passes over the float32 logits (cross-entropy, both ways)
+    tick_overhead_s: float               # lockstep: host gap per pipeline tick
+    step_overhead_s: float               # per step: launch, loss, host
+    optimizer_bytes_per_param: float     # AdamW update and gradient clipping, memory traffic
+    grad_bytes: int                      # bytes per gradient element in the data-parallel reduction
+    activation_bytes: int                # bytes per element of a stage-to-stage message
+    gpus_per_host: int = 8
+    source: str = ""
+
+    def gemm_fraction(self, flops: float) -> float:
+        """Fraction of peak a GEMM of `flops` reaches: the table, interpolated in log(FLOPs),
+        held constant beyond its ends."""
+        table = self.gemm_efficiency
+        g = max(flops, 1.0) / 1e9
+        if g <= table[0][0]:
+            return table[0][1]
+        for (g0, e0), (g1, e1) in zip(table, table[1:]):
+            if g <= g1:
+                w = (math.log(g) - math.log(g0)) / (math.log(g1) - math.log(g0))
+                return e0 + w * (e1 - e0)
+        return table[-1][1]
+
+    def gemm_seconds(self, flops: float) -> float:
+        return flops / (self.gemm_fraction(flops) * self.peak_flops) if flops > 0 else 0.0
+
+
+# H100 SXM, ptdp_jax: per-kernel times of the 4x H100 traces of 2026-11-26 (benchmarks/NOTES.md
+# calls 1-3; GEMMs matched to the optimized HLO: 2048x2048x2048 25.0 us = 0.695, 2048x2048x6144
+# 66-68 us = 0.77, 2048x2048x8192 84-91 us = 0.76-0.82, the 2048x2048x51200 logits 525 us =
+# 0.827) and the brief's 8192^3 matmul in JAX (771 TFLOP/s = 0.78). Below 17 GFLOP no
+# measurement: the two smallest points are a roofline guess (2-3 us launch + HBM traffic).
+H100_GEMM = ((1.0, 0.30), (4.0, 0.52), (17.2, 0.695), (51.5, 0.77), (68.7, 0.78),
+             (430.0, 0.82), (1100.0, 0.78))
+# A100, Megatron (2021): fitted to Table 1 (the GEMMs there are 30-2000 GFLOP).
+A100_GEMM = ((1.0, 0.30), (4.0, 0.50), (30.0, 0.72), (300.0, 0.80), (3000.0, 0.83))
+
+GB = 1e9
+GPU_KINDS: dict[str, GpuKind] = {
+    "h100": GpuKind(
+        name="h100", peak_flops=989e12, memory_bytes=80 * 1024 ** 3, hbm_bytes_per_s=3.35e12,
+        memory_bound_bytes_per_s=3.35e12, nvlink_bytes_per_s=360 * GB, ib_bytes_per_s=45 * GB,
+        nvlink_latency_s=6e-6, ib_latency_s=12e-6, gemm_efficiency=H100_GEMM,
+        execution="lockstep", attention="flash", flash_fwd_efficiency=0.345,
+        flash_bwd_efficiency=0.273, softmax_bytes_fwd=0.0, softmax_bytes_bwd=0.0,
+        elementwise_bytes_fwd=41.5, elementwise_bytes_bwd=182.0,
+        stash_copy_passes_fwd=4.0, stash_copy_passes_bwd=5.2, head_ce_passes=8.0,
+        tick_overhead_s=0.75e-3, step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,
+        grad_bytes=4, activation_bytes=2,
+        source="ptdp_jax on 4x H100 80GB HBM3 (2026-11-26 traces and RESULTS.md)"),
+    "a100": GpuKind(
+        name="a100", peak_flops=312e12, memory_bytes=80 * 1024 ** 3, hbm_bytes_per_s=2.039e12,
+        memory_bound_bytes_per_s=1.6e12, nvlink_bytes_per_s=230 * GB, ib_bytes_per_s=22 * GB,
+        nvlink_latency_s=8e-6, ib_latency_s=15e-6, gemm_efficiency=A100_GEMM,
+        execution="async", attention="unfused", flash_fwd_efficiency=0.0,
+        flash_bwd_efficiency=0.0, softmax_bytes_fwd=11.0, softmax_bytes_bwd=14.0,
+        elementwise_bytes_fwd=40.0, elementwise_bytes_bwd=80.0,
+        stash_copy_passes_fwd=0.0, stash_copy_passes_bwd=0.0, head_ce_passes=6.0,
+        tick_overhead_s=0.0, step_overhead_s=20e-3, optimizer_bytes_per_param=40.0,
+        grad_bytes=4, activation_bytes=2,
+        source="Megatron-LM on DGX A100 80GB as in the paper (Table 1 fitted)"),
+}
+GPU_KINDS["h200"] = replace(
+    GPU_KINDS["h100"], name="h200", memory_bytes=141 * 10 ** 9, hbm_bytes_per_s=4.8e12,
+    tick_overhead_s=0.35e-3,
+    source="ptdp_jax on 4x H200 (2026-11-26 RESULTS.md); kernels timed as on H100")
+
+
+def gpu_kind(name: str) -> GpuKind:
+    key = name.lower()
+    if key not in GPU_KINDS:
+        raise ValueError(f"--gpu {name!r} is not one of {sorted(GPU_KINDS)}")
+    return GPU_KINDS[key]
+
+
+def with_overrides(kind: GpuKind, overrides: dict[str, object]) -> GpuKind:
+    """`kind` with fields replaced: {'ib_bytes_per_s': 2.5e10, ...} (values as numbers or
+    strings); a key that is not a field raises ValueError naming the fields."""
+    types = {f.name: f.type for f in fields(GpuKind)}
+    out = {}
+    for key, value in overrides.items():
+        if key not in types or key == "gemm_efficiency":
+            raise ValueError(f"hw.{key} is not a GPU kind field; fields are "
+                             f"{sorted(k for k in types if k != 'gemm_efficiency')}")
+        current = getattr(kind, key)
+        try:
+            out[key] = type(current)(float(value) if isinstance(current, (int, float))
+                                     and not isinstance(current, bool) else value)
+        except (TypeError, ValueError):
+            raise ValueError(f"hw.{key}={value!r} is not a {type(current).__name__}") from None
+    return replace(kind, **out)
