@@ -108,11 +108,11 @@ def _layer_index(counts, p: int):
 def to_stage_layout(layers, counts, p: int):
     """(L, ...) -> (p, v, Lmax, ...); counts: layers of each global chunk (sum L).
     Padding rows (a chunk with fewer than Lmax layers) are zeros and never read."""
-    idx = _layer_index(tuple(counts), p)
     if len(set(counts)) == 1:                      # even split: a reshape, no gather
         v = len(counts) // p
         return jax.tree.map(lambda x: jnp.swapaxes(
             x.reshape((v, p, counts[0]) + x.shape[1:]), 0, 1), layers)
+    idx = _layer_index(tuple(counts), p)
 
     def f(x):
         padded = jnp.concatenate([x, jnp.zeros((1,) + x.shape[1:], x.dtype)])
