@@ -95,10 +95,20 @@ def _memory_seconds(nbytes: float, gpu: GpuKind) -> float:
     return nbytes / gpu.memory_bound_bytes_per_s
 
 
+def uses_xla_attention(cfg, gpu: GpuKind) -> bool:
+    """ptdp_jax runs XLA's attention (not cuDNN's) on (d > 1, 1, t > 1) meshes
+    (models/layers.causal_attention)."""
+    par = cfg.parallel
+    return bool(gpu.xla_attention_flops) and par.pipe == 1 and par.tensor > 1 and par.data > 1
+
+
 def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's attention core on one tensor rank."""
     m, t = cfg.model, cfg.parallel.tensor
     b, s, h = cfg.train.micro_batch_size, m.seq_len, m.hidden_size
+    if uses_xla_attention(cfg, gpu):
+        square = 4.0 * b * s * s * h / t
+        return square / gpu.xla_attention_flops, 2.5 * square / gpu.xla_attention_flops
     if gpu.attention == "flash":
         causal = 2.0 * b * s * s * h / t
         return (causal / (gpu.flash_fwd_efficiency * gpu.peak_flops),
@@ -123,7 +133,9 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     split = REPLICATED_SHARE + (1 - REPLICATED_SHARE) / t
     elem_fwd = _memory_seconds(gpu.elementwise_bytes_fwd * T * h * split, gpu)
     elem_bwd = _memory_seconds(gpu.elementwise_bytes_bwd * T * h * split, gpu)
-    stash = layer_activation_bytes_per_token(cfg) * T
+    # the pipelined executor copies residuals into and out of stash slots (across its switch);
+    # without pipelining the scan's producers write them in place
+    stash = layer_activation_bytes_per_token(cfg) * T if p > 1 else 0.0
     copy_fwd = _memory_seconds(gpu.stash_copy_passes_fwd * stash, gpu)
     copy_bwd = _memory_seconds(gpu.stash_copy_passes_bwd * stash, gpu)
     bw, lat = group_link(gpu, 1, t, gpus_per_host)

@@ -44,6 +44,8 @@ class GpuKind:
     attention: str                       # "flash" | "unfused"
     flash_fwd_efficiency: float          # fraction of peak on causal FLOPs (2 b s^2 h / t)
     flash_bwd_efficiency: float          # backward: 2.5x the forward's FLOPs
+    xla_attention_flops: float           # XLA's own attention, FLOP/s on the full square (ptdp_jax
+                                         # uses it on (d > 1, 1, t > 1) meshes; 0: never)
     softmax_bytes_fwd: float             # unfused: bytes moved per attention score, forward
     softmax_bytes_bwd: float             # ... backward
     elementwise_bytes_fwd: float         # per token per h per layer, forward (norms, GeLU, ...)
@@ -84,7 +86,7 @@ class GpuKind:
 H100_GEMM = ((1.0, 0.30), (4.0, 0.52), (17.2, 0.695), (51.5, 0.77), (68.7, 0.78),
              (430.0, 0.82), (1100.0, 0.78))
 # A100, Megatron (2021): fitted to Table 1 (the GEMMs there are 30-2000 GFLOP).
-A100_GEMM = ((1.0, 0.30), (4.0, 0.50), (30.0, 0.72), (300.0, 0.80), (3000.0, 0.83))
+A100_GEMM = ((1.0, 0.30), (4.0, 0.50), (30.0, 0.644), (300.0, 0.70))
 
 GB = 1e9
 GPU_KINDS: dict[str, GpuKind] = {
@@ -93,10 +95,10 @@ GPU_KINDS: dict[str, GpuKind] = {
         memory_bound_bytes_per_s=3.35e12, nvlink_bytes_per_s=360 * GB, ib_bytes_per_s=45 * GB,
         nvlink_latency_s=6e-6, ib_latency_s=12e-6, gemm_efficiency=H100_GEMM,
         execution="lockstep", attention="flash", flash_fwd_efficiency=0.345,
-        flash_bwd_efficiency=0.273, softmax_bytes_fwd=0.0, softmax_bytes_bwd=0.0,
+        flash_bwd_efficiency=0.273, xla_attention_flops=39e12, softmax_bytes_fwd=0.0, softmax_bytes_bwd=0.0,
         elementwise_bytes_fwd=41.5, elementwise_bytes_bwd=182.0,
         stash_copy_passes_fwd=4.0, stash_copy_passes_bwd=5.2, head_ce_passes=8.0,
-        tick_overhead_s=0.75e-3, step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,
+        tick_overhead_s=0.39e-3, step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,
         grad_bytes=4, activation_bytes=2,
         source="ptdp_jax on 4x H100 80GB HBM3 (2026-11-26 traces and RESULTS.md)"),
     "a100": GpuKind(
@@ -104,7 +106,7 @@ GPU_KINDS: dict[str, GpuKind] = {
         memory_bound_bytes_per_s=1.6e12, nvlink_bytes_per_s=230 * GB, ib_bytes_per_s=22 * GB,
         nvlink_latency_s=8e-6, ib_latency_s=15e-6, gemm_efficiency=A100_GEMM,
         execution="async", attention="unfused", flash_fwd_efficiency=0.0,
-        flash_bwd_efficiency=0.0, softmax_bytes_fwd=11.0, softmax_bytes_bwd=14.0,
+        flash_bwd_efficiency=0.0, xla_attention_flops=0.0, softmax_bytes_fwd=11.0, softmax_bytes_bwd=14.0,
         elementwise_bytes_fwd=40.0, elementwise_bytes_bwd=80.0,
         stash_copy_passes_fwd=0.0, stash_copy_passes_bwd=0.0, head_ce_passes=6.0,
         tick_overhead_s=0.0, step_overhead_s=20e-3, optimizer_bytes_per_param=40.0,
@@ -113,7 +115,7 @@ GPU_KINDS: dict[str, GpuKind] = {
 }
 GPU_KINDS["h200"] = replace(
     GPU_KINDS["h100"], name="h200", memory_bytes=141 * 10 ** 9, hbm_bytes_per_s=4.8e12,
-    tick_overhead_s=0.35e-3,
+    tick_overhead_s=0.0,
     source="ptdp_jax on 4x H200 (2026-11-26 RESULTS.md); kernels timed as on H100")
 
 

@@ -1,0 +1,101 @@
+"""The predicted step of one layout: the pipeline played from its tick table, plus the per-step
+reductions and the optimizer; memory per device, bubble, TFLOP/s per GPU, days for T tokens.
+
+    est = estimate_step(cfg, gpu_kind("h100"), gpus_per_host=8)
+    est.step_time_s, est.tflops_per_gpu, est.bubble, est.memory.total
+
+TFLOP/s per GPU counts model FLOPs the paper's way: with full recomputation the extra forward is
+counted (Table 1's convention, F = 96 B s l h^2 (...)); otherwise the usual 72 B s l h^2 (...)
+(`metrics.model_flops_per_iteration`). Days for T tokens: T / (B s) steps of the predicted step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ptdp_jax.memory import MemoryEstimate, estimate_memory
+from ptdp_jax.metrics import SECONDS_PER_DAY, model_flops_per_iteration
+from ptdp_jax.pipeline.balance import chunk_layers
+from ptdp_jax.pipeline.head import spread_over_pipe
+from ptdp_jax.plan.cost import (dp_allreduce_seconds, op_costs, optimizer_seconds,
+                                pipe_allreduce_seconds)
+from ptdp_jax.plan.hardware import GpuKind
+from ptdp_jax.plan.play import async_seconds, lockstep_seconds
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    step_time_s: float
+    pipeline_s: float          # forward and backward of all microbatches (the played table)
+    ideal_pipeline_s: float    # the busiest stage's own work, no bubble
+    dp_allreduce_s: float
+    pipe_allreduce_s: float
+    optimizer_s: float
+    overhead_s: float
+    ticks: float               # lockstep ticks (or async ops) of the table
+    memory: MemoryEstimate
+    model_flops: float         # per iteration (see module docstring)
+    num_gpus: int
+
+    @property
+    def bubble(self) -> float:
+        """(pipeline - ideal) / ideal: the paper's (p-1)/m for 1F1B in the ideal case."""
+        return self.pipeline_s / self.ideal_pipeline_s - 1 if self.ideal_pipeline_s else 0.0
+
+    @property
+    def tflops_per_gpu(self) -> float:
+        return self.model_flops / (self.step_time_s * self.num_gpus) / 1e12
+
+    def days(self, tokens: float, tokens_per_step: float) -> float:
+        return tokens / tokens_per_step * self.step_time_s / SECONDS_PER_DAY
+
+
+def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, float, float]:
+    """(played pipeline seconds, ideal seconds of the busiest stage, ticks) of one step."""
+    par, m = cfg.parallel, cfg.num_microbatches
+    c = op_costs(cfg, gpu, gpus_per_host)
+    L = cfg.model.num_layers
+    if par.pipe == 1:
+        per_mb = L * (c.layer_fwd + c.layer_bwd) + c.head_fwd + c.head_bwd + c.embed_bwd
+        return m * per_mb, m * per_mb, 0.0
+    p, v = par.pipe, par.virtual_stages
+    counts = tuple(chunk_layers(cfg))
+    last = p * v - 1
+    head = c.head_fwd + c.head_bwd
+    # the busiest stage's work per microbatch (the last stage with its head share)
+    stage_layers = max(sum(counts[s::p]) for s in range(p))
+    if gpu.execution == "lockstep":
+        spread = spread_over_pipe(cfg)
+        split = min(counts) >= 2
+        unit = c.layer_fwd
+        units = {"head": 0.0 if spread else head / unit, "embed": c.embed_bwd / unit,
+                 "bwd": c.layer_bwd / unit}
+        # every tick: the host's gap and both permutes; a head tick: 1/p of the head on every
+        # stage and the two (b, s, h) reductions over 'pipe'
+        played, ticks = lockstep_seconds(par.schedule, p, m, v, split, counts, units, unit,
+                                         gpu.tick_overhead_s + 2 * c.message)
+        head_tick = head / p + 2 * c.message if spread else 0.0
+        played += m * head_tick
+        ideal = m * (stage_layers * (c.layer_fwd + c.layer_bwd) + (head / p if spread else head))
+        return played, ideal, ticks
+    op_s = {}
+    for chunk, n in enumerate(counts):
+        op_s["F", chunk] = n * c.layer_fwd + (c.head_fwd if chunk == last else 0.0)
+        op_s["B", chunk] = (n * c.layer_bwd + (c.head_bwd if chunk == last else 0.0)
+                            + (c.embed_bwd if chunk == 0 else 0.0))
+    played, ops = async_seconds(par.schedule, p, m, v, op_s, c.message)
+    ideal = m * (stage_layers * (c.layer_fwd + c.layer_bwd) + head)
+    return played, ideal, ops
+
+
+def estimate_step(cfg, gpu: GpuKind, gpus_per_host: int) -> StepEstimate:
+    """The predicted step of cfg's layout (cfg.parallel: data, pipe, tensor, schedule,
+    virtual_stages, scatter_gather; cfg.train: global and micro batch, recompute)."""
+    par = cfg.parallel
+    played, ideal, ticks = pipeline_seconds(cfg, gpu, gpus_per_host)
+    dp = dp_allreduce_seconds(cfg, gpu, gpus_per_host)
+    pp = pipe_allreduce_seconds(cfg, gpu, gpus_per_host)
+    opt = optimizer_seconds(cfg, gpu)
+    step = played + dp + pp + opt + gpu.step_overhead_s
+    flops = model_flops_per_iteration(cfg, recompute=cfg.train.recompute == "full")
+    return StepEstimate(step, played, ideal, dp, pp, opt, gpu.step_overhead_s, ticks,
+                        estimate_memory(cfg), flops, par.data * par.pipe * par.tensor)
