@@ -53,6 +53,7 @@ an estimate is made.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -141,10 +142,18 @@ def stash_slots(cfg) -> int:
     if par.pipe == 1:
         return 1
     from ptdp_jax.pipeline.balance import chunk_layers
+    return _stash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
+                        min(chunk_layers(cfg)) >= 2) + 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _stash_slots(schedule: str, p: int, m: int, v: int, split: bool) -> int:
+    """Schedule.num_stash_slots. 1F1B and interleaved stop growing once m reaches a few rounds
+    of p (their bound is about p, Megatron's warm-up), so a bigger m is counted at m = 4p."""
     from ptdp_jax.pipeline.schedule import build_schedule
-    sched = build_schedule(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
-                           split_backward=min(chunk_layers(cfg)) >= 2)
-    return sched.num_stash_slots + 1
+    if schedule in ("1f1b", "interleaved") and m > 4 * p:
+        m = 4 * p
+    return build_schedule(schedule, p, m, v, split_backward=split).num_stash_slots
 
 
 def _head_spread(cfg) -> bool:
