@@ -147,8 +147,8 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
         bwd += attn_fwd + elem_fwd
     elif tr.recompute == "full":
         bwd += fwd
-    bwd += copy_bwd if tr.recompute != "full" else 0.0
-    fwd += copy_fwd if tr.recompute != "full" else 0.0
+    fwd += copy_fwd
+    bwd += copy_bwd
 
     V = m.padded_vocab_size
     head_gemm = gpu.gemm_seconds(2.0 * T * h * V / t)

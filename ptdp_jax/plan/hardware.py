@@ -58,7 +58,6 @@ class GpuKind:
     optimizer_bytes_per_param: float     # AdamW update and gradient clipping, memory traffic
     grad_bytes: int                      # bytes per gradient element in the data-parallel reduction
     activation_bytes: int                # bytes per element of a stage-to-stage message
-    gpus_per_host: int = 8
     source: str = ""
 
     def gemm_fraction(self, flops: float) -> float:
@@ -142,3 +141,17 @@ def with_overrides(kind: GpuKind, overrides: dict[str, object]) -> GpuKind:
         except (TypeError, ValueError):
             raise ValueError(f"hw.{key}={value!r} is not a {type(current).__name__}") from None
     return replace(kind, **out)
+
+
+def detect_gpu_kind(device=None) -> GpuKind:
+    """The kind of a jax device (None: the first local one) from its device_kind ('NVIDIA
+    H100 80GB HBM3' -> h100, ...), with memory_bytes from `memory.device_memory_bytes` when the
+    device reports it. Unknown kinds (CPU included) plan as h100 with the device's memory."""
+    import jax
+
+    from ptdp_jax.memory import device_memory_bytes
+    dev = device if device is not None else jax.local_devices()[0]
+    text = str(getattr(dev, "device_kind", "")).lower()
+    kind = next((GPU_KINDS[k] for k in ("h200", "h100", "a100") if k in text), GPU_KINDS["h100"])
+    memory = device_memory_bytes(dev)
+    return replace(kind, memory_bytes=memory) if memory else kind

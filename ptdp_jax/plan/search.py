@@ -1,0 +1,262 @@
+"""Enumerate the layouts of a model on n GPUs, reject the impossible ones with a reason, predict
+the rest, rank them.
+
+A layout: data x pipe x tensor = n, micro batch b, schedule (1f1b, interleaved with v virtual
+stages, gpipe on request), recompute (none, selective, full), scatter/gather (p > 1, t > 1).
+Rejected, with the reason in words:
+
+    not divisible        t into heads / FFN / padded vocabulary, p x v into the layers, d x b
+                         into the global batch, m into p for the interleaved schedule
+    tensor across hosts  t > GPUs per host (the paper: keep t inside a node)
+    does not fit         the memory estimate (ptdp_jax.memory) above the device's memory
+
+Ranked by predicted step time (the global batch is fixed, so tokens/s ranks the same); the
+recommended layout is the fastest that is not rejected. Keys that the caller pins (`fixed`: the
+user's explicit overrides) are not searched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ptdp_jax.config import ConfigError, ParallelConfig, validate
+from ptdp_jax.memory import GiB
+from ptdp_jax.plan.estimate import StepEstimate, estimate_step
+from ptdp_jax.plan.hardware import GpuKind, detect_gpu_kind, gpu_kind
+
+LAYOUT_KEYS = ("parallel.data", "parallel.pipe", "parallel.tensor", "train.micro_batch_size",
+               "parallel.schedule", "parallel.virtual_stages", "train.recompute",
+               "parallel.scatter_gather")
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)      # tried where they divide the batch of a replica
+RECOMPUTES = ("none", "selective", "full")
+SCHEDULES = ("1f1b", "interleaved")       # gpipe is never faster than 1f1b and holds m slots
+MAX_VIRTUAL_STAGES = 8
+DEFAULT_TOKENS = 300e9                    # the paper's GPT-3 example
+
+
+@dataclass(frozen=True)
+class Candidate:
+    data: int
+    pipe: int
+    tensor: int
+    micro_batch_size: int
+    schedule: str
+    virtual_stages: int
+    recompute: str
+    scatter_gather: bool
+    num_microbatches: int
+    reason: str = ""                      # "" = a valid layout
+    fits: bool = False
+    estimate: StepEstimate | None = None
+    tokens: float = DEFAULT_TOKENS
+    tokens_per_step: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+    def overrides(self) -> dict:
+        """The layout as dotted config overrides."""
+        return {"parallel.data": self.data, "parallel.pipe": self.pipe,
+                "parallel.tensor": self.tensor, "train.micro_batch_size": self.micro_batch_size,
+                "parallel.schedule": self.schedule, "parallel.virtual_stages": self.virtual_stages,
+                "train.recompute": self.recompute, "parallel.scatter_gather": self.scatter_gather}
+
+    def to_json(self) -> dict:
+        e = self.estimate
+        mem = e.memory if e else None
+        g = (lambda x: round(x / GiB, 3)) if mem else (lambda x: None)
+        return {
+            "data": self.data, "pipe": self.pipe, "tensor": self.tensor,
+            "micro_batch_size": self.micro_batch_size, "num_microbatches": self.num_microbatches,
+            "schedule": self.schedule, "virtual_stages": self.virtual_stages,
+            "recompute": self.recompute, "scatter_gather": self.scatter_gather,
+            "fits": self.fits, "reason": self.reason,
+            "memory_per_device_gib": g(mem.total) if mem else None,
+            "weights_gib": g(mem.params) if mem else None,
+            "grads_gib": g(mem.grads) if mem else None,
+            "optimizer_gib": g(mem.optimizer) if mem else None,
+            "activations_gib": g(mem.activations) if mem else None,
+            "workspace_gib": g(mem.workspace) if mem else None,
+            "bubble": round(e.bubble, 4) if e else None,
+            "step_time_s": round(e.step_time_s, 5) if e else None,
+            "tflops_per_gpu": round(e.tflops_per_gpu, 1) if e else None,
+            "days": round(e.days(self.tokens, self.tokens_per_step), 2) if e else None,
+            "dp_allreduce_s": round(e.dp_allreduce_s, 5) if e else None,
+        }
+
+
+# ----------------------------------------------------------------------------- enumeration
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def _tensor_reason(model, t: int, gpus_per_host: int) -> str:
+    if model.num_heads % t:
+        return f"not divisible: model.num_heads={model.num_heads} by t={t}"
+    if model.ffn % t:
+        return f"not divisible: FFN size {model.ffn} by t={t}"
+    if model.padded_vocab_size % t:
+        return f"not divisible: padded vocabulary {model.padded_vocab_size} by t={t}"
+    if t > gpus_per_host:
+        return f"tensor across hosts: t={t} > {gpus_per_host} GPUs per host"
+    return ""
+
+
+def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomputes, schedules):
+    """Yield (Candidate without estimate, cfg of the layout or None)."""
+    model, B, L = cfg.model, cfg.train.global_batch_size, cfg.model.num_layers
+
+    def pick(key, options):
+        return [fixed[key]] if key in fixed else list(options)
+
+    for t in pick("parallel.tensor", _divisors(n)):
+        for p in pick("parallel.pipe", _divisors(n // t) if n % t == 0 else []):
+            if n % (t * p):
+                continue
+            d = n // (t * p)
+            if "parallel.data" in fixed and fixed["parallel.data"] != d:
+                continue
+            treason = _tensor_reason(model, t, gpus_per_host)
+            base = dict(data=d, pipe=p, tensor=t)
+            if B % d:
+                yield Candidate(**base, micro_batch_size=0, schedule="-", virtual_stages=1,
+                                recompute="-", scatter_gather=False, num_microbatches=0,
+                                reason=f"not divisible: global batch {B} by d={d}"), None
+                continue
+            for b in pick("train.micro_batch_size", [b for b in micro_batches if (B // d) % b == 0]):
+                if (B // d) % b:
+                    yield Candidate(**base, micro_batch_size=b, schedule="-", virtual_stages=1,
+                                    recompute="-", scatter_gather=False, num_microbatches=0,
+                                    reason=f"not divisible: global batch {B} by d x b = "
+                                           f"{d} x {b}"), None
+                    continue
+                m = B // (d * b)
+                for sched, v in _schedules(p, L, fixed, schedules):
+                    hard = "" if treason.startswith("tensor across hosts") else treason
+                    if not hard and L % (p * v):
+                        hard = f"not divisible: model.num_layers={L} by p x v = {p} x {v}"
+                    if not hard and sched == "interleaved" and m % p:
+                        hard = f"not divisible: interleaved needs m % p == 0, m={m}, p={p}"
+                    for rc in pick("train.recompute", recomputes):
+                        sgs = [False, True] if (p > 1 and t > 1) else [False]
+                        for sg in pick("parallel.scatter_gather", sgs):
+                            c = Candidate(**base, micro_batch_size=b, schedule=sched,
+                                          virtual_stages=v, recompute=rc, scatter_gather=sg,
+                                          num_microbatches=m, reason=hard or treason)
+                            # a tensor group across hosts is slow, not impossible
+                            # (parallel.allow_cross_host_tensor): still predicted
+                            yield c, None if hard else layout_config(cfg, c)
+
+
+def _schedules(p: int, L: int, fixed: dict, schedules):
+    if p == 1:
+        return [(fixed.get("parallel.schedule", "1f1b"), 1)]
+    out = []
+    for name in ([fixed["parallel.schedule"]] if "parallel.schedule" in fixed else schedules):
+        if name == "interleaved":
+            vs = [fixed["parallel.virtual_stages"]] if "parallel.virtual_stages" in fixed else [
+                v for v in range(2, MAX_VIRTUAL_STAGES + 1) if L % (p * v) == 0]
+            out += [(name, v) for v in vs]
+        else:
+            out.append((name, 1))
+    return out
+
+
+def layout_config(cfg, c: Candidate):
+    """cfg with the candidate's layout (stage_layers reset: the planner splits evenly)."""
+    return replace(cfg, parallel=replace(cfg.parallel, data=c.data, pipe=c.pipe, tensor=c.tensor,
+                                         schedule=c.schedule, virtual_stages=c.virtual_stages,
+                                         scatter_gather=c.scatter_gather, stage_layers=()),
+                   train=replace(cfg.train, micro_batch_size=c.micro_batch_size,
+                                 recompute=c.recompute))
+
+
+# ----------------------------------------------------------------------------- the plan
+
+def check_inputs(cfg, num_gpus: int, gpus_per_host: int) -> None:
+    """ConfigError naming the key and numbers for input no layout can fix."""
+    if not isinstance(num_gpus, int) or num_gpus < 1:
+        raise ConfigError(f"--gpus must be a positive integer, got {num_gpus!r}")
+    if not isinstance(gpus_per_host, int) or gpus_per_host < 1:
+        raise ConfigError(f"--gpus-per-host must be a positive integer, got {gpus_per_host!r}")
+    B = cfg.train.global_batch_size
+    if B < 1:
+        raise ConfigError(f"train.global_batch_size (--batch) must be positive, got {B}")
+    # the model section, with a layout that is always valid
+    validate(replace(cfg, parallel=ParallelConfig(), train=replace(cfg.train, micro_batch_size=1)))
+
+
+def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8,
+         tokens: float = DEFAULT_TOKENS, fixed: dict | None = None,
+         micro_batches=MICRO_BATCHES, recomputes=RECOMPUTES, schedules=SCHEDULES
+         ) -> list[Candidate]:
+    """Every layout of cfg's model and global batch on num_gpus devices of kind `gpu`, the
+    recommended first (then the other valid ones by step time, then the rejected ones).
+    fixed: dotted layout keys (LAYOUT_KEYS) the caller pins."""
+    gpu = gpu_kind(gpu) if isinstance(gpu, str) else gpu
+    check_inputs(cfg, num_gpus, gpus_per_host)
+    fixed = {k: v for k, v in (fixed or {}).items() if k in LAYOUT_KEYS}
+    b = fixed.get("train.micro_batch_size")
+    B = cfg.train.global_batch_size
+    if b is not None and B % b:
+        raise ConfigError(f"train.global_batch_size={B} (--batch) is not divisible by "
+                          f"train.micro_batch_size={b}")
+    limit = gpu.memory_bytes
+    tokens_per_step = float(B * cfg.model.seq_len)
+    rows = []
+    for c, lcfg in _layouts(cfg, num_gpus, gpus_per_host, fixed, micro_batches, recomputes,
+                            schedules):
+        c = replace(c, tokens=tokens, tokens_per_step=tokens_per_step)
+        if lcfg is None:
+            rows.append(c)
+            continue
+        est = estimate_step(lcfg, gpu, gpus_per_host)
+        fits = est.memory.total <= limit
+        reason = c.reason or ("" if fits else (f"does not fit: {est.memory.total / GiB:.1f} GiB"
+                                               f" > {limit / GiB:.1f} GiB per device"))
+        rows.append(replace(c, estimate=est, fits=fits, reason=reason))
+    if not rows:
+        raise ConfigError(f"no layout of --gpus {num_gpus} matches the pinned keys {fixed}")
+
+    def key(c: Candidate):
+        group = 0 if c.ok else 1 if c.estimate is not None else 2
+        e = c.estimate
+        return (group, e.step_time_s if e else 0.0, e.memory.total if e else 0)
+    return sorted(rows, key=key)
+
+
+def choose_layout(cfg, num_devices: int, gpus_per_host: int, gpu: GpuKind | str | None = None,
+                  fixed: dict | None = None) -> dict:
+    """The planner's layout for the devices at hand, as dotted overrides: parallel.data, .pipe,
+    .tensor, .schedule, .virtual_stages, .scatter_gather, train.micro_batch_size and
+    train.recompute (stage_layers is left to the config: the planner splits evenly).
+    fixed: the user's explicit keys (any of those), which win: they are not searched and come
+    back unchanged. gpu: a kind, its name, or None for the kind of jax's first local device
+    (`hardware.detect_gpu_kind`, with that device's memory). Raises ConfigError when no layout
+    is valid (the message names the best one and why it was rejected)."""
+    if gpu is None:
+        gpu = detect_gpu_kind()
+    rows = plan(cfg, num_devices, gpu, gpus_per_host, fixed=fixed)
+    best = rows[0]
+    if not best.ok:
+        raise ConfigError(f"parallel.layout=auto: no layout of model.num_layers="
+                          f"{cfg.model.num_layers}, train.global_batch_size="
+                          f"{cfg.train.global_batch_size} is valid on {num_devices} devices; the "
+                          f"best, (data, pipe, tensor) = ({best.data}, {best.pipe}, "
+                          f"{best.tensor}), is rejected: {best.reason}")
+    out = best.overrides()
+    out.update({k: v for k, v in (fixed or {}).items() if k in out})
+    return out
+
+
+def rejected_summary(rows: list[Candidate]) -> dict[str, int]:
+    """Count of rejected layouts by the kind of reason (the words before ':')."""
+    out: dict[str, int] = {}
+    for c in rows:
+        if c.reason:
+            k = c.reason.split(":")[0]
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
