@@ -9,6 +9,7 @@ Rejected, with the reason in words:
                          into the global batch, m into p for the interleaved schedule
     tensor across hosts  t > GPUs per host (the paper: keep t inside a node)
     does not fit         the memory estimate (ptdp_jax.memory) above the device's memory
+                         (no step time is predicted for these)
 
 Ranked by predicted step time (the global batch is fixed, so tokens/s ranks the same); the
 recommended layout is the fastest that is not rejected. Keys that the caller pins (`fixed`: the
@@ -19,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ptdp_jax.config import ConfigError, ParallelConfig, validate
-from ptdp_jax.memory import GiB
+from ptdp_jax.memory import GiB, MemoryEstimate, estimate_memory
 from ptdp_jax.plan.estimate import StepEstimate, estimate_step
 from ptdp_jax.plan.hardware import GpuKind, detect_gpu_kind, gpu_kind
 
@@ -46,7 +47,8 @@ class Candidate:
     num_microbatches: int
     reason: str = ""                      # "" = a valid layout
     fits: bool = False
-    estimate: StepEstimate | None = None
+    memory: MemoryEstimate | None = None    # per device (ptdp_jax.memory), where it was estimated
+    estimate: StepEstimate | None = None   # the predicted step, for layouts that fit
     tokens: float = DEFAULT_TOKENS
     tokens_per_step: float = 0.0
 
@@ -62,8 +64,7 @@ class Candidate:
                 "train.recompute": self.recompute, "parallel.scatter_gather": self.scatter_gather}
 
     def to_json(self) -> dict:
-        e = self.estimate
-        mem = e.memory if e else None
+        e, mem = self.estimate, self.memory
         g = (lambda x: round(x / GiB, 3)) if mem else (lambda x: None)
         return {
             "data": self.data, "pipe": self.pipe, "tensor": self.tensor,
@@ -211,18 +212,20 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
         if lcfg is None:
             rows.append(c)
             continue
-        est = estimate_step(lcfg, gpu, gpus_per_host)
-        fits = est.memory.total <= limit
-        reason = c.reason or ("" if fits else (f"does not fit: {est.memory.total / GiB:.1f} GiB"
-                                               f" > {limit / GiB:.1f} GiB per device"))
-        rows.append(replace(c, estimate=est, fits=fits, reason=reason))
+        mem = estimate_memory(lcfg)
+        if mem.total > limit:
+            rows.append(replace(c, memory=mem, reason=c.reason or (
+                f"does not fit: {mem.total / GiB:.1f} GiB > {limit / GiB:.1f} GiB per device")))
+            continue
+        rows.append(replace(c, memory=mem, fits=True,
+                            estimate=estimate_step(lcfg, gpu, gpus_per_host)))
     if not rows:
         raise ConfigError(f"no layout of --gpus {num_gpus} matches the pinned keys {fixed}")
 
     def key(c: Candidate):
-        group = 0 if c.ok else 1 if c.estimate is not None else 2
-        e = c.estimate
-        return (group, e.step_time_s if e else 0.0, e.memory.total if e else 0)
+        group = 0 if c.ok else 1 if c.estimate is not None else 2 if c.memory else 3
+        return (group, c.estimate.step_time_s if c.estimate else 0.0,
+                c.memory.total if c.memory else 0)
     return sorted(rows, key=key)
 
 
