@@ -171,7 +171,8 @@ def activation_bytes(cfg) -> float:
         stash = m.num_layers * layer_activation_bytes_per_token(cfg) * tokens
         buffers = 0.0
     else:
-        stash = stash_slots(cfg) * max(chunk_layers(cfg)) * layer_activation_bytes_per_token(cfg) * tokens
+        per_layer = layer_activation_bytes_per_token(cfg) * tokens
+        stash = stash_slots(cfg) * max(chunk_layers(cfg)) * per_layer
         # fwd/bwd receive buffers (a few slots each) and the per-tick messages, (b, s, h) each
         buffers = (2 * 2 + MESSAGE_BUFFERS) * tokens * m.hidden_size * dtype_bytes
     vocab_share = m.padded_vocab_size / (par.tensor * (par.pipe if _head_spread(cfg) else 1))

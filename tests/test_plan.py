@@ -180,7 +180,8 @@ def test_async_player_closed_form_and_extrapolation(monkeypatch):
         monkeypatch.setattr(play, "EXACT_MAX_OPS", 0)
         extra = (play.lockstep_seconds(name, pp, mm, v, True, counts, units, 1.0, 0.4),
                  play.async_seconds(name, pp, mm, v, costs, 0.2))
-        assert extra[0][0] == pytest.approx(whole[0][0]) and extra[1][0] == pytest.approx(whole[1][0])
+        assert extra[0][0] == pytest.approx(whole[0][0])
+        assert extra[1][0] == pytest.approx(whole[1][0])
 
 
 # ----------------------------------------------------------------------------- CLI, auto, bad input

@@ -107,13 +107,16 @@ def main(argv=None) -> int:
     print(f"{m.arch.upper()} l={m.num_layers} h={m.hidden_size} heads={m.num_heads} "
           f"s={m.seq_len} V={m.vocab_size}: {paper_param_count(cfg) / 1e9:.2f}B parameters "
           f"(paper's formula); global batch {cfg.train.global_batch_size}; {args.gpus} x "
-          f"{kind.name} ({kind.memory_bytes / GiB:.0f} GiB), {args.gpus_per_host} per host; "
+          f"{kind.name} ({kind.memory_bytes / GiB:.1f} GiB, limit "
+          f"{kind.usable_memory_fraction:.0%}), "
+          f"{args.gpus_per_host} per host; "
           f"days for {args.tokens:.3g} tokens")
     print(f"GPU kind: {kind.source}")
     print()
     print(format_table(rows, args.top))
     summary = ", ".join(f"{k} {n}" for k, n in rejected_summary(rows).items())
-    print(f"\n{sum(c.ok for c in rows)} valid layouts of {len(rows)}; rejected: {summary or 'none'}")
+    print(f"\n{sum(c.ok for c in rows)} valid layouts of {len(rows)}; "
+          f"rejected: {summary or 'none'}")
     if rows and not rows[0].ok:
         print("no valid layout: see the rejected rows (x)")
         return 1

@@ -140,6 +140,7 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     copy_bwd = _memory_seconds(gpu.stash_copy_passes_bwd * stash, gpu)
     bw, lat = group_link(gpu, 1, t, gpus_per_host)
     tp_ar = ring_allreduce_seconds(T * h * act, t, bw, lat)
+    tp_ar += gpu.tp_collective_overhead_s if t > 1 else 0.0
 
     fwd = gemm_fwd + attn_fwd + elem_fwd + 2 * tp_ar
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd + 2 * tp_ar

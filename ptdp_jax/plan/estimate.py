@@ -27,6 +27,7 @@ class StepEstimate:
     step_time_s: float
     pipeline_s: float          # forward and backward of all microbatches (the played table)
     ideal_pipeline_s: float    # the busiest stage's own work, no bubble
+    bubble: float              # ops of the played table / the busiest stage's ops - 1
     dp_allreduce_s: float
     pipe_allreduce_s: float
     optimizer_s: float
@@ -37,11 +38,6 @@ class StepEstimate:
     num_gpus: int
 
     @property
-    def bubble(self) -> float:
-        """(pipeline - ideal) / ideal: the paper's (p-1)/m for 1F1B in the ideal case."""
-        return self.pipeline_s / self.ideal_pipeline_s - 1 if self.ideal_pipeline_s else 0.0
-
-    @property
     def tflops_per_gpu(self) -> float:
         return self.model_flops / (self.step_time_s * self.num_gpus) / 1e12
 
@@ -49,20 +45,21 @@ class StepEstimate:
         return tokens / tokens_per_step * self.step_time_s / SECONDS_PER_DAY
 
 
-def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, float, float]:
-    """(played pipeline seconds, ideal seconds of the busiest stage, ticks) of one step."""
+def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, float, float, float]:
+    """(played pipeline seconds, ideal seconds of the busiest stage, bubble, ticks) of one step.
+    bubble: the played ops (lockstep: without the per-tick costs) over the busiest stage's own
+    ops, minus 1 -- the paper's (p-1)/m, or (p-1)/(v m), when ops cost what the theory says."""
     par, m = cfg.parallel, cfg.num_microbatches
     c = op_costs(cfg, gpu, gpus_per_host)
     L = cfg.model.num_layers
     if par.pipe == 1:
         per_mb = L * (c.layer_fwd + c.layer_bwd) + c.head_fwd + c.head_bwd + c.embed_bwd
-        return m * per_mb, m * per_mb, 0.0
+        return m * per_mb, m * per_mb, 0.0, 0.0
     p, v = par.pipe, par.virtual_stages
     counts = tuple(chunk_layers(cfg))
     last = p * v - 1
     head = c.head_fwd + c.head_bwd
-    # the busiest stage's work per microbatch (the last stage with its head share)
-    stage_layers = max(sum(counts[s::p]) for s in range(p))
+    stage_layers = max(sum(counts[s::p]) for s in range(p))   # the busiest stage's layers
     if gpu.execution == "lockstep":
         spread = spread_over_pipe(cfg)
         split = min(counts) >= 2
@@ -71,12 +68,13 @@ def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, floa
                  "bwd": c.layer_bwd / unit}
         # every tick: the host's gap and both permutes; a head tick: 1/p of the head on every
         # stage and the two (b, s, h) reductions over 'pipe'
+        per_tick = gpu.tick_overhead_s + 2 * c.message
         played, ticks = lockstep_seconds(par.schedule, p, m, v, split, counts, units, unit,
-                                         gpu.tick_overhead_s + 2 * c.message)
+                                         per_tick)
+        ops = played - ticks * per_tick
         head_tick = head / p + 2 * c.message if spread else 0.0
-        played += m * head_tick
-        ideal = m * (stage_layers * (c.layer_fwd + c.layer_bwd) + (head / p if spread else head))
-        return played, ideal, ticks
+        ideal_ops = m * (stage_layers * (c.layer_fwd + c.layer_bwd) + (0.0 if spread else head))
+        return (played + m * head_tick, ideal_ops + m * head_tick, ops / ideal_ops - 1, ticks)
     op_s = {}
     for chunk, n in enumerate(counts):
         op_s["F", chunk] = n * c.layer_fwd + (c.head_fwd if chunk == last else 0.0)
@@ -84,18 +82,18 @@ def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, floa
                             + (c.embed_bwd if chunk == 0 else 0.0))
     played, ops = async_seconds(par.schedule, p, m, v, op_s, c.message)
     ideal = m * (stage_layers * (c.layer_fwd + c.layer_bwd) + head)
-    return played, ideal, ops
+    return played, ideal, played / ideal - 1, ops
 
 
 def estimate_step(cfg, gpu: GpuKind, gpus_per_host: int) -> StepEstimate:
     """The predicted step of cfg's layout (cfg.parallel: data, pipe, tensor, schedule,
     virtual_stages, scatter_gather; cfg.train: global and micro batch, recompute)."""
     par = cfg.parallel
-    played, ideal, ticks = pipeline_seconds(cfg, gpu, gpus_per_host)
+    played, ideal, bubble, ticks = pipeline_seconds(cfg, gpu, gpus_per_host)
     dp = dp_allreduce_seconds(cfg, gpu, gpus_per_host)
     pp = pipe_allreduce_seconds(cfg, gpu, gpus_per_host)
     opt = optimizer_seconds(cfg, gpu)
     step = played + dp + pp + opt + gpu.step_overhead_s
     flops = model_flops_per_iteration(cfg, recompute=cfg.train.recompute == "full")
-    return StepEstimate(step, played, ideal, dp, pp, opt, gpu.step_overhead_s, ticks,
+    return StepEstimate(step, played, ideal, bubble, dp, pp, opt, gpu.step_overhead_s, ticks,
                         estimate_memory(cfg), flops, par.data * par.pipe * par.tensor)

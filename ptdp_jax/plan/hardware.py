@@ -17,6 +17,9 @@ A kind describes one GPU *and the program whose step times calibrated it*:
   efficiency curve and memory-bound factors are fitted to the paper's Table 1 (the only A100
   step times we have), so the Table 1 check tests the model's structure, not the curve.
 
+Memory: what nvidia-smi reports, of which `usable_memory_fraction` is the limit of "fits"
+(XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 as benchmarks/*.sh set it; JAX's own default is 0.75).
+
 Links: NCCL bus bandwidth per GPU inside a host (NVLink through NVSwitch) and across hosts
 (one InfiniBand NIC per GPU: DGX A100 8x HDR 200 Gb/s, DGX H100/H200 8x NDR 400 Gb/s), with
 an efficiency already applied. Every field can be overridden (`with_overrides`, and on the
@@ -32,12 +35,14 @@ from dataclasses import dataclass, fields, replace
 class GpuKind:
     name: str
     peak_flops: float                    # dense 16-bit FLOP/s (datasheet)
-    memory_bytes: int                    # what a device holds
+    memory_bytes: int                    # what a device holds (as nvidia-smi reports it)
+    usable_memory_fraction: float        # the share the program may take (the limit of "fits")
     hbm_bytes_per_s: float               # datasheet HBM bandwidth
     memory_bound_bytes_per_s: float      # what element-wise kernels of this program reach
     nvlink_bytes_per_s: float            # NCCL bus bandwidth per GPU inside a host
     ib_bytes_per_s: float                # per GPU across hosts (one NIC per GPU)
     nvlink_latency_s: float              # per ring step of a collective, inside a host
+    tp_collective_overhead_s: float      # per tensor all-reduce beyond the ring (launch, reshards)
     ib_latency_s: float                  # per ring step across hosts
     gemm_efficiency: tuple[tuple[float, float], ...]   # (GEMM GFLOP, fraction of peak_flops)
     execution: str                       # "lockstep" (ptdp_jax) | "async" (Megatron)
@@ -90,22 +95,28 @@ A100_GEMM = ((1.0, 0.30), (4.0, 0.50), (30.0, 0.644), (300.0, 0.70))
 GB = 1e9
 GPU_KINDS: dict[str, GpuKind] = {
     "h100": GpuKind(
-        name="h100", peak_flops=989e12, memory_bytes=80 * 1024 ** 3, hbm_bytes_per_s=3.35e12,
+        name="h100", peak_flops=989e12, memory_bytes=81559 * 2 ** 20,
+        usable_memory_fraction=0.92, hbm_bytes_per_s=3.35e12,
         memory_bound_bytes_per_s=3.35e12, nvlink_bytes_per_s=360 * GB, ib_bytes_per_s=45 * GB,
         nvlink_latency_s=6e-6, ib_latency_s=12e-6, gemm_efficiency=H100_GEMM,
+        tp_collective_overhead_s=55e-6,   # fitted: (1,2,2) on H200, 0.2923 s
         execution="lockstep", attention="flash", flash_fwd_efficiency=0.345,
-        flash_bwd_efficiency=0.273, xla_attention_flops=39e12, softmax_bytes_fwd=0.0, softmax_bytes_bwd=0.0,
+        flash_bwd_efficiency=0.273, xla_attention_flops=39e12, softmax_bytes_fwd=0.0,
+        softmax_bytes_bwd=0.0,
         elementwise_bytes_fwd=41.5, elementwise_bytes_bwd=182.0,
         stash_copy_passes_fwd=4.0, stash_copy_passes_bwd=5.2, head_ce_passes=8.0,
         tick_overhead_s=0.39e-3, step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,
         grad_bytes=4, activation_bytes=2,
         source="ptdp_jax on 4x H100 80GB HBM3 (2026-11-26 traces and RESULTS.md)"),
     "a100": GpuKind(
-        name="a100", peak_flops=312e12, memory_bytes=80 * 1024 ** 3, hbm_bytes_per_s=2.039e12,
+        name="a100", peak_flops=312e12, memory_bytes=81920 * 2 ** 20,
+        usable_memory_fraction=0.95, hbm_bytes_per_s=2.039e12,
         memory_bound_bytes_per_s=1.6e12, nvlink_bytes_per_s=230 * GB, ib_bytes_per_s=22 * GB,
         nvlink_latency_s=8e-6, ib_latency_s=15e-6, gemm_efficiency=A100_GEMM,
+        tp_collective_overhead_s=0.0,
         execution="async", attention="unfused", flash_fwd_efficiency=0.0,
-        flash_bwd_efficiency=0.0, xla_attention_flops=0.0, softmax_bytes_fwd=11.0, softmax_bytes_bwd=14.0,
+        flash_bwd_efficiency=0.0, xla_attention_flops=0.0, softmax_bytes_fwd=11.0,
+        softmax_bytes_bwd=14.0,
         elementwise_bytes_fwd=40.0, elementwise_bytes_bwd=80.0,
         stash_copy_passes_fwd=0.0, stash_copy_passes_bwd=0.0, head_ce_passes=6.0,
         tick_overhead_s=0.0, step_overhead_s=20e-3, optimizer_bytes_per_param=40.0,
@@ -113,7 +124,7 @@ GPU_KINDS: dict[str, GpuKind] = {
         source="Megatron-LM on DGX A100 80GB as in the paper (Table 1 fitted)"),
 }
 GPU_KINDS["h200"] = replace(
-    GPU_KINDS["h100"], name="h200", memory_bytes=141 * 10 ** 9, hbm_bytes_per_s=4.8e12,
+    GPU_KINDS["h100"], name="h200", memory_bytes=143771 * 2 ** 20, hbm_bytes_per_s=4.8e12,
     tick_overhead_s=0.0,
     source="ptdp_jax on 4x H200 (2026-11-26 RESULTS.md); kernels timed as on H100")
 
@@ -146,7 +157,8 @@ def with_overrides(kind: GpuKind, overrides: dict[str, object]) -> GpuKind:
 def detect_gpu_kind(device=None) -> GpuKind:
     """The kind of a jax device (None: the first local one) from its device_kind ('NVIDIA
     H100 80GB HBM3' -> h100, ...), with memory_bytes from `memory.device_memory_bytes` when the
-    device reports it. Unknown kinds (CPU included) plan as h100 with the device's memory."""
+    device reports it (a limit already: usable_memory_fraction 1). Unknown kinds (CPU included)
+    plan as h100 with the device's memory."""
     import jax
 
     from ptdp_jax.memory import device_memory_bytes
@@ -154,4 +166,4 @@ def detect_gpu_kind(device=None) -> GpuKind:
     text = str(getattr(dev, "device_kind", "")).lower()
     kind = next((GPU_KINDS[k] for k in ("h200", "h100", "a100") if k in text), GPU_KINDS["h100"])
     memory = device_memory_bytes(dev)
-    return replace(kind, memory_bytes=memory) if memory else kind
+    return replace(kind, memory_bytes=memory, usable_memory_fraction=1.0) if memory else kind

@@ -61,7 +61,8 @@ def _extrapolated(f, name: str, p: int, m: int, v: int):
 def lockstep_seconds(name: str, p: int, m: int, v: int, split: bool, counts: tuple[int, ...],
                      unit_costs: dict, unit_s: float, per_tick_s: float) -> tuple[float, float]:
     """(step seconds, ticks) of the table in lockstep. unit_costs: predicted_step's costs in
-    units of unit_s (a layer's forward): {'head', 'embed', 'bwd'}; per_tick_s: paid by every tick."""
+    units of unit_s (a layer's forward): {'head', 'embed', 'bwd'}; per_tick_s: paid by every
+    tick."""
     def f(mm):
         classes, ticks = _row_classes(name, p, mm, v, split)
         units = sum(n * predicted_step(_Rows(p, v, (row,)), counts, unit_costs)

@@ -125,7 +125,8 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
                                 recompute="-", scatter_gather=False, num_microbatches=0,
                                 reason=f"not divisible: global batch {B} by d={d}"), None
                 continue
-            for b in pick("train.micro_batch_size", [b for b in micro_batches if (B // d) % b == 0]):
+            divides = [b for b in micro_batches if (B // d) % b == 0]
+            for b in pick("train.micro_batch_size", divides):
                 if (B // d) % b:
                     yield Candidate(**base, micro_batch_size=b, schedule="-", virtual_stages=1,
                                     recompute="-", scatter_gather=False, num_microbatches=0,
@@ -203,7 +204,7 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
     if b is not None and B % b:
         raise ConfigError(f"train.global_batch_size={B} (--batch) is not divisible by "
                           f"train.micro_batch_size={b}")
-    limit = gpu.memory_bytes
+    limit = gpu.memory_bytes * gpu.usable_memory_fraction
     tokens_per_step = float(B * cfg.model.seq_len)
     rows = []
     for c, lcfg in _layouts(cfg, num_gpus, gpus_per_host, fixed, micro_batches, recomputes,
