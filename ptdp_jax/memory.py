@@ -128,7 +128,9 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
     if mode == "full":
         return 2.0 * h * scale
     if mode == "selective":
-        sharded = 3 * h + (2 * f if m.arch == "llama" else f)
+        kv = getattr(m, "kv_heads", None) or m.num_heads     # grouped-query K and V
+        qkv = h + 2 * h * kv // m.num_heads
+        sharded = qkv + (2 * f if m.arch == "llama" else f)
         return 2.0 * (3 * h + sharded / t) * scale
     if mode == "none":
         return NONE_BYTES_PER_H_AT_T1 * (10 * h + 24 * h / t) / 34 * scale

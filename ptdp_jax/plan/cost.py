@@ -86,8 +86,11 @@ def layer_gemms(cfg) -> list[tuple[int, int, int]]:
     m, t = cfg.model, cfg.parallel.tensor
     h, f = m.hidden_size, m.ffn
     T = cfg.train.micro_batch_size * m.seq_len
-    if m.arch == "llama":
-        return [(T, h, h // t)] * 3 + [(T, h // t, h)] + [(T, h, f // t)] * 2 + [(T, f // t, h)]
+    if m.arch == "llama":       # K and V narrower under grouped-query attention (kv_heads)
+        kv = getattr(m, "kv_heads", None) or m.num_heads
+        kv_width = kv * (h // m.num_heads) // t
+        return ([(T, h, h // t), (T, h, kv_width), (T, h, kv_width), (T, h // t, h)]
+                + [(T, h, f // t)] * 2 + [(T, f // t, h)])
     return [(T, h, 3 * h // t), (T, h // t, h), (T, h, f // t), (T, f // t, h)]
 
 

@@ -95,6 +95,9 @@ def _divisors(n: int) -> list[int]:
 def _tensor_reason(model, t: int, gpus_per_host: int) -> str:
     if model.num_heads % t:
         return f"not divisible: model.num_heads={model.num_heads} by t={t}"
+    kv = getattr(model, "kv_heads", None)
+    if kv and kv % t:
+        return f"not divisible: model.kv_heads={kv} by t={t}"
     if model.ffn % t:
         return f"not divisible: FFN size {model.ffn} by t={t}"
     if model.padded_vocab_size % t:
