@@ -86,9 +86,13 @@ def control_table(sched: S.Schedule, counts) -> tuple[list[Branch], dict[str, np
         for s in range(p):
             if arr["op"][t, s] == S.IDLE:
                 continue
-            c = int(arr["vchunk"][t, s]) * p + s
-            br = Branch(int(arr["op"][t, s]), int(arr["vchunk"][t, s]), int(counts[c]),
-                        bool(arr["is_first"][t, s]), bool(arr["is_last"][t, s]))
+            c, op = int(arr["vchunk"][t, s]) * p + s, int(arr["op"][t, s])
+            # first / last only where the op uses them (one branch less to compile and to
+            # record into the tick's command buffer per distinction dropped)
+            first = bool(arr["is_first"][t, s]) and op in (S.FWD, S.BWD_LOWER, S.BWD_FULL,
+                                                             S.BWD_INPUT)
+            last = bool(arr["is_last"][t, s]) and op == S.FWD
+            br = Branch(op, int(arr["vchunk"][t, s]), int(counts[c]), first, last)
             if br not in index:
                 index[br] = len(branches)
                 branches.append(br)
