@@ -83,10 +83,12 @@ class GpuKind:
 
 
 # H100 SXM, ptdp_jax: per-kernel times of the 4x H100 traces of 2026-11-26 (benchmarks/NOTES.md
-# calls 1-3; GEMMs matched to the optimized HLO: 2048x2048x2048 25.0 us = 0.695, 2048x2048x6144
-# 66-68 us = 0.77, 2048x2048x8192 84-91 us = 0.76-0.82, the 2048x2048x51200 logits 525 us =
-# 0.827) and the brief's 8192^3 matmul in JAX (771 TFLOP/s = 0.78). Below 17 GFLOP no
-# measurement: the two smallest points are a roofline guess (2-3 us launch + HBM traffic).
+# calls 2-3; `benchmarks/gemm_efficiency.py TRACE HLO` matches the Triton GEMMs to the optimized
+# HLO: 2048x2048x2048 24.4-26.0 us = 0.67-0.71, 2048x6144x2048 66 us = 0.79, 2048x8192x2048
+# 84-87 us = 0.80-0.82, the 2048x51200x2048 logits 523 us = 0.83; the cuBLAS kernels of the
+# same sizes, matched by count, 67-91 us = 0.76-0.78) and the brief's 8192^3 matmul in JAX
+# (771 TFLOP/s = 0.78). Below 17 GFLOP no measurement: the two smallest points are a roofline
+# guess (2-3 us launch + HBM traffic).
 H100_GEMM = ((1.0, 0.30), (4.0, 0.52), (17.2, 0.695), (51.5, 0.77), (68.7, 0.78),
              (430.0, 0.82), (1100.0, 0.78))
 # A100, Megatron (2021): fitted to Table 1 (the GEMMs there are 30-2000 GFLOP).
