@@ -8,6 +8,6 @@ stages, recompute, scatter/gather) layout of a model before renting the GPUs.
 Pieces: `hardware` (GPU kinds), `cost` (per-op seconds), `play` (tick tables played with those
 costs), `estimate` (one layout's step), `search` (enumerate, reject, rank), `cli` (`ptdp-plan`).
 """
-from ptdp_jax.plan.search import Candidate, choose_layout, plan
+from ptdp_jax.plan.search import LAYOUT_KEYS, Candidate, choose_layout, plan
 
-__all__ = ["Candidate", "choose_layout", "plan"]
+__all__ = ["LAYOUT_KEYS", "Candidate", "choose_layout", "plan"]
