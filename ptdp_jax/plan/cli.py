@@ -50,11 +50,17 @@ def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
+def _params(n) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
 def format_table(rows: list[Candidate], top: int) -> str:
     """Markdown: the `top` best valid layouts, then the best of each kind of rejection."""
-    head = ("| # | d | p | t | micro | m | schedule | recompute | s/g | GiB/GPU (w+g+opt+act) "
-            "| bubble | step s | TFLOP/s/GPU | days | note |")
-    lines = [head, "|" + "---|" * 15]
+    head = ("| # | d | p | t | micro | m | schedule | recompute | s/g | params/GPU "
+            "| GiB/GPU (w+g+opt+act) | bubble | step s | TFLOP/s/GPU | days | note |")
+    lines = [head, "|" + "---|" * 16]
 
     def line(i, c: Candidate, note=""):
         j = c.to_json()
@@ -65,7 +71,8 @@ def format_table(rows: list[Candidate], top: int) -> str:
             f"{j['memory_per_device_gib']:.1f} ({parts})"
         return (f"| {i} | {c.data} | {c.pipe} | {c.tensor} | {c.micro_batch_size} | "
                 f"{c.num_microbatches} | {sched} | {c.recompute} | "
-                f"{'yes' if c.scatter_gather else 'no'} | {mem} | {_fmt(j['bubble'], '.3f')} | "
+                f"{'yes' if c.scatter_gather else 'no'} | {_params(j['params_per_device'])} | "
+                f"{mem} | {_fmt(j['bubble'], '.3f')} | "
                 f"{_fmt(j['step_time_s'], '.4f')} | {_fmt(j['tflops_per_gpu'], '.1f')} | "
                 f"{_fmt(j['days'], '.1f')} | {note or c.reason} |")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ptdp_jax.config import ConfigError, ParallelConfig, validate
-from ptdp_jax.memory import GiB, MemoryEstimate, estimate_memory
+from ptdp_jax.memory import GiB, MemoryEstimate, estimate_memory, params_per_device
 from ptdp_jax.plan.estimate import StepEstimate, estimate_step
 from ptdp_jax.plan.hardware import GpuKind, detect_gpu_kind, gpu_kind
 
@@ -47,6 +47,7 @@ class Candidate:
     num_microbatches: int
     reason: str = ""                      # "" = a valid layout
     fits: bool = False
+    params_per_device: float = 0.0         # parameters held by the most loaded device
     memory: MemoryEstimate | None = None    # per device (ptdp_jax.memory), where it was estimated
     estimate: StepEstimate | None = None   # the predicted step, for layouts that fit
     tokens: float = DEFAULT_TOKENS
@@ -72,6 +73,7 @@ class Candidate:
             "schedule": self.schedule, "virtual_stages": self.virtual_stages,
             "recompute": self.recompute, "scatter_gather": self.scatter_gather,
             "fits": self.fits, "reason": self.reason,
+            "params_per_device": int(self.params_per_device) if mem else None,
             "memory_per_device_gib": g(mem.total) if mem else None,
             "weights_gib": g(mem.params) if mem else None,
             "grads_gib": g(mem.grads) if mem else None,
@@ -217,6 +219,7 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
             rows.append(c)
             continue
         mem = estimate_memory(lcfg)
+        c = replace(c, params_per_device=sum(params_per_device(lcfg).values()))
         if mem.total > limit:
             rows.append(replace(c, memory=mem, reason=c.reason or (
                 f"does not fit: {mem.total / GiB:.1f} GiB > {limit / GiB:.1f} GiB per device")))
