@@ -43,9 +43,7 @@ import errno
 import json
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -58,10 +56,12 @@ from ptdp_jax.data import data_state
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.ckpt_format import (  # noqa: F401  (re-exported: the public checkpoint API)
     FORMAT, META_FILE, META_ITEM, STATE_ITEM, VERSION, CheckpointError, _scan, _shape_tree,
-    _short, canonical_abstract_state, canonical_shardings,
-    check_compatible, check_directory, checkpoint_config, config_from_dict, load_checkpoint,
-    load_params, read_meta, resolve_step_dir, stored_shapes, to_canonical_state,
-    to_stage_state, _with_shardings)
+    _short, check_compatible, check_directory, checkpoint_config, config_from_dict,
+    load_checkpoint, load_params, read_meta, resolve_step_dir, stored_shapes)
+from ptdp_jax.state import (  # noqa: F401  (re-exported: the public checkpoint API)
+    canonical_abstract_state, canonical_shardings, make_optimizer, to_canonical_state,
+    to_stage_state, with_shardings as _with_shardings)
+from ptdp_jax.stopping import StopSignal  # noqa: F401  (re-exported)
 
 # ----------------------------------------------------------------------------- test hooks
 
@@ -117,10 +117,10 @@ class _MetaRestore(ocp.args.CheckpointArgs):
 class CheckpointManager:
     """Asynchronous checkpoints of the train state in checkpoint.dir (see module doc)."""
 
-    def __init__(self, cfg: Config, shardings, directory: str | os.PathLike | None = None):
-        from ptdp_jax.step import make_optimizer
-
+    def __init__(self, cfg: Config, shardings, directory: str | os.PathLike | None = None,
+                 run_id: str | None = None):
         self.cfg = cfg
+        self.run_id = run_id                  # stored in the metadata; a resumed run keeps it
         self.shardings = shardings
         self.directory = Path(os.path.expanduser(directory or cfg.checkpoint.dir)).absolute()
         self.keep = cfg.checkpoint.keep
@@ -140,8 +140,8 @@ class CheckpointManager:
         self._mngr = None
 
     @classmethod
-    def from_config(cls, cfg: Config, shardings) -> "CheckpointManager":
-        return cls(cfg, shardings)
+    def from_config(cls, cfg: Config, shardings, run_id: str | None = None) -> "CheckpointManager":
+        return cls(cfg, shardings, run_id=run_id)
 
     # -- orbax
     def _manager(self) -> ocp.CheckpointManager:
@@ -155,6 +155,11 @@ class CheckpointManager:
                 item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(),
                                META_ITEM: _MetaHandler()})
         return self._mngr
+
+    def due(self, step: int) -> bool:
+        """Whether step `step` (1-based) is saved: every checkpoint.every steps and the last."""
+        every = self.cfg.checkpoint.every
+        return step == self.cfg.train.steps or bool(every and step % every == 0)
 
     def steps(self) -> list[int]:
         """Step numbers of the complete checkpoints in the directory."""
@@ -208,12 +213,17 @@ class CheckpointManager:
                        "chunk_layers": list(chunk_layers(cfg))},
             "param_shapes": _shape_tree(cfg.model),
             "time": time.time(),
+            **({"run_id": self.run_id} if self.run_id else {}),
         }
 
     def _drop_stale(self, step: int) -> None:
-        """A run that did not resume owns the directory from its first save on:
-        checkpoints left by an earlier run are removed (checkpoint.resume=false)."""
-        for old in self.steps():
+        """A run that did not resume owns the directory from its first save on: checkpoints
+        left by an earlier run are removed, but only with checkpoint.overwrite=true
+        (check_fresh_start refuses the run before that)."""
+        old_steps = self.steps()
+        if old_steps and not self.cfg.checkpoint.overwrite:
+            raise CheckpointError(_fresh_start_message(self.directory, old_steps))
+        for old in old_steps:
             where = self.directory / str(old)
             read_meta(where)              # never delete what is not ours
             if jax.process_index() == 0:
@@ -303,40 +313,31 @@ def _is_enospc(e: BaseException | None) -> bool:
     return False
 
 
-# ----------------------------------------------------------------------------- signals
+# ----------------------------------------------------------------------------- a fresh start
 
-class StopSignal:
-    """Installs SIGTERM and SIGINT handlers that only set a flag (the training loop
-    finishes its step, writes a checkpoint and exits). A second SIGINT raises
-    KeyboardInterrupt at once. `restore()` puts the previous handlers back.
-    Outside the main thread (where Python cannot install handlers) it does nothing.
-    The flag is this process's; in a multi-process run the loop must agree on it
-    across processes (train() does, once per step)."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self, signals=SIGNALS):
-        self.requested = False
-        self.name = ""
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            self.restore()
-            raise KeyboardInterrupt
-        self.requested = True
-        self.name = signal.Signals(signum).name
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        self._previous = {}
+def _fresh_start_message(directory, steps) -> str:
+    shown = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+    return (f"checkpoint.dir {directory} holds checkpoints of an earlier run (steps {shown}) and "
+            f"this run starts fresh (checkpoint.resume=false, --no-resume); they are kept: "
+            f"use another checkpoint.dir, resume from them (drop --no-resume), or add "
+            f"checkpoint.overwrite=true to remove them at this run's first save")
 
 
-__all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "checkpoint_config",
+def check_fresh_start(cfg: Config) -> list[int]:
+    """Before a run: with checkpoint.resume=false and a checkpoint.dir that holds
+    checkpoints, CheckpointError unless checkpoint.overwrite=true. Returns the steps
+    that this run will remove at its first save ([] if none)."""
+    if not cfg.checkpoint.dir or cfg.checkpoint.resume:
+        return []
+    directory = Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
+    check_directory(directory)
+    steps = _scan(directory)[0]
+    if steps and not cfg.checkpoint.overwrite:
+        raise CheckpointError(_fresh_start_message(directory, steps))
+    return steps
+
+
+__all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "check_fresh_start",
+           "checkpoint_config",
            "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "stored_shapes", "to_canonical_state",
            "to_stage_state"]

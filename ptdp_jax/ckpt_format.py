@@ -1,7 +1,7 @@
-"""The on-disk format of checkpoints: metadata, compatibility checks, the canonical
-(mesh- and schedule-independent) layout of the train state, directory scans, and
-loading a checkpoint onto the host (export, inspection). The manager that writes
-and restores them is ptdp_jax.checkpoint."""
+"""The on-disk format of checkpoints: metadata, compatibility checks, directory scans,
+and loading a checkpoint onto the host (export, inspection). The canonical (mesh- and
+schedule-independent) layout of the train state is ptdp_jax.state's; the manager that
+writes and restores checkpoints is ptdp_jax.checkpoint."""
 from __future__ import annotations
 
 import json
@@ -12,14 +12,13 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 import orbax.checkpoint as ocp
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.config import Config, ConfigError, flatten, load_config
 from ptdp_jax.models import model as M
-from ptdp_jax.pipeline.balance import chunk_layers
-from ptdp_jax.sharding import logical_to_spec
+from ptdp_jax.state import (  # noqa: F401  (the train state's layouts live in ptdp_jax.state)
+    canonical_abstract_state, canonical_shardings, make_optimizer, to_canonical_state,
+    to_stage_state, with_shardings as _with_shardings)
 
 
 FORMAT = "ptdp_jax-checkpoint"
@@ -83,6 +82,7 @@ def _model_keys(m) -> dict[str, Any]:
     """The model settings that decide parameter shapes (and the model's identity)."""
     keys = {"model.arch": m.arch, "model.num_layers": m.num_layers,
             "model.hidden_size": m.hidden_size, "model.num_heads": m.num_heads,
+            "model.num_kv_heads": m.kv_heads,
             "model.ffn_hidden_size": m.ffn, "model.vocab_size": m.vocab_size}
     if m.arch == "gpt":
         keys["model.seq_len"] = m.seq_len        # learned positions: a (seq_len, h) table
@@ -104,67 +104,6 @@ def check_compatible(meta: dict, cfg: Config, where: str) -> None:
                      f"{meta['param_shapes']}, config {_shape_tree(cfg.model)}")
     if diffs:
         raise CheckpointError(f"checkpoint {where} is of a different model: " + "; ".join(diffs))
-
-
-# ----------------------------------------------------------------------------- layouts
-
-def _layer_marks(cfg):
-    """Params-shaped tree: True on stacked-layer leaves."""
-    shapes = M.param_shapes(cfg.model)
-    return {g: {k: g == "layers" for k in grp} for g, grp in shapes.items()}
-
-
-def _map_layers(cfg, tx, state, fn):
-    """Apply fn to every stacked-layer array of the params and of the optimizer moments."""
-    marks = _layer_marks(cfg)
-    params = {g: {k: fn(x) if marks[g][k] else x for k, x in grp.items()}
-              for g, grp in state["params"].items()}
-    opt = optax.tree_map_params(tx, lambda x, is_layer: fn(x) if is_layer else x,
-                                state["opt"], marks, transform_non_params=lambda x: x)
-    return dict(state, params=params, opt=opt)
-
-
-def to_canonical_state(cfg, tx, state):
-    """Train state in stage layout (p, v, Lmax, ...) -> canonical (L, ...)."""
-    counts, p = chunk_layers(cfg), cfg.parallel.pipe
-    return _map_layers(cfg, tx, state,
-                       lambda x: M.to_canonical_layout({"x": x}, counts, p)["x"])
-
-
-def to_stage_state(cfg, tx, state):
-    """Inverse of to_canonical_state."""
-    counts, p = chunk_layers(cfg), cfg.parallel.pipe
-    return _map_layers(cfg, tx, state, lambda x: M.to_stage_layout({"x": x}, counts, p)["x"])
-
-
-def canonical_abstract_state(cfg, tx):
-    """ShapeDtypeStructs of the canonical train state (no shardings)."""
-    def init():
-        params = M.init_params(cfg.model, cfg.train.seed)
-        return {"params": params, "opt": tx.init(params),
-                "step": jax.numpy.zeros((), jax.numpy.int32),
-                "bad_steps": jax.numpy.zeros((), jax.numpy.int32)}
-    return jax.eval_shape(init)
-
-
-def canonical_shardings(cfg, mesh, tx):
-    """Shardings of the canonical state on `mesh`: like the stage layout's, with the
-    layer axis split over 'pipe' (so with v = 1 each stage keeps its own layers)."""
-    axes = M.param_logical_axes(cfg.model)
-    spec = {g: {k: logical_to_spec(n) for k, n in grp.items()} for g, grp in axes.items()}
-    spec["layers"] = {k: P("pipe", *logical_to_spec(n[1:])) for k, n in axes["layers"].items()}
-    param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), spec,
-                            is_leaf=lambda x: isinstance(x, P))
-    rep = NamedSharding(mesh, P())
-    abstract = canonical_abstract_state(cfg, tx)
-    opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract["opt"], param_sh,
-                                   transform_non_params=lambda _: rep)
-    return {"params": param_sh, "opt": opt_sh, "step": rep, "bad_steps": rep}
-
-
-def _with_shardings(abstract, shardings):
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
 
 
 # ----------------------------------------------------------------------------- directory checks
@@ -227,8 +166,6 @@ def resolve_step_dir(path: str | os.PathLike) -> Path:
 def load_checkpoint(path: str | os.PathLike) -> tuple[Config, dict, dict]:
     """(config, canonical train state as host numpy arrays, metadata) of a checkpoint;
     `path` is a step directory or a checkpoint.dir (its newest complete step)."""
-    from ptdp_jax.step import make_optimizer
-
     step_dir = resolve_step_dir(path)
     meta = read_meta(step_dir)
     cfg = _meta_config(meta, step_dir)

@@ -1,10 +1,17 @@
-"""`ptdp-train [CONFIG] [--mesh d,p,t] [key=value ...]`: a thin shell over train()."""
+"""`ptdp-train [CONFIG] [--mesh d,p,t] [key=value ...]`: a thin shell over train().
+
+    ptdp-train configs/demo.yaml --print-config     # the resolved config as YAML, then exit
+    ptdp-train configs/demo.yaml --dry-run          # validate, compile, memory and FLOPs; exit
+
+Exit codes: ptdp_jax.exits.ExitCode.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ptdp_jax.config import ConfigError, parse_cli_overrides
+from ptdp_jax.config import ConfigError, parse_cli_overrides, parse_mesh
+from ptdp_jax.exits import ExitCode
 
 
 def parse_args(argv=None):
@@ -17,7 +24,13 @@ def parse_args(argv=None):
     ap.add_argument("--resume", dest="resume", action="store_true", default=None,
                     help="resume from the newest checkpoint in checkpoint.dir (the default)")
     ap.add_argument("--no-resume", dest="resume", action="store_false",
-                    help="start fresh even if checkpoint.dir holds checkpoints")
+                    help="start fresh; refused if checkpoint.dir holds checkpoints, unless "
+                         "checkpoint.overwrite=true (then they are removed at the first save)")
+    ap.add_argument("--print-config", action="store_true",
+                    help="print the resolved config as YAML and exit")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="validate, build the mesh, compile the step, report memory per device "
+                         "and FLOPs per step, then exit")
     ap.add_argument("--coordinator", help="host:port of process 0 (multi-process runs)")
     ap.add_argument("--num-processes", type=int, help="number of processes (multi-process runs)")
     ap.add_argument("--process-id", type=int, help="this process's index (multi-process runs)")
@@ -45,39 +58,42 @@ def main(argv=None) -> int:
     return rc
 
 
+def _fail(code: ExitCode, what: str) -> tuple[int, str]:
+    print(f"ptdp-train: {what}", file=sys.stderr)
+    return code, what
+
+
 def _main(args) -> tuple[int, str]:
     from ptdp_jax.checkpoint import CheckpointError
-    from ptdp_jax.distributed import DistributedError
+    from ptdp_jax.distributed import DistributedError, maybe_initialize
+    from ptdp_jax.train import TrainingStopped, dry_run, resolve_config, train
     try:
         overrides = parse_cli_overrides(args.overrides)
         if args.resume is not None:
             overrides["checkpoint.resume"] = args.resume
-        mesh = None
-        if args.mesh:
-            try:
-                mesh = tuple(int(x) for x in args.mesh.split(","))
-            except ValueError:
-                raise ConfigError(f"--mesh {args.mesh!r} is not three comma-separated ints") from None
-            if len(mesh) != 3:
-                raise ConfigError(f"--mesh {args.mesh!r} needs three sizes: data,pipe,tensor")
-        from ptdp_jax.distributed import maybe_initialize
+        mesh = parse_mesh(args.mesh) if args.mesh else None
+        if args.print_config:
+            from ptdp_jax.config import to_yaml
+            print(to_yaml(resolve_config(args.config, mesh, overrides)), end="")
+            return ExitCode.OK, ""
         maybe_initialize(args.coordinator, args.num_processes, args.process_id,
                          heartbeat_timeout=args.heartbeat_timeout, init_timeout=args.init_timeout)
-        from ptdp_jax.train import TrainingStopped, train
-        train(args.config, mesh_shape=mesh, overrides=overrides)
+        if args.dry_run:
+            dry_run(args.config, mesh_shape=mesh, overrides=overrides)
+        else:
+            train(args.config, mesh_shape=mesh, overrides=overrides, return_params=False)
     except ConfigError as e:
-        print(f"ptdp-train: config error: {e}", file=sys.stderr)
-        return 2, f"config error: {e}"
+        return _fail(ExitCode.CONFIG, f"config error: {e}")
     except TrainingStopped as e:
-        print(f"ptdp-train: stopped: {e}", file=sys.stderr)
-        return 3, f"stopped: {e}"
+        return _fail(ExitCode.STOPPED, f"stopped: {e}")
     except DistributedError as e:
-        print(f"ptdp-train: {e}", file=sys.stderr)
-        return 5, str(e)
+        return _fail(ExitCode.DISTRIBUTED_INIT, str(e))
     except CheckpointError as e:
-        print(f"ptdp-train: checkpoint error: {e}", file=sys.stderr)
-        return 6, f"checkpoint error: {e}"
-    return 0, ""
+        return _fail(ExitCode.CHECKPOINT, f"checkpoint error: {e}")
+    except KeyboardInterrupt:
+        return _fail(ExitCode.INTERRUPTED, "interrupted (a second Ctrl-C): stopped at once, "
+                                           "without a checkpoint")
+    return ExitCode.OK, ""
 
 
 if __name__ == "__main__":

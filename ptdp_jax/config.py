@@ -90,8 +90,10 @@ class TrainConfig:
     eval_batches: int = 2
     log_every: int = 1
     max_bad_steps: int = 5               # consecutive non-finite steps before the run stops
-    sample_tokens: int = 0               # greedy sample length printed at the end (0: none)
+    sample_tokens: int = 0               # length of the sample printed at the end (0: none)
     sample_prompt: str = "The "
+    sample_temperature: float = 0.0      # 0: greedy
+    sample_top_k: int = 0                # sample among the k likeliest tokens (0: all)
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,19 @@ def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def parse_mesh(text: str) -> tuple[int, int, int]:
+    """'2,2,2' -> (2, 2, 2); ConfigError otherwise."""
+    try:
+        mesh = tuple(int(x) for x in str(text).split(","))
+    except ValueError:
+        raise ConfigError(f"--mesh {text!r} is not three comma-separated ints") from None
+    if len(mesh) != 3:
+        raise ConfigError(f"--mesh {text!r} needs three sizes: data,pipe,tensor")
+    if any(x < 1 for x in mesh):
+        raise ConfigError(f"--mesh {text!r}: every size must be positive")
+    return mesh
+
+
 def parse_cli_overrides(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
@@ -373,7 +388,7 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(value >= 1, f"{key} must be positive, got {value}")
     for key in ("train.warmup_steps", "train.eval_every", "train.sample_tokens", "checkpoint.every",
                 "train.weight_decay", "train.grad_clip", "model.dropout", "train.stop_at_step",
-                "train.stop_after_minutes"):
+                "train.stop_after_minutes", "train.sample_temperature", "train.sample_top_k"):
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         need(value >= 0, f"{key} must be >= 0, got {value}")

@@ -410,15 +410,23 @@ def any_process(flag: bool) -> bool:
     return bool(np.asarray(multihost_utils.process_allgather(np.int32(bool(flag)))).max())
 
 
-def to_host(tree):
+def to_host(tree, only_process0: bool = False):
     """A pytree of (possibly multi-process sharded) jax.Arrays as numpy arrays, the full
-    value on every process; one leaf at a time (peak device memory: one leaf)."""
+    value on every process; one leaf at a time (peak device memory: one leaf). With
+    only_process0, the other processes keep nothing (they return None): each leaf is
+    dropped as soon as it is gathered, so a host holds one leaf at a time, not the model."""
     import jax
     if jax.process_count() == 1:
         return jax.tree.map(np.asarray, jax.device_get(tree))
     from jax.experimental import multihost_utils
-    return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)),
-                        tree)
+    keep = not only_process0 or jax.process_index() == 0
+    leaves, treedef = jax.tree.flatten(tree)
+    out = []
+    for x in leaves:
+        full = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        out.append(full if keep else None)
+        del full
+    return jax.tree.unflatten(treedef, out) if keep else None
 
 
 # ----------------------------------------------------------------------------- the end of a run

@@ -1,5 +1,15 @@
-"""Greedy text generation from canonical parameters (the demo's closing sample)."""
+"""Text generation from canonical parameters: the closing sample of a run and
+`ptdp-generate`.
+
+    ptdp-generate CKPT --prompt TEXT [--max-new-tokens N] [--temperature T --top-k K]
+
+Decoding uses a fixed window of model.seq_len tokens and no KV cache (each new token
+re-runs the window): plenty for a sample, not a serving engine.
+"""
 from __future__ import annotations
+
+import argparse
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -9,29 +19,94 @@ from ptdp_jax.models import model as M
 from ptdp_jax.sharding import Sharder
 
 
-def greedy_generate(model_cfg, params, prompt_ids: list[int], num_tokens: int) -> list[int]:
-    """Greedy decoding with a fixed window of model_cfg.seq_len tokens (no KV cache:
-    each new token re-runs the window, which is plenty for a short sample)."""
+def generate(model_cfg, params, prompt_ids: list[int], num_tokens: int, *,
+             temperature: float = 0.0, top_k: int = 0, seed: int = 0) -> list[int]:
+    """`num_tokens` new token ids after `prompt_ids`: greedy with temperature 0, else
+    sampled from softmax(logits / temperature), restricted to the top_k likeliest
+    (0: all); the draws are a function of `seed` and the position."""
     s = model_cfg.seq_len
     sh = Sharder()
     params = jax.tree.map(jnp.asarray, params)
+    k = int(top_k) if top_k and top_k < model_cfg.vocab_size else 0
 
     @jax.jit
-    def next_token(window_s, last):
+    def next_token(window_s, last, key):
         x = M.embed(model_cfg, sh, params["embed"], window_s[None])
         x = M.run_layers(model_cfg, sh, params["layers"], x)
         logits_v = M.logits(model_cfg, sh, params["embed"], params["head"], x)[0, last]
+        logits_v = logits_v.astype(jnp.float32)
         logits_v = jnp.where(jnp.arange(logits_v.shape[0]) < model_cfg.vocab_size, logits_v,
                              -jnp.inf)
-        return jnp.argmax(logits_v)
+        if temperature == 0:
+            return jnp.argmax(logits_v)
+        logits_v = logits_v / temperature
+        if k:
+            kth = jax.lax.top_k(logits_v, k)[0][-1]
+            logits_v = jnp.where(logits_v >= kth, logits_v, -jnp.inf)
+        return jax.random.categorical(key, logits_v)
 
     ids = list(prompt_ids) or [0]
     out = []
-    for _ in range(num_tokens):
+    root = jax.random.key(seed)
+    for i in range(num_tokens):
         ctx = ids[-s:]
         window = np.zeros((s,), np.int32)
         window[: len(ctx)] = ctx
-        tok = int(next_token(jnp.asarray(window), len(ctx) - 1))
+        tok = int(next_token(jnp.asarray(window), len(ctx) - 1, jax.random.fold_in(root, i)))
         ids.append(tok)
         out.append(tok)
     return out
+
+
+def greedy_generate(model_cfg, params, prompt_ids: list[int], num_tokens: int) -> list[int]:
+    """Greedy decoding (generate with temperature 0)."""
+    return generate(model_cfg, params, prompt_ids, num_tokens)
+
+
+def main(argv=None) -> int:
+    from ptdp_jax.checkpoint import CheckpointError, load_params
+    from ptdp_jax.data.sources import tokenizer_spec_of
+    from ptdp_jax.data.tokenizer import load_tokenizer
+    from ptdp_jax.exits import ExitCode
+
+    ap = argparse.ArgumentParser(
+        prog="ptdp-generate", description="Generate text from a ptdp_jax checkpoint.",
+        epilog='example: ptdp-generate ckpt/ --prompt "The " --max-new-tokens 200 '
+               '--temperature 0.8 --top-k 40')
+    ap.add_argument("checkpoint", help="a step directory (CKPT_DIR/STEP) or a checkpoint.dir "
+                                       "(its newest complete step)")
+    ap.add_argument("--prompt", required=True, help="the text to continue")
+    ap.add_argument("--max-new-tokens", type=int, default=100, metavar="N")
+    ap.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                    help="0 (the default): greedy; > 0: sample")
+    ap.add_argument("--top-k", type=int, default=0, metavar="K",
+                    help="sample among the K likeliest tokens (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokenizer", help="byte, or a tokenizer.json (default: the one of the "
+                                        "checkpoint's training data)")
+    args = ap.parse_args(argv)
+    if args.max_new_tokens < 0 or args.temperature < 0 or args.top_k < 0:
+        print("ptdp-generate: --max-new-tokens, --temperature and --top-k must be >= 0",
+              file=sys.stderr)
+        return ExitCode.CONFIG
+    try:
+        cfg, params = load_params(args.checkpoint)
+        tok = load_tokenizer(args.tokenizer or tokenizer_spec_of(list(cfg.data.path)))
+    except CheckpointError as e:
+        print(f"ptdp-generate: checkpoint error: {e}", file=sys.stderr)
+        return ExitCode.CHECKPOINT
+    except (ValueError, FileNotFoundError) as e:
+        print(f"ptdp-generate: {e}", file=sys.stderr)
+        return ExitCode.CONFIG
+    if tok.vocab_size > cfg.model.vocab_size:
+        print(f"ptdp-generate: the tokenizer has {tok.vocab_size} ids, the model "
+              f"{cfg.model.vocab_size}", file=sys.stderr)
+        return ExitCode.CONFIG
+    out = generate(cfg.model, params, tok.encode(args.prompt), args.max_new_tokens,
+                   temperature=args.temperature, top_k=args.top_k, seed=args.seed)
+    print(args.prompt + tok.decode(out))
+    return ExitCode.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,7 +11,8 @@ matrix multiplications (a multiply-add is 2 FLOPs), per token:
   (Q K^T) and the attention-weighted values (A V), 2 * s * h each. The causal
   mask is not discounted, as in the paper's formula.
     GPT:    N_layer = 4h^2 (QKV, output projection) + 2hf (two MLP GEMMs)
-    LLaMA:  N_layer = 4h^2 (Q, K, V, O) + 3hf (SwiGLU gate, up, down)
+    LLaMA:  N_layer = 4h^2 (Q, K, V, O) + 3hf (SwiGLU gate, up, down); with grouped-query
+            attention K and V are h x (h * kv_heads / heads) each
 * the logit layer, forward: 2 * h * V (V = model.vocab_size: the real vocabulary;
   the padding to a multiple of 128 is not counted as model FLOPs; for Table 1,
   V = 51200 is already a multiple of 128).
@@ -69,8 +70,9 @@ def _recompute_flag(recompute) -> bool:
 def layer_matmul_params(mcfg) -> int:
     """Matmul weights of one transformer layer (biases and norms excluded)."""
     h, f = mcfg.hidden_size, mcfg.ffn
-    if mcfg.arch == "llama":
-        return 4 * h * h + 3 * h * f
+    if mcfg.arch == "llama":              # Q and O (h x h), K and V (h x kv_heads * head_dim)
+        kv = getattr(mcfg, "kv_heads", mcfg.num_heads) * (h // mcfg.num_heads)
+        return 2 * h * h + 2 * h * kv + 3 * h * f
     return 4 * h * h + 2 * h * f
 
 
@@ -184,20 +186,29 @@ class MetricsLogger:
     run_dir. enabled=False (non-zero processes of a multi-host run) makes every
     method a no-op and creates nothing.
 
-        with MetricsLogger("runs/demo") as log:
+    Several runs may share a run_dir: the file is never truncated, and each line
+    carries the run's id (``"run"``). A run resumed from a checkpoint of step k keeps
+    its run id (`resume_step=k`): the lines it logged after step k before it stopped
+    are dropped, since it computes those steps again, so no (run, step) appears twice.
+
+        with MetricsLogger("runs/demo", run_id="20260101-120000-1234") as log:
             log.log(step, {"loss": 3.2, "lr": 1e-3})
     """
 
     def __init__(self, run_dir: "str | os.PathLike", tensorboard: bool = True,
-                 enabled: bool = True):
+                 enabled: bool = True, run_id: str | None = None,
+                 resume_step: int | None = None):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
+        self.run_id = run_id
         self.path = self.run_dir / "metrics.jsonl"
         self._file = None
         self._writer = None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and self.path.exists():
+            self._drop_after(resume_step)
         self._file = open(self.path, "a", encoding="utf-8")
         if tensorboard:
             try:
@@ -207,18 +218,41 @@ class MetricsLogger:
                 warnings.warn("tensorboardX is not installed: no TensorBoard events are written "
                               f"(metrics still go to {self.path}); run.tensorboard=false silences this")
             else:
-                self._writer = SummaryWriter(logdir=str(self.run_dir))
+                self._writer = SummaryWriter(
+                    logdir=str(self.run_dir),
+                    **({"purge_step": resume_step + 1} if resume_step is not None else {}))
+
+    def _drop_after(self, step: int) -> None:
+        """Remove this run's lines of steps > step (written after its last checkpoint)."""
+        kept, dropped = [], 0
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                kept.append(line)                       # not ours to judge: keep it
+                continue
+            if isinstance(rec, dict) and rec.get("run", self.run_id) == self.run_id \
+                    and int(rec.get("step", 0)) > step:
+                dropped += 1
+                continue
+            kept.append(line)
+        if dropped:
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+            os.replace(tmp, self.path)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if not self.enabled or self._file is None:
             return
         record = {"step": int(step)}
+        if self.run_id is not None:
+            record["run"] = self.run_id
         record.update({str(k): _scalar(v) for k, v in metrics.items()})
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         if self._writer is not None:
             for k, v in record.items():
-                if k == "step" or isinstance(v, bool) or not isinstance(v, (int, float)):
+                if k in ("step", "run") or isinstance(v, bool) or not isinstance(v, (int, float)):
                     continue
                 self._writer.add_scalar(k, v, int(step))
             self._writer.flush()

@@ -96,6 +96,29 @@ class Sharder:
                              out_specs=out_specs, axis_names=set(rest))
 
 
+def manual_axes(mesh) -> tuple[str, ...]:
+    """The mesh axes the train and eval steps' shard_map is manual over.
+
+    'data' and 'pipe' ('tensor' stays automatic: GSPMD does tensor parallelism from the
+    annotations); size-1 axes are manual too, so that attention's nested per-device region
+    (layers.causal_attention) only has 'tensor' left, and no reduction runs over a size-1
+    axis. Without tensor parallelism every axis is manual, so nothing inside is left to
+    GSPMD's partitioner (cuDNN attention's custom partitioner fails inside a partially
+    manual region). One device, or (1, 1, t): nothing manual, all GSPMD."""
+    if mesh.size == 1 or mesh.size == mesh.shape["tensor"]:
+        return ()
+    if mesh.shape["tensor"] == 1:
+        return ("data", "pipe", "tensor")
+    return ("data", "pipe")
+
+
+def psum_over(x, manual, spec):
+    """Sum x over the manual axes its PartitionSpec does not shard it over."""
+    sharded = {a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry)}
+    axes = tuple(a for a in manual if a not in sharded)
+    return jax.lax.psum(x, axes) if axes else x
+
+
 def varying_axes(x) -> frozenset:
     """The manual mesh axes x varies over (jax 0.10: manual_axis_type; later: vma)."""
     aval = jax.typeof(x)

@@ -17,58 +17,11 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
-from ptdp_jax.pipeline.balance import chunk_layers
-from ptdp_jax.sharding import Sharder, logical_to_spec, vary
+from ptdp_jax.sharding import Sharder, manual_axes, psum_over, vary
+from ptdp_jax.state import (  # noqa: F401  (re-exported: benchmarks and tests import them here)
+    canonical_params, init_state, make_optimizer, stage_param_specs, state_shardings)
 
 DTYPES = M.DTYPES
-
-
-def make_optimizer(cfg):
-    t = cfg.train
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, t.lr, warmup_steps=min(t.warmup_steps, t.steps),
-        decay_steps=max(t.steps, min(t.warmup_steps, t.steps) + 1),
-        end_value=t.lr * t.min_lr_ratio)
-    shapes = M.param_shapes(cfg.model)
-    # Weight decay on matrices only: no decay on biases and norm scales (1-D per layer).
-    decay_mask = {g: {k: len(s) - (1 if g == "layers" else 0) >= 2 for k, s in grp.items()}
-                  for g, grp in shapes.items()}
-    tx = optax.chain(
-        optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity(),
-        optax.adamw(schedule, b1=t.beta1, b2=t.beta2, weight_decay=t.weight_decay,
-                    mask=decay_mask),
-    )
-    return tx, schedule
-
-
-def stage_param_specs(cfg):
-    """PartitionSpecs (over the whole mesh) of the parameters in stage layout."""
-    axes = M.param_logical_axes(cfg.model, stage_layout=True)
-    return jax.tree.map(lambda n: logical_to_spec(n), axes, is_leaf=lambda x: isinstance(x, tuple))
-
-
-def state_shardings(cfg, mesh, tx):
-    """NamedShardings for the whole train state (optimizer state mirrors params)."""
-    pspecs = stage_param_specs(cfg)
-    param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), pspecs)
-    abstract = jax.eval_shape(lambda: init_state(cfg, tx))
-    opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract["opt"], param_sh,
-                                   transform_non_params=lambda _: NamedSharding(mesh, P()))
-    rep = NamedSharding(mesh, P())
-    return {"params": param_sh, "opt": opt_sh, "step": rep, "bad_steps": rep}
-
-
-def init_state(cfg, tx):
-    params = M.init_params(cfg.model, cfg.train.seed)
-    params["layers"] = M.to_stage_layout(params["layers"], chunk_layers(cfg), cfg.parallel.pipe)
-    return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32),
-            "bad_steps": jnp.zeros((), jnp.int32)}
-
-
-def canonical_params(cfg, params):
-    out = dict(params)
-    out["layers"] = M.to_canonical_layout(params["layers"], chunk_layers(cfg), cfg.parallel.pipe)
-    return out
 
 
 def row_keys(seed, step, row_ids):
@@ -104,18 +57,7 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
 
 def make_grad_fn(cfg, mesh):
     """(params, batch (B, s+1), step) -> (mean loss, mean gradients), jit-able."""
-    # Manual over 'data' and 'pipe' ('tensor' stays automatic: GSPMD does tensor parallelism
-    # from the annotations); size-1 axes are manual too, so that attention's nested per-device
-    # region (layers.causal_attention) only has 'tensor' left, and no reduction runs over a
-    # size-1 axis (_psum_over). Without tensor parallelism every axis is manual, so nothing
-    # inside is left to GSPMD's partitioner (cuDNN attention's custom partitioner fails inside
-    # a partially manual region).
-    if mesh.size == 1 or mesh.size == mesh.shape["tensor"]:
-        manual = ()                                  # one device, or (1, 1, t): all GSPMD
-    elif mesh.shape["tensor"] == 1:
-        manual = ("data", "pipe", "tensor")
-    else:
-        manual = ("data", "pipe")
+    manual = manual_axes(mesh)                       # see sharding.manual_axes
     sh = Sharder(mesh).inside(manual)
     pspecs = stage_param_specs(cfg)
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
@@ -136,8 +78,8 @@ def make_grad_fn(cfg, mesh):
         # The one data-parallel reduction. Each gradient is summed over the manual axes its
         # parameter is not sharded over: 'data' always; 'pipe' for the embedding and head
         # (GPT's tied embedding gets its first- and last-stage parts added).
-        grads = jax.tree.map(lambda g, spec: _psum_over(g, manual, spec), grads, pspecs)
-        loss = _psum_over(loss, manual, P())
+        grads = jax.tree.map(lambda g, spec: psum_over(g, manual, spec), grads, pspecs)
+        loss = psum_over(loss, manual, P())
         return jax.tree.map(lambda x: x / n_tokens, (loss, grads))
 
     if manual:
@@ -155,12 +97,6 @@ def make_grad_fn(cfg, mesh):
         return fn(params, batch, keys)
 
     return grad_fn
-
-
-def _psum_over(x, manual, spec):
-    sharded = {a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry)}
-    axes = tuple(a for a in manual if a not in sharded)
-    return jax.lax.psum(x, axes) if axes else x
 
 
 def _wrap_keys(keys):
@@ -192,18 +128,18 @@ def make_train_step(cfg, mesh, tx):
 @dataclass(frozen=True)
 class Compiled:
     step: object          # jitted (state, batch) -> (state, metrics)
-    eval_loss: object     # jitted (params, batch) -> loss
+    eval_loss: object     # jitted (params, batch) -> mean token loss: forward only, no dropout
     init: object          # jitted () -> state
     shardings: dict
+    batch_sharding: object = None
 
 
 def compile_all(cfg, mesh, tx):
+    from ptdp_jax.evaluate import make_eval_fn
     shardings = state_shardings(cfg, mesh, tx)
     batch_sh = NamedSharding(mesh, P("data"))
     step = jax.jit(make_train_step(cfg, mesh, tx), in_shardings=(shardings, batch_sh),
                    out_shardings=(shardings, None), donate_argnums=(0,))
-    grad_fn = make_grad_fn(cfg, mesh)
-    eval_loss = jax.jit(lambda params, batch: grad_fn(params, batch, 0)[0],
-                        in_shardings=(shardings["params"], batch_sh))
+    eval_loss = jax.jit(make_eval_fn(cfg, mesh), in_shardings=(shardings["params"], batch_sh))
     init = jax.jit(lambda: init_state(cfg, tx), out_shardings=shardings)
-    return Compiled(step, eval_loss, init, shardings)
+    return Compiled(step, eval_loss, init, shardings, batch_sh)

@@ -4,26 +4,28 @@
     result = train("configs/demo.yaml", mesh_shape=(2, 2, 2), overrides={"train.steps": 50})
     result.losses          # one float per step
     result.params          # canonical host numpy arrays (independent of mesh and schedule)
+
+The loop is a table of contents; each line is one call into its own module: the data
+(feed.py), the step (step.py), the log (runlog.py), the evaluation (evaluate.py), the
+checkpoint (checkpoint.py) and the stop conditions (stopping.py).
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Mapping
 
 import jax
-import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ptdp_jax import metrics as MX
 from ptdp_jax.config import Config, ConfigError, load_config, validate
-from ptdp_jax.data import BlendedStream, batch_for_step, open_datasets, validate_data_config
-from ptdp_jax.data.tokenizer import load_tokenizer
-from ptdp_jax.distributed import any_process, maybe_initialize, to_host
+from ptdp_jax.distributed import maybe_initialize, to_host
+from ptdp_jax.evaluate import evaluate
+from ptdp_jax.feed import Feed
+from ptdp_jax.runlog import RunLog, new_run_id
 from ptdp_jax.sharding import make_mesh
-from ptdp_jax.step import canonical_params, compile_all, make_optimizer
+from ptdp_jax.state import canonical_params, make_optimizer
+from ptdp_jax.step import compile_all
+from ptdp_jax.stopping import Stopper
 
 
 class TrainingStopped(RuntimeError):
@@ -33,7 +35,7 @@ class TrainingStopped(RuntimeError):
 @dataclass
 class TrainResult:
     losses: list[float]
-    params: Any                                  # canonical numpy pytree
+    params: Any                                  # canonical numpy pytree (None unless asked)
     val_losses: list[tuple[int, float]] = field(default_factory=list)
     sample: str | None = None
     config: Config | None = None
@@ -41,6 +43,8 @@ class TrainResult:
     bad_steps: int = 0                           # updates skipped for non-finite values
     step_times: list[float] = field(default_factory=list)
     stopped_by_signal: bool = False
+    stopped: str | None = None                   # why the run stopped before train.steps
+    run_id: str = ""
 
 
 def resolve_config(config=None, mesh_shape=None, overrides: Mapping[str, Any] | None = None) -> Config:
@@ -54,180 +58,217 @@ def resolve_config(config=None, mesh_shape=None, overrides: Mapping[str, Any] | 
     return cfg
 
 
-def _open_data(cfg: Config):
-    """Train and validation streams; validates data keys against the model."""
-    cache = os.path.expanduser(cfg.data.cache_dir)
-    weights = validate_data_config(list(cfg.data.path), list(cfg.data.weights) or None,
-                                   cfg.model.seq_len, cfg.data.val_fraction)
-    datasets = open_datasets(list(cfg.data.path), cache)
-    for path, ds in zip(cfg.data.path or ("<embedded corpus>",), datasets):
-        if ds.vocab_size > cfg.model.vocab_size:
-            raise ConfigError(f"data.path {path!r} has vocabulary {ds.vocab_size} but "
-                              f"model.vocab_size={cfg.model.vocab_size} is smaller")
-    mk = lambda split: BlendedStream(datasets, weights, cfg.model.seq_len, cfg.train.seed,
-                                     split=split, val_fraction=cfg.data.val_fraction)
-    return mk("train"), mk("val"), datasets
-
-
-def global_batch(stream, step: int, cfg: Config, sharding: NamedSharding):
-    """The global batch of `step` as a sharded array; each device's rows are read
-    from disk by the process that owns it (so a host reads only its own part)."""
-    B, s = cfg.train.global_batch_size, cfg.model.seq_len
-    cache: dict[tuple[int, int], np.ndarray] = {}       # devices holding the same rows: one read
-
-    def rows(index):
-        sl = index[0]
-        key = (sl.start or 0, sl.stop or B)
-        if key not in cache:
-            cache[key] = batch_for_step(stream, step, B, rows=slice(*key))
-        return cache[key]
-
-    return jax.make_array_from_callback((B, s + 1), sharding, rows)
-
-
-def _progress(enabled: bool, total: int, initial: int):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+def _quiet(*args, **kwargs):
+    pass
 
 
 def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None = None,
-          log=print, distributed: Mapping[str, Any] | None = None) -> TrainResult:
+          log=print, distributed: Mapping[str, Any] | None = None,
+          return_params: bool = True) -> TrainResult:
     """Train a model; see the module docstring. `config` is a YAML path or a Config
     (None: defaults); `mesh_shape` (data, pipe, tensor) uses the first d*p*t devices.
     `distributed`: keyword arguments of ptdp_jax.distributed.maybe_initialize
     (coordinator, num_processes, process_id, ...); without it a multi-process run is
-    still started from PTDP_* variables or the cluster's environment."""
+    still started from PTDP_* variables or the cluster's environment.
+    `return_params`: gather the final parameters into result.params (on process 0
+    only; other processes get None); ptdp-train passes False."""
     cfg = resolve_config(config, mesh_shape, overrides)
     maybe_initialize(**dict(distributed or {}))
     validate(cfg, len(jax.devices()))
-    train_stream, val_stream, datasets = _open_data(cfg)
     is_main = jax.process_index() == 0
-    log = log if is_main else (lambda *a, **k: None)
+    log = log if is_main else _quiet
+    feed = Feed(cfg)                                         # opens and checks the data
+    from ptdp_jax import preflight                           # memory estimate against devices
+    preflight.check_memory(cfg, log)
+    from ptdp_jax import checkpoint as CK
+    replaced = CK.check_fresh_start(cfg)                     # never drops checkpoints unasked
 
     mesh = make_mesh(cfg.parallel.mesh_shape,
                      allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
-    tx, lr_schedule = make_optimizer(cfg)
+    feed.use_mesh(mesh)
+    tx, lr = make_optimizer(cfg)
     compiled = compile_all(cfg, mesh, tx)
-    batch_sh = NamedSharding(mesh, P("data"))
-
-    ckpt = None
-    if cfg.checkpoint.dir:
-        from ptdp_jax import checkpoint as CK
-        ckpt = CK.CheckpointManager.from_config(cfg, compiled.shardings)
-    state, start = None, 0
-    if ckpt is not None and cfg.checkpoint.resume:
-        restored = ckpt.restore_latest()
-        if restored is not None:
-            state, start = restored
-            log(f"resumed from {ckpt.directory} at step {start}")
-    if state is None:
-        state = compiled.init()
-
-    run_dir = Path(cfg.run.dir)
-    if start == 0 and is_main and (run_dir / "metrics.jsonl").exists():
-        (run_dir / "metrics.jsonl").unlink()          # a fresh run starts a fresh log
-    logger = MX.MetricsLogger(run_dir, tensorboard=cfg.run.tensorboard, enabled=is_main)
-    n_dev = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor
-    flops = MX.model_flops_per_iteration(cfg, recompute=False)
-    peak = MX.peak_flops_per_device(jax.devices()[0])
-    tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_len
-    d, p, t = cfg.parallel.mesh_shape
-    log(f"ptdp_jax: {cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden_size}, "
-        f"mesh (data, pipe, tensor) = ({d}, {p}, {t}), schedule {cfg.parallel.schedule}"
-        f"{' v=%d' % cfg.parallel.virtual_stages if cfg.parallel.virtual_stages > 1 else ''}, "
-        f"{cfg.num_microbatches} microbatches of {cfg.train.micro_batch_size}, "
-        f"{cfg.train.dtype}, recompute {cfg.train.recompute}")
-
-    guard = CK.StopSignal() if ckpt is not None else None
-    result = TrainResult(losses=[], params=None, config=cfg, start_step=start)
-    bar = _progress(cfg.run.progress and is_main, cfg.train.steps, start)
+    state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
+    runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
+    runlog.header()
+    if replaced:
+        runlog.message(f"checkpoint.overwrite=true: the earlier run's checkpoints in "
+                       f"{ckpt.directory} (steps {', '.join(map(str, replaced))}) are removed at "
+                       f"this run's first save")
+    result = TrainResult(losses=[], params=None, config=cfg, start_step=start, run_id=run_id)
+    nothing = _nothing_to_train(cfg, start, ckpt)
+    if nothing:
+        runlog.message(nothing)
+    stopper = Stopper(cfg)
     try:
-        for step in range(start, cfg.train.steps):
-            batch = global_batch(train_stream, step, cfg, batch_sh)
+        for step in range(start, cfg.train.steps if not nothing else start):
+            batch = feed.batch(step)                                         # data
             t0 = time.perf_counter()
-            state, out = compiled.step(state, batch)
-            loss = float(out["loss"])                     # waits for the step
-            dt = time.perf_counter() - t0
-            result.losses.append(loss)
-            result.step_times.append(dt)
-            finite = bool(out["finite"])
-            record = {"loss": loss, "lr": float(lr_schedule(step)),
-                      "grad_norm": float(out["grad_norm"]), "step_time_s": dt,
-                      "tokens_per_s": tokens_per_step / dt,
-                      "tflops_per_device": flops / dt / n_dev / 1e12}
-            if peak:
-                record["mfu"] = flops / dt / n_dev / peak
-            if not finite:
-                result.bad_steps += 1
-                record["skipped_nonfinite"] = 1.0
-                log(f"step {step + 1}: non-finite loss or gradient, update skipped "
-                    f"({int(state['bad_steps'])} in a row)")
-            if (cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0) \
-                    or step + 1 == cfg.train.steps:
-                val = evaluate(compiled, state, val_stream, cfg, batch_sh)
+            state, out = compiled.step(state, batch)                         # step
+            out = jax.device_get(out)
+            seconds = time.perf_counter() - t0
+            val = None
+            if _eval_due(cfg, step + 1):                                     # eval
+                val = evaluate(compiled.eval_loss, state["params"], feed.val_batch,
+                               cfg.train.eval_batches)
                 result.val_losses.append((step + 1, val))
-                record["val_loss"] = val
-            if (step + 1) % cfg.train.log_every == 0 or "val_loss" in record:
-                logger.log(step + 1, record)
-            if bar is not None:
-                bar.update(1)
-                speed = (f"{record['mfu']:.1%}" if "mfu" in record
-                         else f"{record['tokens_per_s']:.0f} tok/s")
-                bar.set_postfix(loss=f"{loss:.4f}", speed=speed,
-                                **({"val": f"{record['val_loss']:.4f}"} if "val_loss" in record else {}))
-            elif is_main and ((step + 1) % max(cfg.train.log_every, 10) == 0 or step == start):
-                log(f"step {step + 1}/{cfg.train.steps} loss {loss:.4f} "
-                    f"{record['tokens_per_s']:.0f} tok/s")
-            if int(state["bad_steps"]) >= cfg.train.max_bad_steps:
-                raise TrainingStopped(
-                    f"{cfg.train.max_bad_steps} non-finite steps in a row (train.max_bad_steps="
-                    f"{cfg.train.max_bad_steps}) at step {step + 1}; stopping"
-                    + (f"; last good checkpoint in {ckpt.directory}" if ckpt else ""))
-            if ckpt is not None:
-                last = step + 1 == cfg.train.steps
-                stop = any_process(guard.requested)       # every process stops at one step
-                if last or stop or (cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0):
-                    ckpt.save(step + 1, state)
-                if stop:
-                    log(f"received {guard.name or 'a stop signal (on another process)'} at step "
-                        f"{step + 1}: checkpoint written to "
-                        f"{ckpt.directory}, exiting")
-                    result.stopped_by_signal = True
-                    break
+            runlog.step(step + 1, out, seconds, float(lr(step)), val)       # log
+            _account(result, out, seconds, state, runlog, step + 1, cfg, ckpt)
+            why = stopper.check(step + 1)                                    # stop?
+            if ckpt is not None and (why or ckpt.due(step + 1)):            # checkpoint
+                ckpt.save(step + 1, state)
+            if why:
+                result.stopped, result.stopped_by_signal = why, stopper.by_signal
+                runlog.message(f"{why} at step {step + 1}: " + (
+                    f"checkpoint written to {ckpt.directory}, exiting" if ckpt is not None
+                    else "no checkpoint.dir, so no checkpoint; exiting"))
+                break
     finally:
-        if bar is not None:
-            bar.close()
-        logger.close()
+        runlog.close()
         try:
             if ckpt is not None:
                 ckpt.close()              # waits for the last save; raises if it failed
         finally:
-            if guard is not None:
-                guard.restore()
+            stopper.restore()
 
-    result.params = to_host(jax.jit(lambda prm: canonical_params(cfg, prm))(state["params"]))
-    if cfg.train.sample_tokens > 0 and is_main:
-        result.sample = _sample(cfg, result.params, datasets)
-        log("--- sample (greedy) ---\n" + result.sample + "\n-----------------------")
-    if result.losses:
-        log(f"done: {len(result.losses)} steps, loss {result.losses[0]:.4f} -> "
-            f"{result.losses[-1]:.4f}" + (f", val {result.val_losses[-1][1]:.4f}"
-                                          if result.val_losses else ""))
+    _finish(cfg, result, state, feed, runlog, return_params, is_main, log)
     return result
 
 
-def evaluate(compiled, state, val_stream, cfg: Config, batch_sh) -> float:
-    """Mean validation loss over train.eval_batches held-out batches."""
-    losses = [float(compiled.eval_loss(state["params"], global_batch(val_stream, i, cfg, batch_sh)))
-              for i in range(cfg.train.eval_batches)]
-    return float(np.mean(losses))
+# ----------------------------------------------------------------------------- the pieces
+
+def _restore_or_init(cfg, compiled, log):
+    """(state, start step, run id, checkpoint manager or None): the newest checkpoint
+    in checkpoint.dir if resuming, else a fresh state."""
+    ckpt, state, start, run_id = None, None, 0, None
+    if cfg.checkpoint.dir:
+        from ptdp_jax import checkpoint as CK
+        ckpt = CK.CheckpointManager.from_config(cfg, compiled.shardings)
+        if cfg.checkpoint.resume:
+            restored = ckpt.restore_latest()
+            if restored is not None:
+                state, start = restored
+                run_id = CK.read_meta(ckpt.directory / str(start)).get("run_id")
+                log(f"resumed from {ckpt.directory} at step {start}")
+    if state is None:
+        state = compiled.init()
+    run_id = run_id or new_run_id()
+    if ckpt is not None:
+        ckpt.run_id = run_id
+    return state, start, run_id, ckpt
 
 
-def _sample(cfg: Config, params, datasets) -> str:
-    from ptdp_jax.generate import greedy_generate
-    tok = load_tokenizer(datasets[0].tokenizer_spec)
-    prompt = tok.encode(cfg.train.sample_prompt)
-    out = greedy_generate(cfg.model, params, prompt, cfg.train.sample_tokens)
-    return cfg.train.sample_prompt + tok.decode(out)
+def _nothing_to_train(cfg, start: int, ckpt) -> str | None:
+    t = cfg.train
+    if start >= t.steps:
+        return (f"nothing to train: the checkpoint in {ckpt.directory} is at step {start} and "
+                f"train.steps={t.steps}; to extend the run raise train.steps (with "
+                f"train.decay_steps={t.decay_steps or start} its learning-rate schedule stays "
+                f"the one it was trained with)")
+    if t.stop_at_step and start >= t.stop_at_step:
+        return (f"nothing to train: the run is at step {start} and train.stop_at_step="
+                f"{t.stop_at_step}; raise or drop train.stop_at_step to go on")
+    return None
+
+
+def _eval_due(cfg, step: int) -> bool:
+    t = cfg.train
+    return bool(t.eval_every and step % t.eval_every == 0) or step == t.steps
+
+
+def _account(result, out, seconds, state, runlog, step, cfg, ckpt):
+    """Per-step bookkeeping: losses, times, non-finite steps (and stopping after too many)."""
+    result.losses.append(float(out["loss"]))
+    result.step_times.append(seconds)
+    if bool(out["finite"]):
+        return
+    result.bad_steps += 1
+    in_a_row = int(state["bad_steps"])
+    runlog.message(f"step {step}: non-finite loss or gradient, update skipped ({in_a_row} in a "
+                   f"row)")
+    if in_a_row >= cfg.train.max_bad_steps:
+        raise TrainingStopped(
+            f"{cfg.train.max_bad_steps} non-finite steps in a row (train.max_bad_steps="
+            f"{cfg.train.max_bad_steps}) at step {step}; stopping"
+            + (f"; last good checkpoint in {ckpt.directory}" if ckpt else ""))
+
+
+def _finish(cfg, result, state, feed, runlog, return_params, is_main, log):
+    """The end of a run: parameters gathered only when asked (or for the sample), on
+    process 0 only; the sample only after a run that reached its end."""
+    want_sample = cfg.train.sample_tokens > 0 and result.losses and not result.stopped
+    if return_params or want_sample:
+        canonical = jax.jit(lambda prm: canonical_params(cfg, prm))(state["params"])
+        result.params = to_host(canonical, only_process0=True)
+        del canonical
+    if want_sample and is_main:
+        result.sample = sample_text(cfg, result.params, feed.tokenizer_spec)
+        t = cfg.train
+        how = "greedy" if t.sample_temperature == 0 else \
+            f"temperature {t.sample_temperature:g}" + (f", top-k {t.sample_top_k}" if t.sample_top_k else "")
+        log(f"--- sample ({how}) ---\n" + result.sample + "\n-----------------------")
+    if not return_params:
+        result.params = None
+    runlog.done(result.losses, result.stopped)
+
+
+def sample_text(cfg: Config, params, tokenizer_spec: str) -> str:
+    """train.sample_prompt and train.sample_tokens tokens after it (temperature
+    train.sample_temperature, top-k train.sample_top_k; 0: greedy)."""
+    from ptdp_jax.data.tokenizer import load_tokenizer
+    from ptdp_jax.generate import generate
+
+    tok = load_tokenizer(tokenizer_spec)
+    t = cfg.train
+    out = generate(cfg.model, params, tok.encode(t.sample_prompt), t.sample_tokens,
+                   temperature=t.sample_temperature, top_k=t.sample_top_k, seed=t.seed)
+    return t.sample_prompt + tok.decode(out)
+
+
+# ----------------------------------------------------------------------------- dry run
+
+def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None = None,
+            log=print, distributed: Mapping[str, Any] | None = None) -> dict:
+    """Validate, open the data, build the mesh and compile the train step without
+    running it; report memory per device (XLA's memory analysis) and FLOPs per step.
+    Returns the numbers as a dict."""
+    from ptdp_jax import metrics as MX
+    from ptdp_jax.state import abstract_state
+
+    cfg = resolve_config(config, mesh_shape, overrides)
+    maybe_initialize(**dict(distributed or {}))
+    validate(cfg, len(jax.devices()))
+    Feed(cfg)
+    mesh = make_mesh(cfg.parallel.mesh_shape,
+                     allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
+    tx, _ = make_optimizer(cfg)
+    compiled = compile_all(cfg, mesh, tx)
+    state = abstract_state(cfg, tx, compiled.shardings)
+    batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1),
+                                 jax.numpy.int32, sharding=compiled.batch_sharding)
+    t0 = time.perf_counter()
+    exe = compiled.step.lower(state, batch).compile()
+    seconds = time.perf_counter() - t0
+    mem = exe.memory_analysis()
+    n_dev = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor
+    out = {"compile_s": seconds, "model_flops_per_step": MX.model_flops_per_iteration(cfg),
+           "model_flops_per_step_recompute": MX.model_flops_per_iteration(cfg, cfg.train.recompute),
+           "devices": n_dev}
+    if mem is not None:
+        out.update(argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
+                   temp_bytes=mem.temp_size_in_bytes, alias_bytes=mem.alias_size_in_bytes)
+        out["total_bytes"] = (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                              + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
+    gib = lambda b: f"{b / 2**30:.3f} GiB"
+    d, p, t = cfg.parallel.mesh_shape
+    log(f"dry run: {cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden_size}, mesh "
+        f"(data, pipe, tensor) = ({d}, {p}, {t}), {cfg.num_microbatches} microbatches of "
+        f"{cfg.train.micro_batch_size}; the train step compiled in {seconds:.1f} s")
+    if mem is not None:
+        log(f"  memory per device (XLA): {gib(out['total_bytes'])} = arguments "
+            f"{gib(out['argument_bytes'])} + outputs {gib(out['output_bytes'])} + temporaries "
+            f"{gib(out['temp_bytes'])} - donated {gib(out['alias_bytes'])}")
+    log(f"  model FLOPs per step: {out['model_flops_per_step']:.4g} "
+        f"({out['model_flops_per_step'] / n_dev:.4g} per device; with recomputation "
+        f"{out['model_flops_per_step_recompute']:.4g})")
+    return out

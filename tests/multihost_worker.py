@@ -5,8 +5,8 @@
 Runs `ptdp_jax.cli.main` with the arguments, recording every sample (row) this
 process reads from the dataset, and on success writes
 OUT_DIR/proc<i>.json (process index and count, exit code, losses, rows read,
-seconds) and OUT_DIR/proc<i>.npz (the final canonical parameters as train()
-returns them). XLA_FLAGS (the fake CPU device count) comes from the environment.
+seconds) and OUT_DIR/proc<i>.npz (the final canonical parameters as train(return_params=True)
+returns them: on process 0 only). XLA_FLAGS (the fake CPU device count) comes from the environment.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ def main() -> int:
         return orig_get(self, idx)
 
     def capturing_train(*a, **k):
+        k["return_params"] = True                  # the CLI does not ask for them
         result["r"] = r = orig_train(*a, **k)
         return r
 
@@ -52,7 +53,7 @@ def main() -> int:
             "losses": r.losses if r else None, "val_losses": r.val_losses if r else None,
             "start_step": r.start_step if r else None, "reads": reads,
             "seconds": time.monotonic() - T0}
-    if r is not None:
+    if r is not None and r.params is not None:        # process 0 only
         flat = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
                 for path, v in jax.tree_util.tree_flatten_with_path(r.params)[0]}
         np.savez(out_dir / f"proc{me}.npz", **flat)

@@ -236,15 +236,30 @@ def test_different_model_is_one_clear_error(tmp_path, data_cache):
     assert H.snapshot(tmp_path / "ckpt") == before
 
 
-def test_fresh_run_replaces_old_checkpoints(tmp_path, small):
-    """checkpoint.resume=false: the old run's checkpoints stay until the new run's
-    first save, which replaces them (so 'newest' is always this run's)."""
+def test_fresh_run_keeps_old_checkpoints_unless_told(tmp_path, small, data_cache):
+    """checkpoint.resume=false (--no-resume) over a directory with checkpoints: refused
+    before anything runs, the old checkpoints untouched (issue 15, item 6); with
+    checkpoint.overwrite=true the new run's first save replaces them (so 'newest' is
+    always this run's), and the run says so."""
     from dataclasses import replace
     cfg, compiled, state = small
-    _write(cfg, compiled, state, tmp_path, steps=(8, 10))
-    fresh = replace(cfg, checkpoint=replace(cfg.checkpoint, dir=str(tmp_path), resume=False))
+    _write(cfg, compiled, state, tmp_path / "ckpt", steps=(8, 10))
+    before = H.snapshot(tmp_path / "ckpt")
+    ov = H.tiny(tmp_path, data_cache, **{"model.num_layers": 2, "checkpoint.resume": False,
+                                         "train.steps": 2})
+    with pytest.raises(CK.CheckpointError, match=r"holds checkpoints of an earlier run \(steps "
+                                                 r"8, 10\).*they are kept.*checkpoint.overwrite"):
+        train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
+    assert H.snapshot(tmp_path / "ckpt") == before
+    fresh = replace(cfg, checkpoint=replace(cfg.checkpoint, dir=str(tmp_path / "ckpt"),
+                                            resume=False))
     m = CK.CheckpointManager.from_config(fresh, compiled.shardings)
-    assert m.steps() == [8, 10]
-    m.save(2, dict(state, step=jnp.int32(2)))
+    with pytest.raises(CK.CheckpointError, match="they are kept"):      # the manager too
+        m.save(2, dict(state, step=jnp.int32(2)))
     m.close()
-    assert m.steps() == [2]
+    assert H.snapshot(tmp_path / "ckpt") == before
+    log = H.Log()
+    res = train(mesh_shape=(1, 1, 1), overrides={**ov, "checkpoint.overwrite": True}, log=log)
+    assert res.start_step == 0 and len(res.losses) == 2
+    assert "(steps 8, 10) are removed at this run's first save" in log.text
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["2"]

@@ -188,10 +188,11 @@ def test_two_processes_match_one(tmp_path, data_cache, mesh, extra, own_rows, re
     assert res[0]["losses"] == res[1]["losses"] and res[0]["val_losses"] == res[1]["val_losses"]
     diff = float(np.max(np.abs(np.array(res[0]["losses"]) - np.array(ref.losses))))
     vdiff = abs(res[0]["val_losses"][-1][1] - ref.val_losses[-1][1])
-    p0, p1, pref = g.params(0), g.params(1), flat(ref.params)
+    p0, pref = g.params(0), flat(ref.params)
     assert sorted(p0) == sorted(pref)
     pdiff = max(float(np.max(np.abs(p0[k] - pref[k]))) for k in pref)
-    assert all(np.array_equal(p0[k], p1[k]) for k in p0)
+    # the final parameters are gathered to process 0 only (issue 15, item 11)
+    assert not (g.dir / "proc1.npz").exists()
     print(f"\n[{mesh}] max |loss(2 proc) - loss(1 proc)| = {diff:.3g} over {len(ref.losses)} "
           f"steps; val {vdiff:.3g}; params {pdiff:.3g}; 1 proc {t_ref:.1f} s, 2 procs {t_mp:.1f} s")
     record_property("max_loss_diff", diff)

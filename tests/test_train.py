@@ -44,7 +44,10 @@ def test_layouts_reproduce_single_device_run(tmp_path, single, mesh, extra):
     res = run(tmp_path, mesh, **extra)
     np.testing.assert_allclose(res.losses, single.losses, rtol=1e-5)
     flat = lambda r: np.concatenate([np.ravel(x) for x in jax.tree.leaves(r.params)])
-    np.testing.assert_allclose(flat(res), flat(single), rtol=1e-4, atol=1e-6)
+    # atol: Adam turns float rounding in gradients that are zero in exact arithmetic (the key
+    # bias: softmax ignores it) or nearly so into updates of up to lr; the 3 steps run at
+    # lr/20, 2lr/20, 3lr/20 (the first step no longer runs at lr = 0): up to ~3e-6 here.
+    np.testing.assert_allclose(flat(res), flat(single), rtol=1e-4, atol=5e-6)
 
 
 def test_result_params_are_canonical_numpy(single):

@@ -14,8 +14,6 @@ from .dataset import (
     batch_for_step,
     blending_indices,
     data_state,
-    open_datasets,
-    validate_data_config,
 )
 from .prepare import (
     iter_documents,
@@ -24,6 +22,7 @@ from .prepare import (
     token_dtype,
     write_token_dataset,
 )
+from .sources import check_same_tokenizer, open_datasets, validate_data_config
 from .tokenizer import EOS_TOKEN, BPETokenizer, ByteTokenizer, load_tokenizer
 
 __all__ = [
@@ -34,6 +33,7 @@ __all__ = [
     "TokenDataset",
     "batch_for_step",
     "blending_indices",
+    "check_same_tokenizer",
     "data_state",
     "default_corpus_documents",
     "default_corpus_name",

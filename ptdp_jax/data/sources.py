@@ -1,0 +1,87 @@
+"""The datasets of a run: open ``data.path`` (or build the default corpus), and check
+them against each other and the model before anything is read.
+
+This module sits above both :mod:`.dataset` (reading token files) and :mod:`.prepare`
+(writing them, and building the default corpus), so neither imports the other back.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from .dataset import TokenDataset, _check_weights
+from .prepare import prepare_default_corpus
+
+
+def validate_data_config(paths: list[str] | None, weights: list[float] | None, seq_len: int,
+                         val_fraction: float = 0.05) -> list[float]:
+    """Check ``data.path`` / ``data.weights`` against ``seq_len``; returns normalized weights.
+
+    Empty ``paths`` means the default corpus (then ``weights`` must be empty too).
+    Raises ``FileNotFoundError`` / ``ValueError`` naming the offending key.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    if not paths:
+        if weights:
+            raise ValueError(f"data.weights {list(weights)} given but data.path is empty "
+                             "(the default corpus is a single dataset)")
+        return [1.0]
+    w = _check_weights(weights, len(paths))
+    for i, p in enumerate(paths):
+        try:
+            TokenDataset(p).split_sizes(seq_len, val_fraction)
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"data.path[{i}] = {str(p)!r}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"data.path[{i}] = {str(p)!r}: {e}") from None
+    return w.tolist()
+
+
+def open_datasets(paths: list[str] | None,
+                  cache_dir: str | os.PathLike | None = None) -> list[TokenDataset]:
+    """Open ``paths``; empty / None means the default ``pydoc`` corpus, built
+    once into ``cache_dir`` (default ``~/.cache/ptdp_jax/data``)."""
+    if paths:
+        return [TokenDataset(p) for p in paths]
+    if cache_dir is None:
+        cache_dir = Path.home() / ".cache" / "ptdp_jax" / "data"
+    return [TokenDataset(prepare_default_corpus(cache_dir))]
+
+
+def tokenizer_identity(ds: TokenDataset) -> str:
+    """What decides a dataset's token ids: 'byte', or the content hash of its
+    tokenizer.json (two copies of one tokenizer file are the same tokenizer)."""
+    spec = ds.tokenizer_spec
+    if spec == "byte":
+        return "byte"
+    try:
+        return "sha256:" + hashlib.sha256(Path(spec).read_bytes()).hexdigest()
+    except OSError:
+        return "missing:" + spec
+
+
+def check_same_tokenizer(names: list[str], datasets: list[TokenDataset]) -> None:
+    """ValueError naming two datasets whose token ids come from different tokenizers
+    (blending them would mix unrelated ids)."""
+    ids = [tokenizer_identity(ds) for ds in datasets]
+    for i in range(1, len(datasets)):
+        if ids[i] != ids[0]:
+            raise ValueError(
+                f"data.path[0] = {names[0]!r} and data.path[{i}] = {names[i]!r} were made with "
+                f"different tokenizers ({datasets[0].tokenizer_spec!r} and "
+                f"{datasets[i].tokenizer_spec!r}); datasets blended into one run must share "
+                f"one tokenizer (re-run ptdp-prepare-data with the same --tokenizer)")
+
+
+def tokenizer_spec_of(paths) -> str:
+    """The tokenizer spec of a run's data (``data.path``; empty: the embedded corpus,
+    'byte'). ValueError if the first dataset is gone and nothing else says it."""
+    if not paths:
+        return "byte"
+    try:
+        return TokenDataset(paths[0]).tokenizer_spec
+    except (FileNotFoundError, ValueError) as e:
+        raise ValueError(f"cannot tell the tokenizer of data.path[0] = {paths[0]!r} ({e}); "
+                         f"name it with --tokenizer (byte, or a tokenizer.json)") from None

@@ -1,0 +1,172 @@
+"""Evaluation: the validation loss as a forward pass only (no gradients, no dropout),
+on the same mesh and parameter layout as training; and `ptdp-eval`.
+
+    eval_fn = jax.jit(make_eval_fn(cfg, mesh))    # (stage-layout params, batch) -> mean loss
+    loss = evaluate(eval_fn, params, feed, cfg.train.eval_batches)
+
+    ptdp-eval CKPT [--mesh d,p,t] [data.path=...] [train.eval_batches=N]
+
+On a pipeline (p > 1) the forward runs as a ring: every tick each stage applies its
+model chunk to the activations it holds and passes them on (`ppermute` over 'pipe'),
+so after p x v ticks the activations that started on stage 0 have gone through every
+chunk in order and stage p - 1 computes the loss. Each data-parallel replica runs its
+rows in microbatches of train.micro_batch_size (activation memory as in training, with
+nothing stashed).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+from ptdp_jax.models import model as M
+from ptdp_jax.pipeline.balance import chunk_layers
+from ptdp_jax.sharding import Sharder, manual_axes, psum_over, vary
+from ptdp_jax.state import stage_param_specs
+
+
+def _masked_layers(cfg, sh, layers_p, x_bsh, n):
+    """The first n of a chunk's (padded) layers: a scan over all of them in which a
+    padding layer leaves x unchanged."""
+    f = M.layer_fn(cfg, sh)
+    lmax = jax.tree.leaves(layers_p)[0].shape[0]
+
+    def body(x, sc):
+        lp, i = sc
+        return jnp.where(i < n, f(lp, x, i, None), x), None
+
+    x_bsh, _ = jax.lax.scan(body, x_bsh, (layers_p, jnp.arange(lmax, dtype=jnp.int32)))
+    return x_bsh
+
+
+def make_eval_fn(cfg, mesh):
+    """(stage-layout params, batch (B, s+1)) -> mean token loss (float32), jit-able."""
+    mc, p, v = cfg.model, cfg.parallel.pipe, cfg.parallel.virtual_stages
+    manual = manual_axes(mesh)
+    sh = Sharder(mesh).inside(manual)
+    dtype = M.DTYPES[cfg.train.dtype]
+    counts = chunk_layers(cfg)
+    # per_stage[i, j]: layers of virtual chunk j on stage i (global chunk j * p + i)
+    per_stage = np.asarray([[counts[j * p + i] for j in range(v)] for i in range(p)], np.int32)
+    n_tokens = cfg.train.global_batch_size * mc.seq_len
+    pspecs = stage_param_specs(cfg)
+    manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
+    data_spec = P("data") if "data" in manual else P()
+
+    def loss_ring(w, tokens):
+        """p > 1: one microbatch through the ring of stages; its loss sum on stage p - 1."""
+        stage = jax.lax.axis_index("pipe")
+        here = jnp.asarray(per_stage)[stage]                    # (v,) layer counts
+        x = M.embed(mc, sh, w["embed"], tokens[:, :-1])          # used on stage 0 only
+        for c in range(p * v):
+            j = c // p                                          # every stage: its chunk j
+            x = _masked_layers(mc, sh, jax.tree.map(lambda a: a[0, j], w["layers"]), x, here[j])
+            if c < p * v - 1:
+                x = jax.lax.ppermute(x, "pipe", [(i, (i + 1) % p) for i in range(p)])
+        loss = M.head_loss(mc, sh, w["embed"], w["head"], x, tokens[:, 1:])
+        return jnp.where(stage == p - 1, loss, 0.0)
+
+    def loss_flat(w, tokens):
+        """p == 1: the whole model on one microbatch."""
+        layers = M.to_canonical_layout(w["layers"], counts, 1)
+        return M.loss_sum(mc, dict(w, layers=layers), tokens[:, :-1], tokens[:, 1:], sh,
+                          dtype=dtype)
+
+    def local(params, batch):
+        params = jax.tree.map(lambda x: vary(x, manual), params)
+        w = M.cast(params, dtype)
+        rows = batch.shape[0]
+        b = min(cfg.train.micro_batch_size, rows)
+        mbs = batch.reshape((rows // b, b) + batch.shape[1:])
+        one = loss_ring if p > 1 else loss_flat
+        zero = vary(jnp.zeros((), jnp.float32), manual)
+        total, _ = jax.lax.scan(lambda acc, t: (acc + one(w, t).astype(jnp.float32), None),
+                                zero, mbs)
+        return psum_over(total, manual, P()) / n_tokens
+
+    if not manual:
+        return local
+    return jax.shard_map(local, mesh=mesh, in_specs=(manual_specs, data_spec), out_specs=P(),
+                         axis_names=set(manual))
+
+
+def evaluate(eval_fn, params, batches, num_batches: int) -> float:
+    """Mean loss over the first `num_batches` validation batches (`batches(i)` gives the
+    i-th as a sharded array)."""
+    return float(np.mean([float(eval_fn(params, batches(i))) for i in range(num_batches)]))
+
+
+# ----------------------------------------------------------------------------- ptdp-eval
+
+def main(argv=None) -> int:
+    from ptdp_jax.checkpoint import CheckpointError
+    from ptdp_jax.config import ConfigError, parse_cli_overrides
+    from ptdp_jax.exits import ExitCode
+
+    ap = argparse.ArgumentParser(
+        prog="ptdp-eval",
+        description="Validation loss and perplexity of a checkpoint (forward only, no dropout) "
+                    "on its validation split, or on other data (data.path=...).",
+        epilog="example: ptdp-eval ckpt/ --mesh 1,2,2 train.eval_batches=8")
+    ap.add_argument("checkpoint", help="a step directory (CKPT_DIR/STEP) or a checkpoint.dir "
+                                       "(its newest complete step)")
+    ap.add_argument("--mesh", help="data,pipe,tensor sizes (default 1,1,1)")
+    ap.add_argument("overrides", nargs="*", metavar="key=value",
+                    help="data.*, train.eval_batches, train.micro_batch_size, train.dtype, "
+                         "parallel.* (model.* come from the checkpoint)")
+    args = ap.parse_intermixed_args(argv)
+    try:
+        out = evaluate_checkpoint(args.checkpoint, mesh=args.mesh,
+                                  overrides=parse_cli_overrides(args.overrides))
+    except ConfigError as e:
+        print(f"ptdp-eval: config error: {e}", file=sys.stderr)
+        return ExitCode.CONFIG
+    except CheckpointError as e:
+        print(f"ptdp-eval: checkpoint error: {e}", file=sys.stderr)
+        return ExitCode.CHECKPOINT
+    print(f"step {out['step']}: val loss {out['loss']:.4f}, perplexity {out['perplexity']:.2f} "
+          f"({out['batches']} batches of {out['batch_size']} x {out['seq_len']} tokens)")
+    return ExitCode.OK
+
+
+def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
+    """{'step', 'loss', 'perplexity', 'batches', 'batch_size', 'seq_len'} of a checkpoint."""
+    from dataclasses import replace
+
+    from ptdp_jax.checkpoint import load_checkpoint
+    from ptdp_jax.config import ConfigError, load_config, parse_mesh, validate
+    from ptdp_jax.feed import Feed
+    from ptdp_jax.sharding import make_mesh
+    from ptdp_jax.state import stage_params, state_shardings, make_optimizer
+
+    ck_cfg, state, meta = load_checkpoint(checkpoint)
+    overrides = dict(overrides or {})
+    bad = sorted(k for k in overrides if k.startswith("model."))
+    if bad:
+        raise ConfigError(f"{', '.join(bad)}: the model settings come from the checkpoint")
+    cfg = load_config(ck_cfg, overrides)
+    d, p, t = parse_mesh(mesh) if mesh else (1, 1, 1)
+    cfg = replace(cfg, parallel=replace(cfg.parallel, data=d, pipe=p, tensor=t,
+                                        **({} if p > 1 or "parallel.schedule" in overrides else
+                                           {"schedule": "1f1b", "virtual_stages": 1,
+                                            "stage_layers": ()})))
+    validate(cfg, len(jax.devices()))
+    m = make_mesh(cfg.parallel.mesh_shape)
+    shardings = state_shardings(cfg, m, make_optimizer(cfg)[0])["params"]
+    params = jax.jit(lambda x: stage_params(cfg, x), out_shardings=shardings)(state["params"])
+    del state
+    feed = Feed(cfg, m)
+    eval_fn = jax.jit(make_eval_fn(cfg, m), in_shardings=(shardings, feed.sharding))
+    loss = evaluate(eval_fn, params, feed.val_batch, cfg.train.eval_batches)
+    return {"step": int(meta["step"]), "loss": loss, "perplexity": math.exp(min(loss, 700.0)),
+            "batches": cfg.train.eval_batches, "batch_size": cfg.train.global_batch_size,
+            "seq_len": cfg.model.seq_len}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""The train state, in one place: what it holds, how it is made, initialised, sharded,
+and turned into the canonical (mesh- and schedule-independent) layout and back.
+
+    tx, lr = make_optimizer(cfg)                  # AdamW with the learning-rate schedule
+    state = init_state(cfg, tx)                   # {'params', 'opt', 'step', 'bad_steps'}
+    shardings = state_shardings(cfg, mesh, tx)    # NamedShardings of that state on the mesh
+    canonical = to_canonical_state(cfg, tx, state)   # layers (L, ...): checkpoints, export
+    state = to_stage_state(cfg, tx, canonical)
+
+Two layouts of the layer stack (ptdp_jax.models.model): *stage* (p, v, Lmax, ...), the
+one training runs on (chunk c of `chunk_layers(cfg)` on stage c % p, padded to the
+largest chunk), and *canonical* (L, ...), the one checkpoints, exports and
+`TrainResult.params` use. The optimizer moments mirror the parameters in either layout.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ptdp_jax.models import model as M
+from ptdp_jax.pipeline.balance import chunk_layers
+from ptdp_jax.sharding import logical_to_spec
+
+
+# ----------------------------------------------------------------------------- make
+
+def lr_schedule(cfg):
+    """Learning rate of the update of step k (0-based): linear warm-up over
+    train.warmup_steps, then a cosine down to lr * min_lr_ratio at step train.decay_steps
+    (default train.steps), constant after. The schedule is evaluated at k + 1, so the
+    first update does not run at lr = 0 and the last step of the decay reaches the
+    minimum; it does not depend on train.steps once decay_steps is set, so a run can be
+    stopped early or extended without changing it."""
+    t = cfg.train
+    decay = t.decay_steps or t.steps
+    warm = min(t.warmup_steps, decay)
+    base = optax.warmup_cosine_decay_schedule(
+        0.0, t.lr, warmup_steps=warm, decay_steps=max(decay, warm + 1),
+        end_value=t.lr * t.min_lr_ratio)
+    return lambda count: base(count + 1)
+
+
+def make_optimizer(cfg):
+    """(AdamW transformation, its learning-rate schedule)."""
+    t = cfg.train
+    schedule = lr_schedule(cfg)
+    shapes = M.param_shapes(cfg.model)
+    # Weight decay on matrices only: no decay on biases and norm scales (1-D per layer).
+    decay_mask = {g: {k: len(s) - (1 if g == "layers" else 0) >= 2 for k, s in grp.items()}
+                  for g, grp in shapes.items()}
+    tx = optax.chain(
+        optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity(),
+        optax.adamw(schedule, b1=t.beta1, b2=t.beta2, weight_decay=t.weight_decay,
+                    mask=decay_mask),
+    )
+    return tx, schedule
+
+
+def _fresh(params, tx):
+    return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32),
+            "bad_steps": jnp.zeros((), jnp.int32)}
+
+
+# ----------------------------------------------------------------------------- init
+
+def init_state(cfg, tx):
+    """A fresh train state in stage layout (parameters from train.seed)."""
+    return _fresh(stage_params(cfg, M.init_params(cfg.model, cfg.train.seed)), tx)
+
+
+def state_from_params(cfg, tx, canonical):
+    """A fresh train state (step 0, new optimizer moments) around canonical parameters."""
+    return _fresh(stage_params(cfg, canonical), tx)
+
+
+def canonical_abstract_state(cfg, tx):
+    """ShapeDtypeStructs of the canonical train state (no shardings)."""
+    return jax.eval_shape(lambda: _fresh(M.init_params(cfg.model, cfg.train.seed), tx))
+
+
+def abstract_state(cfg, tx, shardings=None):
+    """ShapeDtypeStructs of the stage-layout train state (with shardings, if given)."""
+    out = jax.eval_shape(lambda: init_state(cfg, tx))
+    return out if shardings is None else with_shardings(out, shardings)
+
+
+# ----------------------------------------------------------------------------- shard
+
+def stage_param_specs(cfg):
+    """PartitionSpecs (over the whole mesh) of the parameters in stage layout."""
+    axes = M.param_logical_axes(cfg.model, stage_layout=True)
+    return jax.tree.map(lambda n: logical_to_spec(n), axes, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def _state_shardings(cfg, mesh, tx, param_sh, abstract):
+    rep = NamedSharding(mesh, P())
+    opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract["opt"], param_sh,
+                                   transform_non_params=lambda _: rep)
+    return {"params": param_sh, "opt": opt_sh, "step": rep, "bad_steps": rep}
+
+
+def state_shardings(cfg, mesh, tx):
+    """NamedShardings of the stage-layout train state (optimizer state mirrors params)."""
+    param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), stage_param_specs(cfg))
+    return _state_shardings(cfg, mesh, tx, param_sh, jax.eval_shape(lambda: init_state(cfg, tx)))
+
+
+def canonical_shardings(cfg, mesh, tx):
+    """Shardings of the canonical state on `mesh`: like the stage layout's, with the
+    layer axis split over 'pipe' (so with v = 1 each stage keeps its own layers)."""
+    axes = M.param_logical_axes(cfg.model)
+    spec = {g: {k: logical_to_spec(n) for k, n in grp.items()} for g, grp in axes.items()}
+    spec["layers"] = {k: P("pipe", *logical_to_spec(n[1:])) for k, n in axes["layers"].items()}
+    param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), spec,
+                            is_leaf=lambda x: isinstance(x, P))
+    return _state_shardings(cfg, mesh, tx, param_sh, canonical_abstract_state(cfg, tx))
+
+
+def with_shardings(abstract, shardings):
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
+
+
+# ----------------------------------------------------------------------------- layouts
+
+def stage_params(cfg, params):
+    """Canonical parameters (layers (L, ...)) -> stage layout (p, v, Lmax, ...)."""
+    return dict(params, layers=M.to_stage_layout(params["layers"], chunk_layers(cfg),
+                                                 cfg.parallel.pipe))
+
+
+def canonical_params(cfg, params):
+    """Stage-layout parameters -> canonical (layers (L, ...))."""
+    return dict(params, layers=M.to_canonical_layout(params["layers"], chunk_layers(cfg),
+                                                     cfg.parallel.pipe))
+
+
+def _layer_marks(cfg):
+    """Params-shaped tree: True on stacked-layer leaves."""
+    shapes = M.param_shapes(cfg.model)
+    return {g: {k: g == "layers" for k in grp} for g, grp in shapes.items()}
+
+
+def _map_layers(cfg, tx, state, fn):
+    """Apply fn to every stacked-layer array of the params and of the optimizer moments."""
+    marks = _layer_marks(cfg)
+    params = {g: {k: fn(x) if marks[g][k] else x for k, x in grp.items()}
+              for g, grp in state["params"].items()}
+    opt = optax.tree_map_params(tx, lambda x, is_layer: fn(x) if is_layer else x,
+                                state["opt"], marks, transform_non_params=lambda x: x)
+    return dict(state, params=params, opt=opt)
+
+
+def to_canonical_state(cfg, tx, state):
+    """Train state in stage layout (p, v, Lmax, ...) -> canonical (L, ...)."""
+    counts, p = chunk_layers(cfg), cfg.parallel.pipe
+    return _map_layers(cfg, tx, state,
+                       lambda x: M.to_canonical_layout({"x": x}, counts, p)["x"])
+
+
+def to_stage_state(cfg, tx, state):
+    """Inverse of to_canonical_state."""
+    counts, p = chunk_layers(cfg), cfg.parallel.pipe
+    return _map_layers(cfg, tx, state, lambda x: M.to_stage_layout({"x": x}, counts, p)["x"])
