@@ -8,8 +8,17 @@ otherwise) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` l
   ``c_attn.weight`` (h, 3h), ``out_w`` (n, d, h) ``c_proj.weight`` (h, h); the
   output layer is tied to ``wte``.
 - LLaMA as ``LlamaForCausalLM``: ``wq`` (h, n, d) becomes ``q_proj.weight``
-  (n*d, h) and so on; no q/k permutation is needed since our rotary embedding
+  (n*d, h) and so on (``wk``/``wv`` (h, kv, d) with grouped-query attention:
+  ``num_key_value_heads``); no q/k permutation is needed since our rotary embedding
   already uses Hugging Face's rotate-half convention; untied ``lm_head``.
+
+With the weights comes the tokenizer of the training data (``tokenizer.json``,
+``tokenizer_config.json``, ``special_tokens_map.json``), so that
+``transformers.AutoTokenizer.from_pretrained(OUT_DIR)`` encodes text as training did:
+a BPE dataset's own tokenizer.json, or for the byte tokenizer a byte-level BPE without
+merges whose ids are the byte values (``<|endoftext|>`` = 256). ``--tokenizer`` names
+it when the checkpoint's data is gone. Files are written with the usual permissions
+(0644 under the default umask).
 
 The vocabulary is unpadded to ``model.vocab_size`` rows. CHECKPOINT is a step
 directory (``<checkpoint.dir>/<step>``) or a checkpoint.dir (its newest step).
@@ -24,7 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ptdp_jax.exits import ExitCode
 from ptdp_jax.checkpoint import CheckpointError, load_params
+from ptdp_jax.data.tokenizer import EOS_TOKEN
 
 BYTE_EOS = 256          # the byte tokenizer's end-of-document id
 
@@ -65,14 +76,15 @@ def gpt_to_hf(mcfg, params) -> tuple[dict, dict]:
 def llama_to_hf(mcfg, params) -> tuple[dict, dict]:
     """(config.json dict, {name: array}) of LlamaForCausalLM."""
     h, n, d, f, V = mcfg.hidden_size, mcfg.num_heads, mcfg.head_dim, mcfg.ffn, mcfg.vocab_size
+    kv = mcfg.kv_heads
     e, L, hd = params["embed"], params["layers"], params["head"]
     t = {"model.embed_tokens.weight": e["tok"][:V], "model.norm.weight": hd["norm"],
          "lm_head.weight": hd["out"][:, :V].T}
     for i in range(mcfg.num_layers):
         p = f"model.layers.{i}."
         t[p + "input_layernorm.weight"] = L["attn_norm"][i]
-        for ours, theirs in (("wq", "q_proj"), ("wk", "k_proj"), ("wv", "v_proj")):
-            t[p + f"self_attn.{theirs}.weight"] = L[ours][i].reshape(h, n * d).T
+        for ours, theirs, heads in (("wq", "q_proj", n), ("wk", "k_proj", kv), ("wv", "v_proj", kv)):
+            t[p + f"self_attn.{theirs}.weight"] = L[ours][i].reshape(h, heads * d).T
         t[p + "self_attn.o_proj.weight"] = L["wo"][i].reshape(n * d, h).T
         t[p + "post_attention_layernorm.weight"] = L["mlp_norm"][i]
         t[p + "mlp.gate_proj.weight"] = L["w_gate"][i].T
@@ -82,7 +94,7 @@ def llama_to_hf(mcfg, params) -> tuple[dict, dict]:
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": V, "hidden_size": h, "intermediate_size": f,
         "num_hidden_layers": mcfg.num_layers, "num_attention_heads": n,
-        "num_key_value_heads": n, "head_dim": d, "hidden_act": "silu",
+        "num_key_value_heads": kv, "head_dim": d, "hidden_act": "silu",
         "max_position_embeddings": mcfg.seq_len, "rms_norm_eps": mcfg.norm_eps,
         "rope_theta": mcfg.rope_theta,                                   # transformers 4.x
         "rope_parameters": {"rope_type": "default", "rope_theta": mcfg.rope_theta},  # 5.x
@@ -97,8 +109,58 @@ CONVERTERS = {"gpt": gpt_to_hf, "llama": llama_to_hf}
 DTYPES = {"float32": np.float32, "bfloat16": "bfloat16", "float16": np.float16}
 
 
-def export_params(model_cfg, params, out_dir: str | os.PathLike, dtype: str = "float32") -> Path:
-    """Write a Hugging Face directory for canonical `params` of `model_cfg`."""
+def byte_tokenizer_json() -> str:
+    """The byte tokenizer (ids 0..255 are UTF-8 bytes, 256 ends a document) as a Hugging
+    Face tokenizer.json: a byte-level BPE with no merges (GPT-2's byte-to-character map),
+    so each byte is one token whose id is the byte's value."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    # tokenizers maps bytes through GPT-2's table; rebuild it exactly (bytes_to_unicode)
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs, k = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + k)
+            k += 1
+    vocab = {chr(c): b for b, c in zip(bs, cs)}
+    vocab[EOS_TOKEN] = BYTE_EOS
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOS_TOKEN])
+    return tok.to_str(pretty=True)
+
+
+def export_tokenizer(spec: str, out_dir: str | os.PathLike, model_max_length: int) -> None:
+    """tokenizer.json (+ tokenizer_config.json, special_tokens_map.json) for `spec`:
+    'byte' or the path of a BPE tokenizer.json."""
+    out = Path(out_dir)
+    if spec == "byte":
+        text = byte_tokenizer_json()
+    else:
+        text = Path(spec).read_text(encoding="utf-8")
+    (out / "tokenizer.json").write_text(text, encoding="utf-8")
+    special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": EOS_TOKEN}
+    (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    conf = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+            "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
+            **special}
+    (out / "tokenizer_config.json").write_text(json.dumps(conf, indent=2) + "\n")
+
+
+def _readable(path: Path) -> None:
+    """rw-r--r-- under the process umask (safetensors writes its file 0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def export_params(model_cfg, params, out_dir: str | os.PathLike, dtype: str = "float32",
+                  tokenizer: str | None = None) -> Path:
+    """Write a Hugging Face directory for canonical `params` of `model_cfg` (and the
+    tokenizer `tokenizer`: 'byte' or a tokenizer.json path; None: no tokenizer)."""
     from safetensors.numpy import save_file
 
     if model_cfg.arch not in CONVERTERS:
@@ -119,15 +181,27 @@ def export_params(model_cfg, params, out_dir: str | os.PathLike, dtype: str = "f
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    _readable(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer is not None:
+        export_tokenizer(tokenizer, out, model_cfg.seq_len)
     return out
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
-                      dtype: str = "float32") -> Path:
-    """Export a ptdp_jax checkpoint (step dir or checkpoint.dir) to a Hugging Face dir."""
+                      dtype: str = "float32", tokenizer: str | None = None) -> Path:
+    """Export a ptdp_jax checkpoint (step dir or checkpoint.dir) to a Hugging Face dir,
+    with the tokenizer of its training data (or `tokenizer`: 'byte' or a tokenizer.json)."""
+    from ptdp_jax.data.sources import tokenizer_spec_of
+    from ptdp_jax.data.tokenizer import load_tokenizer
+
     cfg, params = load_params(checkpoint)
-    return export_params(cfg.model, params, out_dir, dtype)
+    spec = tokenizer or tokenizer_spec_of(list(cfg.data.path))
+    tok = load_tokenizer(spec)                       # fails early on a bad spec
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"tokenizer {spec!r} has {tok.vocab_size} ids but the model's "
+                         f"vocabulary is {cfg.model.vocab_size}")
+    return export_params(cfg.model, params, out_dir, dtype, tokenizer=spec)
 
 
 def main(argv=None) -> int:
@@ -140,14 +214,19 @@ def main(argv=None) -> int:
                                        "(its newest complete step)")
     ap.add_argument("out_dir", help="output directory (created)")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--tokenizer", help="byte, or a tokenizer.json (default: the tokenizer of "
+                                        "the checkpoint's training data)")
     args = ap.parse_args(argv)
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir, args.dtype)
+        out = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer)
     except CheckpointError as e:
         print(f"ptdp-export: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {out / 'config.json'} and {out / 'model.safetensors'}")
-    return 0
+        return ExitCode.CHECKPOINT
+    except (ValueError, FileNotFoundError) as e:
+        print(f"ptdp-export: {e}", file=sys.stderr)
+        return ExitCode.CONFIG
+    print(f"wrote {out / 'config.json'}, {out / 'model.safetensors'} and {out / 'tokenizer.json'}")
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -3,14 +3,22 @@ LLaMA directory (config.json + *.safetensors) as a ptdp_jax checkpoint at step 0
 
 The inverse of ptdp_jax.export. Training then starts from those weights:
 
-    ptdp-import-hf ./gpt2-small ckpt/ train.lr=1e-4
-    ptdp-train --mesh 2,2,2 checkpoint.dir=ckpt/ <the model.* settings it printed>
+    ptdp-import-hf ./gpt2-small ckpt/
+    ptdp-train --mesh 2,2,2 checkpoint.dir=ckpt/ train.lr=1e-4 <the model.* settings it printed>
 
 The checkpoint holds the parameters (vocabulary padded to a multiple of 128 with
 zero rows), a fresh optimizer state, step 0, and the config: the model settings
-read from config.json plus the given overrides. Supported: GPT2LMHeadModel with
-gelu_new and tied embeddings; LlamaForCausalLM without grouped-query attention,
-rope scaling or biases. Anything else is a ValueError naming the setting.
+read from config.json. Overrides: model.dropout, model.attention and model.init_std
+are taken; model.seq_len may be shortened (GPT: the position table is cut); any other
+model.* key must agree with config.json, and train.*, data.*, parallel.*, ... belong
+to ptdp-train (which does not read them from the checkpoint): each of those is a
+ConfigError naming it, and nothing is written. Supported: GPT2LMHeadModel with gelu_new
+and tied embeddings; LlamaForCausalLM, with grouped-query attention
+(num_key_value_heads), without rope scaling or biases. Anything else is a ValueError
+naming the setting.
+
+    ptdp-import-hf ./llama ckpt/ model.dropout=0.1
+    ptdp-train configs/my-llama.yaml checkpoint.dir=ckpt/ train.lr=1e-4
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ptdp_jax.config import ConfigError, load_config, parse_cli_overrides
+from ptdp_jax.exits import ExitCode
 
 
 def _load_tensors(hf_dir: Path) -> dict[str, np.ndarray]:
@@ -82,9 +91,9 @@ def gpt_from_hf(conf: dict, t: dict) -> tuple[dict, dict]:
 def llama_from_hf(conf: dict, t: dict) -> tuple[dict, dict]:
     h, n, L = conf["hidden_size"], conf["num_attention_heads"], conf["num_hidden_layers"]
     d = conf.get("head_dim") or h // n
-    _need(conf.get("num_key_value_heads", n) == n,
-          f"LLaMA num_key_value_heads={conf.get('num_key_value_heads')} != num_attention_heads="
-          f"{n}: grouped-query attention is not supported")
+    kv = conf.get("num_key_value_heads") or n
+    _need(n % kv == 0, f"LLaMA num_attention_heads={n} is not a multiple of "
+                       f"num_key_value_heads={kv}")
     _need(d * n == h, f"LLaMA head_dim={d} x heads={n} != hidden_size={h} is not supported")
     rope = conf.get("rope_parameters") or {}
     _need(not conf.get("rope_scaling") and rope.get("rope_type", "default") == "default",
@@ -98,14 +107,16 @@ def llama_from_hf(conf: dict, t: dict) -> tuple[dict, dict]:
              "model.vocab_size": V, "model.seq_len": conf.get("max_position_embeddings", 2048),
              "model.norm_eps": conf.get("rms_norm_eps", 1e-6),
              "model.rope_theta": rope.get("rope_theta", conf.get("rope_theta", 10000.0))}
+    if kv != n:
+        model["model.num_kv_heads"] = kv
     g = lambda name: t[name]
     stack = lambda fmt, fn: np.stack([fn(g(fmt.format(i))) for i in range(L)])
     p = "model.layers.{}."
     layers = {
         "attn_norm": stack(p + "input_layernorm.weight", lambda x: x),
         "wq": stack(p + "self_attn.q_proj.weight", lambda x: x.T.reshape(h, n, d)),
-        "wk": stack(p + "self_attn.k_proj.weight", lambda x: x.T.reshape(h, n, d)),
-        "wv": stack(p + "self_attn.v_proj.weight", lambda x: x.T.reshape(h, n, d)),
+        "wk": stack(p + "self_attn.k_proj.weight", lambda x: x.T.reshape(h, kv, d)),
+        "wv": stack(p + "self_attn.v_proj.weight", lambda x: x.T.reshape(h, kv, d)),
         "wo": stack(p + "self_attn.o_proj.weight", lambda x: x.T.reshape(n, d, h)),
         "mlp_norm": stack(p + "post_attention_layernorm.weight", lambda x: x),
         "w_gate": stack(p + "mlp.gate_proj.weight", lambda x: x.T),
@@ -155,6 +166,49 @@ def import_hf(hf_dir: str | os.PathLike) -> tuple[dict, dict]:
     return model, params
 
 
+FREE_MODEL_KEYS = ("model.dropout", "model.attention", "model.init_std")
+
+
+def import_config(model: dict, overrides: dict, params: dict):
+    """(Config, params) of an import: the model settings of config.json with the
+    overrides that can be honoured (see the module doc); ConfigError for the others."""
+    from ptdp_jax.config import _apply, Config, did_you_mean
+    source = load_config(None, model)
+    refused = []
+    for key, value in overrides.items():
+        section = key.split(".", 1)[0]
+        if section != "model":
+            try:
+                _apply(Config(), {key: value})
+            except ConfigError as e:
+                raise ConfigError(str(e)) from None
+            refused.append(f"{key}: ptdp-import-hf writes the model only and ptdp-train does "
+                           f"not read {section}.* from a checkpoint; give it to ptdp-train")
+            continue
+        got = getattr(load_config(None, {**model, key: value}).model, key.split(".", 1)[1])
+        want = getattr(source.model, key.split(".", 1)[1])
+        if key in FREE_MODEL_KEYS or got == want:
+            continue
+        if key == "model.seq_len" and (source.model.arch == "llama" or got <= want):
+            continue
+        if key == "model.seq_len":
+            refused.append(f"model.seq_len={got}: the source has {want} learned positions; it "
+                           f"can only be shortened")
+        elif key in model:
+            refused.append(f"{key}={got}: the source ({key.split('.')[1]} from config.json) has "
+                           f"{want}; a converted model keeps the source's shape")
+        else:
+            refused.append(f"{key}={got}: not a setting a converted model can change (only "
+                           f"{', '.join(FREE_MODEL_KEYS)} and a shorter model.seq_len)")
+    if refused:
+        raise ConfigError("ptdp-import-hf cannot honour " + "; ".join(refused))
+    cfg = load_config(None, {**model, **overrides})
+    if cfg.model.arch == "gpt" and cfg.model.seq_len < source.model.seq_len:
+        params = dict(params, embed=dict(params["embed"],
+                                         wpe=params["embed"]["wpe"][: cfg.model.seq_len]))
+    return cfg, params
+
+
 def write_checkpoint(cfg, params, directory: str | os.PathLike) -> Path:
     """A step-0 checkpoint of canonical `params` (fresh optimizer state) in `directory`."""
     import jax
@@ -162,9 +216,8 @@ def write_checkpoint(cfg, params, directory: str | os.PathLike) -> Path:
     from dataclasses import replace
 
     from ptdp_jax.checkpoint import CheckpointManager
-    from ptdp_jax.models.model import to_stage_layout
     from ptdp_jax.sharding import make_mesh
-    from ptdp_jax.step import make_optimizer, state_shardings
+    from ptdp_jax.state import make_optimizer, state_from_params, state_shardings
 
     cfg = replace(cfg, parallel=replace(cfg.parallel, data=1, pipe=1, tensor=1,
                                         schedule="1f1b", virtual_stages=1),
@@ -175,10 +228,8 @@ def write_checkpoint(cfg, params, directory: str | os.PathLike) -> Path:
     if manager.steps():
         raise ValueError(f"{directory} already holds checkpoints (steps {manager.steps()}); "
                          f"import into a new or empty directory")
-    stage = dict(params, layers=to_stage_layout(params["layers"], (cfg.model.num_layers,), 1))
-    stage = jax.device_put(jax.tree.map(jnp.asarray, stage), shardings["params"])
-    state = {"params": stage, "opt": jax.jit(tx.init, out_shardings=shardings["opt"])(stage),
-             "step": jnp.zeros((), jnp.int32), "bad_steps": jnp.zeros((), jnp.int32)}
+    state = jax.jit(lambda prm: state_from_params(cfg, tx, prm), out_shardings=shardings)(
+        jax.tree.map(jnp.asarray, params))
     with manager:
         manager.save(0, state)
     return Path(directory) / "0"
@@ -192,18 +243,20 @@ def main(argv=None) -> int:
     ap.add_argument("hf_dir", help="directory with config.json and *.safetensors")
     ap.add_argument("checkpoint_dir", help="a new or empty checkpoint.dir")
     ap.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="config overrides stored with the checkpoint (train.*, data.*, ...)")
+                    help="model.dropout, model.attention, model.init_std, a shorter "
+                         "model.seq_len (anything else is refused)")
     args = ap.parse_args(argv)
     try:
         model, params = import_hf(args.hf_dir)
-        cfg = load_config(None, {**parse_cli_overrides(args.overrides), **model})
+        cfg, params = import_config(model, parse_cli_overrides(args.overrides), params)
         step_dir = write_checkpoint(cfg, params, args.checkpoint_dir)
     except (ValueError, ConfigError) as e:
         print(f"ptdp-import-hf: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG
+    settings = {**model, **parse_cli_overrides(args.overrides)}
     print(f"wrote {step_dir}; train from it with checkpoint.dir={args.checkpoint_dir} "
-          + " ".join(f"{k}={v}" for k, v in model.items()))
-    return 0
+          + " ".join(f"{k}={v}" for k, v in settings.items()))
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -120,6 +120,21 @@ def test_llama_row(name):
     assert n_devices(cfg) % 8 == 0 and cfg.parallel.tensor <= 8        # t within an 8-GPU node
 
 
+def test_llama3_8b():
+    """LLaMA-3 8B: grouped-query attention (8 key/value heads of 32), 8.03B parameters."""
+    cfg = load("llama3-8b.yaml")
+    m = cfg.model
+    assert (m.arch, m.hidden_size, m.num_layers, m.num_heads, m.kv_heads) == ("llama", 4096, 32, 32, 8)
+    assert (m.ffn, m.vocab_size, m.padded_vocab_size, m.seq_len) == (14336, 128256, 128256, 8192)
+    assert m.rope_theta == 500000.0
+    assert abs(num_params(m) / 1e9 - 8.03) < 0.005
+    shapes = __import__("ptdp_jax.models.model", fromlist=["x"]).param_shapes(m)["layers"]
+    assert shapes["wk"] == (32, 4096, 8, 128) and shapes["wq"] == (32, 4096, 32, 128)
+    assert cfg.train.global_batch_size * m.seq_len == 4 * 1024 * 1024
+    assert m.kv_heads % cfg.parallel.tensor == 0 and cfg.parallel.tensor <= 8
+    validate(cfg)
+
+
 def test_demo():
     cfg = load("demo.yaml")
     assert cfg.parallel.mesh_shape == (2, 2, 2)

@@ -49,12 +49,12 @@ def _our_logits(model_cfg, params, tokens):
     return np.asarray(M.logits(model_cfg, sh, p["embed"], p["head"], x))
 
 
-def _checkpoint(tmp_path, arch, mesh=(1, 2, 2)):
+def _checkpoint(tmp_path, arch, mesh=(1, 2, 2), **extra):
     """A checkpoint (written from a pipelined, tensor-parallel layout) of random params."""
     ov = H.tiny(tmp_path, tmp_path / "data", **{
         "model.arch": arch, "model.num_layers": 2, "model.hidden_size": 32,
         "model.num_heads": 4, "model.vocab_size": 300, "model.seq_len": 16,
-        "model.rope_theta": 500.0, "model.norm_eps": 1e-6})
+        "model.rope_theta": 500.0, "model.norm_eps": 1e-6, **extra})
     cfg = resolve_config(None, mesh, ov)
     tx, _ = make_optimizer(cfg)
     compiled = compile_all(cfg, make_mesh(mesh), tx)
@@ -69,16 +69,23 @@ def _checkpoint(tmp_path, arch, mesh=(1, 2, 2)):
     return cfg, params
 
 
+GQA = {"model.num_kv_heads": 2}           # 4 query heads, 2 key/value heads
+
+
 @needs_hf
-@pytest.mark.parametrize("arch,hf_class", [("gpt", "GPT2LMHeadModel"),
-                                           ("llama", "LlamaForCausalLM")])
-def test_export_matches_transformers(tmp_path, arch, hf_class, capsys):
-    cfg, params = _checkpoint(tmp_path, arch)
+@pytest.mark.parametrize("arch,hf_class,extra", [("gpt", "GPT2LMHeadModel", {}),
+                                                 ("llama", "LlamaForCausalLM", {}),
+                                                 ("llama", "LlamaForCausalLM", GQA)],
+                         ids=["gpt", "llama", "llama-gqa"])
+def test_export_matches_transformers(tmp_path, arch, hf_class, extra, capsys):
+    cfg, params = _checkpoint(tmp_path, arch, **extra)
     out = tmp_path / "hf"
     assert EX.main([str(tmp_path / "ckpt"), str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
     conf = json.loads((out / "config.json").read_text())
     assert conf["architectures"] == [hf_class] and conf["vocab_size"] == 300
+    if extra:
+        assert conf["num_key_value_heads"] == 2 and conf["num_attention_heads"] == 4
 
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     model.eval()
@@ -108,18 +115,20 @@ def test_export_writes_safetensors_without_transformers(tmp_path):
 
 
 def test_export_rejects_a_non_checkpoint(tmp_path, capsys):
+    from ptdp_jax.exits import ExitCode
     (tmp_path / "x").mkdir()
-    assert EX.main([str(tmp_path / "x"), str(tmp_path / "out")]) == 2
+    assert EX.main([str(tmp_path / "x"), str(tmp_path / "out")]) == ExitCode.CHECKPOINT
     assert "no complete ptdp_jax checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("arch", ["gpt", "llama"])
-def test_import_round_trip(tmp_path, arch, capsys):
+@pytest.mark.parametrize("arch,extra", [("gpt", {}), ("llama", {}), ("llama", GQA)],
+                         ids=["gpt", "llama", "llama-gqa"])
+def test_import_round_trip(tmp_path, arch, extra, capsys):
     """export -> ptdp-import-hf -> a step-0 checkpoint with the same parameters, which
     restores on another layout."""
     from ptdp_jax import hf_import as HI
-    cfg, params = _checkpoint(tmp_path, arch, mesh=(1, 1, 1))
+    cfg, params = _checkpoint(tmp_path, arch, mesh=(1, 1, 1), **extra)
     EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
     model, imported = HI.import_hf(tmp_path / "hf")
     assert model["model.arch"] == arch and model["model.vocab_size"] == 300
@@ -134,14 +143,17 @@ def test_import_round_trip(tmp_path, arch, capsys):
         else:
             np.testing.assert_array_equal(a, b, err_msg=name)
 
+    if extra:
+        assert model["model.num_kv_heads"] == 2
     dest = tmp_path / "imported"
-    assert HI.main([str(tmp_path / "hf"), str(dest), "train.lr=1e-4"]) == 0
+    assert HI.main([str(tmp_path / "hf"), str(dest), "model.dropout=0.1"]) == 0
     assert "model.hidden_size=32" in capsys.readouterr().out
     assert HI.main([str(tmp_path / "hf"), str(dest)]) == 2            # not into a used dir
     c2, state, meta = CK.load_checkpoint(dest)
-    assert meta["step"] == 0 and c2.train.lr == 1e-4 and c2.model == resolve_config(
-        None, None, model).model
-    ov = dict(H.tiny(tmp_path, tmp_path / "data", **model), **{"checkpoint.dir": str(dest)})
+    assert meta["step"] == 0 and c2.model.dropout == 0.1
+    assert c2.model == resolve_config(None, None, {**model, "model.dropout": 0.1}).model
+    ov = dict(H.tiny(tmp_path, tmp_path / "data", **model),
+              **{"checkpoint.dir": str(dest), "model.dropout": 0.1})
     run_cfg = resolve_config(None, (1, 1, 2), ov)
     m = CK.CheckpointManager(run_cfg, compile_all(run_cfg, make_mesh((1, 1, 2)),
                                                   make_optimizer(run_cfg)[0]).shardings)
@@ -151,3 +163,62 @@ def test_import_round_trip(tmp_path, arch, capsys):
     got = CK.to_canonical_state(run_cfg, m.tx, jax.device_get(restored))["params"]
     for a, b in zip(jax.tree.leaves(jax.device_get(got)), jax.tree.leaves(imported)):
         np.testing.assert_array_equal(a, b)
+
+
+# ----------------------------------------------------------------------------- issue 15
+
+def test_import_refuses_what_it_cannot_honour(tmp_path, capsys):
+    """Item 4: ptdp-import-hf model.num_layers=8 on a 2-layer source, or train.lr=...
+    (which ptdp-train never reads back from a checkpoint): refused, naming the key,
+    nothing written; a shorter model.seq_len cuts GPT's position table."""
+    from ptdp_jax import hf_import as HI
+    _checkpoint(tmp_path, "gpt", mesh=(1, 1, 1))
+    EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    for bad, words in [("model.num_layers=8", "model.num_layers=8: the source"),
+                       ("train.lr=1e-4", "train.lr: ptdp-import-hf writes the model only"),
+                       ("model.seq_len=32", "can only be shortened"),
+                       ("model.norm_eps=0.1", "model.norm_eps=0.1")]:
+        assert HI.main([str(tmp_path / "hf"), str(tmp_path / "no"), bad]) == 2, bad
+        assert words in capsys.readouterr().err, bad
+        assert not (tmp_path / "no").exists()
+    assert HI.main([str(tmp_path / "hf"), str(tmp_path / "short"), "model.seq_len=8"]) == 0
+    cfg, params = CK.load_params(tmp_path / "short")
+    assert cfg.model.seq_len == 8 and params["embed"]["wpe"].shape == (8, 32)
+
+
+def test_export_writes_a_tokenizer_and_readable_files(tmp_path):
+    """Item 10: the byte tokenizer goes along as a tokenizer.json whose ids are the bytes
+    (and <|endoftext|> = 256); model.safetensors is readable like the other files."""
+    import os
+    import stat
+    from tokenizers import Tokenizer
+    _checkpoint(tmp_path, "gpt", mesh=(1, 1, 1))
+    out = EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    text = "The café ✓ 日本\n"
+    assert tok.encode(text).ids == list(text.encode()) and tok.decode(list(text.encode())) == text
+    assert tok.token_to_id("<|endoftext|>") == 256
+    conf = json.loads((out / "tokenizer_config.json").read_text())
+    assert conf["eos_token"] == "<|endoftext|>" and conf["model_max_length"] == 16
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+@needs_hf
+def test_exported_tokenizers_load_in_transformers(tmp_path):
+    """AutoTokenizer of an export encodes as training did: the byte tokenizer, and a BPE
+    dataset's own tokenizer.json (--tokenizer)."""
+    from ptdp_jax.data import BPETokenizer
+    _checkpoint(tmp_path, "gpt", mesh=(1, 1, 1))
+    text = "Pipeline parallelism splits layers; ünïcödé"
+    out = EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert tok(text)["input_ids"] == list(text.encode()) and tok.eos_token_id == 256
+    assert tok.decode(list(text.encode())) == text
+    bpe = BPETokenizer.train([text * 20, "more text to learn merges from " * 20], 280)
+    bpe.save(tmp_path / "bpe.json")
+    out2 = EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf2", tokenizer=str(tmp_path / "bpe.json"))
+    tok2 = transformers.AutoTokenizer.from_pretrained(str(out2))
+    assert tok2(text)["input_ids"] == bpe.encode(text)

@@ -14,6 +14,22 @@ def test_data_tensor_parity(arch, mesh):
     assert_close(got, ref)
 
 
+@pytest.mark.parametrize("mesh", [(1, 1, 4), (2, 1, 4), (4, 1, 2), (8, 1, 1)],
+                         ids=lambda m: "x".join(map(str, m)))
+def test_gqa_data_tensor_parity(mesh):
+    """Grouped-query attention (8 query heads, 4 key/value heads split over 'tensor')."""
+    gqa = (("model.num_kv_heads", 4),)
+    assert_close(loss_and_grads(tiny_config("llama", mesh, **dict(gqa))), reference("llama", gqa))
+
+
+def test_gqa_is_not_the_full_model():
+    """The GQA reference has 4 key/value heads and another loss than 8 heads."""
+    import numpy as np
+    loss, grads = reference("llama", (("model.num_kv_heads", 4),))
+    assert grads["layers"]["wk"].shape[2] == 4 and grads["layers"]["wq"].shape[2] == 8
+    assert not np.isclose(loss, reference("llama")[0], rtol=1e-6)
+
+
 def test_reference_is_not_trivial():
     loss, grads = reference("gpt")
     assert 4.0 < loss < 7.0          # about log(257) at initialisation

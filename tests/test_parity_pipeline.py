@@ -6,7 +6,7 @@ collective-permute handling has gone wrong before. The matrix below covers each
 schedule on (1,2,1), (1,4,1), (2,2,2), (1,2,4), (2,4,1), (1,4,2); v = 2 and 4;
 m = p, 2p, 3p; recompute none, selective and full; scatter/gather on and off;
 split and unsplit backward (1 layer per chunk); and uneven layers per chunk
-(parallel.stage_layers, explicit and auto)."""
+(parallel.stage_layers, explicit and auto); grouped-query attention."""
 import pytest
 
 from parity import assert_close, loss_and_grads, reference, tiny_config
@@ -67,6 +67,11 @@ CASES = [
     ("gpt", (1, 3, 1), {**F1, **mb(4), "parallel.stage_layers": (3, 3, 2), "model.vocab_size": 100}),
     ("llama", (2, 3, 1), {**F1, **mb(2, 2), "parallel.stage_layers": "auto",
                           "model.vocab_size": 100, **SEL}),
+    # grouped-query attention (model.num_kv_heads < num_heads = 8), key/value heads over 'tensor'
+    ("llama", (2, 2, 2), {**I2, **mb(2, 2), "model.num_kv_heads": 2, **SG}),
+    ("llama", (1, 2, 4), {**F1, **mb(4), "model.num_kv_heads": 4, **FULL}),
+    ("llama", (1, 4, 1), {**GP, **mb(4), "model.num_kv_heads": 1,
+                          "parallel.stage_layers": (2, 3, 1, 2)}),
 ]
 
 
@@ -78,6 +83,8 @@ def _id(case):
     tags.append(f"mb{o['train.micro_batch_size']}")
     if "model.vocab_size" in o:
         tags.append(f"V{o['model.vocab_size']}")
+    if "model.num_kv_heads" in o:
+        tags.append(f"kv{o['model.num_kv_heads']}")
     if "train.recompute" in o:
         tags.append(o["train.recompute"])
     if o.get("parallel.scatter_gather"):
@@ -93,6 +100,7 @@ def test_pipeline_parity(case):
     arch, mesh, overrides = case
     cfg = tiny_config(arch, mesh, **overrides)
     batch_key = tuple((k, v) for k, v in overrides.items()
-                      if k in ("train.global_batch_size", "model.vocab_size"))
+                      if k in ("train.global_batch_size", "model.vocab_size",
+                               "model.num_kv_heads"))
     ref = reference(arch, batch_key)
     assert_close(loss_and_grads(cfg), ref)

@@ -1,5 +1,6 @@
 """LLaMA: pre-normalization with RMSNorm, SwiGLU MLP, rotary position
-embeddings, no biases, untied output layer. Pure functions over a dict of parameters."""
+embeddings, no biases, untied output layer; grouped-query attention (LLaMA-2/3) with
+model.num_kv_heads < num_heads. Pure functions over a dict of parameters."""
 from __future__ import annotations
 
 import jax
@@ -13,13 +14,14 @@ DENSE_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")   # used th
 
 def param_specs(cfg):
     h, n, d, f = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.ffn
+    kv = cfg.kv_heads             # key/value heads, split over 'tensor' like the query heads
     return {
         "embed": {"tok": ((cfg.padded_vocab_size, h), ("vocab", "embed"), "normal")},
         "layer": {
             "attn_norm": ((h,), ("embed",), "ones"),
             "wq": ((h, n, d), ("embed", "heads", "head_dim"), "normal"),
-            "wk": ((h, n, d), ("embed", "heads", "head_dim"), "normal"),
-            "wv": ((h, n, d), ("embed", "heads", "head_dim"), "normal"),
+            "wk": ((h, kv, d), ("embed", "heads", "head_dim"), "normal"),
+            "wv": ((h, kv, d), ("embed", "heads", "head_dim"), "normal"),
             "wo": ((n, d, h), ("heads", "head_dim", "embed"), "scaled"),
             "mlp_norm": ((h,), ("embed",), "ones"),
             "w_gate": ((h, f), ("embed", "mlp"), "normal"),
@@ -44,6 +46,7 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     q = rotary(sh.constrain(dense("bsh,hnd->bsnd", y, p["wq"]), HEADS), cfg.rope_theta)
     k = rotary(sh.constrain(dense("bsh,hnd->bsnd", y, p["wk"]), HEADS), cfg.rope_theta)
     v = sh.constrain(dense("bsh,hnd->bsnd", y, p["wv"]), HEADS)
+    k, v = (_repeat_kv(x, cfg, sh) for x in (k, v))
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
     attn_bsh = sh.constrain(dense("bsnd,ndh->bsh", a_bsnd, p["wo"]), ACT)
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
@@ -53,6 +56,17 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     mlp_bsh = dense("bsf,fh->bsh", jax.nn.silu(g_bsf) * u_bsf, p["w_down"])
     x_bsh = x_bsh + dropout(sh.constrain(mlp_bsh, ACT), cfg.dropout, fold_rows(key_rows, 1))
     return sh.constrain(x_bsh, ACT)
+
+
+def _repeat_kv(x_bskd, cfg, sh):
+    """Grouped-query attention: each of the kv key/value heads serves num_heads / kv
+    consecutive query heads (query head j reads kv head j // (n / kv), as Hugging Face's
+    repeat_kv). With tensor parallelism kv % t == 0, so a device's query heads find their
+    key/value heads on the same device: the repeat is local."""
+    group = cfg.num_heads // cfg.kv_heads
+    if group == 1:
+        return x_bskd
+    return sh.constrain(jnp.repeat(x_bskd, group, axis=2), HEADS)
 
 
 def logits(embed_p, head_p, x_bsh, cfg, sh):
