@@ -28,12 +28,13 @@ from ptdp_jax.config import Config, to_yaml
 
 
 def new_run_id() -> str:
-    """'YYYYmmdd-HHMMSS-NNNNN' from process 0's clock and pid (the same on every process)."""
-    ids = np.array([int(time.time()), os.getpid() % 100000], np.int64)
+    """'YYYYmmdd-HHMMSS-xxxxxx': process 0's clock and 24 random bits (the same on every
+    process)."""
+    ids = np.array([int(time.time()), int.from_bytes(os.urandom(3), "big")], np.int64)
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         ids = np.asarray(multihost_utils.broadcast_one_to_all(ids))
-    return time.strftime("%Y%m%d-%H%M%S", time.localtime(int(ids[0]))) + f"-{int(ids[1]):05d}"
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(int(ids[0]))) + f"-{int(ids[1]):06x}"
 
 
 def peak_memory_gib(devices=None) -> float | None:

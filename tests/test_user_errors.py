@@ -1,0 +1,191 @@
+"""Careless input gets one clear line and the right exit code (issue 15, items 2, 3, 5):
+config files that are not YAML mappings, unknown keys (with "did you mean"), data too
+short for one sequence, datasets of different tokenizers, a multi-process start without
+its peers; and --print-config / --dry-run."""
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+import helpers_ckpt as H
+from ptdp_jax.cli import main as cli_main
+from ptdp_jax.config import ConfigError, load_config, to_yaml
+from ptdp_jax.exits import ExitCode
+from ptdp_jax.feed import open_streams
+from ptdp_jax.train import resolve_config, train
+
+
+def _cli(capsys, *args):
+    rc = cli_main(list(map(str, args)))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+# ----------------------------------------------------------------------------- item 5
+
+@pytest.mark.parametrize("text,words", [
+    ("model:\n  hidden_size: [1, 2\n  num_heads: 4\n", ["line 3", "YAML syntax error"]),
+    ("model: 4\n", ["line 1", "section 'model' must be a mapping", "got 4"]),
+    ("train:\n  lr: 1e-3\nmodel: [a, b]\n", ["line 3", "section 'model' must be a mapping"]),
+    ("train:\n  steps: many\n", ["line 2", "train.steps: cannot read 'many' as int"]),
+    ("train:\n  stesp: 10\n", ["line 2", "unknown config key 'train.stesp'",
+                               "did you mean 'train.steps'?"]),
+    ("- a\n- b\n", ["must hold a mapping of sections"]),
+])
+def test_bad_config_files_are_config_errors(tmp_path, capsys, text, words):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    for w in words + [str(f)]:
+        assert w in str(e.value), (w, str(e.value))
+    rc, _, err = _cli(capsys, f, "--print-config")
+    assert rc == ExitCode.CONFIG and err.startswith("ptdp-train: config error:")
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_config_path_that_is_a_directory(tmp_path, capsys):
+    rc, _, err = _cli(capsys, tmp_path, "--print-config")
+    assert rc == ExitCode.CONFIG
+    assert f"config file '{tmp_path}' is a directory" in err
+
+
+def test_did_you_mean(capsys):
+    for key, hint in [("trian.steps", "train.steps"), ("model.hidden", "model.hidden_size"),
+                      ("train.hidden_size", "model.hidden_size"), ("model.layers", "model.num_layers")]:
+        with pytest.raises(ConfigError, match=f"did you mean '{hint}'"):
+            load_config(overrides={key: 1})
+    rc, _, err = _cli(capsys, "parallel.pipline=2", "--print-config")
+    assert rc == ExitCode.CONFIG and "did you mean 'parallel.pipe'" in err
+
+
+def test_data_shorter_than_a_sequence(tmp_path, data_cache, capsys):
+    """A dataset of 20 tokens and model.seq_len=16: ConfigError naming data.path and
+    model.seq_len, before anything is compiled; exit 2 from the CLI."""
+    from ptdp_jax.data import prepare_dataset
+    (tmp_path / "short.txt").write_text("nineteen characters")
+    prefix = prepare_dataset([str(tmp_path / "short.txt")], tmp_path / "short")
+    ov = H.tiny(tmp_path, data_cache, **{"data.path": str(prefix), "checkpoint.dir": ""})
+    with pytest.raises(ConfigError) as e:
+        open_streams(resolve_config(None, None, ov))
+    assert f"data.path[0] = '{prefix}'" in str(e.value) and "model.seq_len=16" in str(e.value)
+    rc, _, err = _cli(capsys, "--mesh", "1,1,1", *[f"{k}={v}" for k, v in ov.items()])
+    assert rc == ExitCode.CONFIG and "model.seq_len=16" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+    # the embedded corpus against an absurd sequence length: the same kind of error
+    with pytest.raises(ConfigError, match="<embedded corpus>.*model.seq_len=100000000"):
+        open_streams(resolve_config(None, None, {**ov, "data.path": [],
+                                                 "model.seq_len": 100_000_000}))
+
+
+def test_print_config_round_trips(capsys):
+    rc, out, _ = _cli(capsys, "configs/demo.yaml", "--mesh", "1,2,1", "train.steps=7",
+                      "model.num_kv_heads=null", "--print-config")
+    assert rc == 0
+    tree = yaml.safe_load(out)
+    assert tree["train"]["steps"] == 7 and tree["parallel"]["pipe"] == 2
+    want = resolve_config("configs/demo.yaml", (1, 2, 1), {"train.steps": 7})
+    from ptdp_jax.config import flatten
+    assert load_config(overrides=flatten(tree)) == want
+    assert yaml.safe_load(to_yaml(want)) == tree
+
+
+def test_dry_run_compiles_and_reports(tmp_path, data_cache, capsys):
+    ov = H.tiny(tmp_path, data_cache, **{"checkpoint.dir": ""})
+    rc, out, err = _cli(capsys, "--mesh", "1,2,2", "--dry-run",
+                        *[f"{k}={v}" for k, v in ov.items()])
+    assert rc == 0, err
+    assert "dry run: gpt 4x32, mesh (data, pipe, tensor) = (1, 2, 2)" in out
+    assert "memory per device (XLA):" in out and "model FLOPs per step:" in out
+    assert not (tmp_path / "run").exists()               # nothing trained, nothing logged
+
+
+# ----------------------------------------------------------------------------- item 3
+
+def test_datasets_of_different_tokenizers_do_not_blend(tmp_path, data_cache):
+    from ptdp_jax.data import prepare_dataset
+    text = tmp_path / "a.txt"
+    text.write_text("Some text for a tokenizer to learn from. " * 200)
+    byte = prepare_dataset([str(text)], tmp_path / "byte")
+    bpe = prepare_dataset([str(text)], tmp_path / "bpe", tokenizer="bpe", bpe_vocab_size=300)
+    byte2 = prepare_dataset([str(text)], tmp_path / "byte2")
+    ov = H.tiny(tmp_path, data_cache, **{"data.path": [str(byte), str(bpe)],
+                                         "model.vocab_size": 300, "checkpoint.dir": ""})
+    with pytest.raises(ConfigError) as e:
+        train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
+    msg = str(e.value)
+    assert f"data.path[0] = '{byte}'" in msg and f"data.path[1] = '{bpe}'" in msg
+    assert "different tokenizers ('byte' and" in msg and "bpe.tokenizer.json" in msg
+    # the same tokenizer (two byte datasets, or two copies of one tokenizer.json) blends
+    open_streams(resolve_config(None, None, {**ov, "data.path": [str(byte), str(byte2)]}))
+    import shutil
+    shutil.copy(f"{bpe}.bin", tmp_path / "copy.bin")
+    shutil.copy(f"{bpe}.idx.npy", tmp_path / "copy.idx.npy")
+    (tmp_path / "sub").mkdir()
+    shutil.copy(f"{bpe}.tokenizer.json", tmp_path / "sub" / "tok.json")
+    meta = json.loads(open(f"{bpe}.json").read())
+    meta["tokenizer"] = "sub/tok.json"
+    (tmp_path / "copy.json").write_text(json.dumps(meta))
+    open_streams(resolve_config(None, None, {**ov, "data.path": [str(bpe), str(tmp_path / "copy")]}))
+
+
+# ----------------------------------------------------------------------------- item 2
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("process_id,words", [
+    (0, "process 1 did not connect within 2 s"),
+    (1, "process 0 was not reachable at localhost:"),
+])
+def test_multiprocess_start_without_peers_exits_5(tmp_path, process_id, words):
+    """--num-processes 2 with no peer: exit 5 and one line naming the missing process,
+    not a C++ abort (exit 134)."""
+    t0 = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-m", "ptdp_jax.cli", "--coordinator", f"localhost:{_free_port()}",
+         "--num-processes", "2", "--process-id", str(process_id), "--init-timeout", "2",
+         "train.steps=1", f"run.dir={tmp_path / 'run'}"],
+        cwd=H.REPO, env=H.subprocess_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+        timeout=120)
+    assert r.returncode == ExitCode.DISTRIBUTED_INIT, (r.returncode, r.stderr[-3000:])
+    assert words in r.stderr and "Check failure" not in r.stderr, r.stderr[-3000:]
+    assert "--init-timeout" in r.stderr
+    assert time.monotonic() - t0 < 60
+
+
+def test_rendezvous_brings_processes_together():
+    """The rendezvous itself, in threads: both return once both are there; a third
+    process id outside the count is refused by process 0."""
+    import threading
+    from ptdp_jax import distributed as DIST
+    port = _free_port()
+    setups = [DIST.ProcessSetup(f"localhost:{port}", 2, i, "explicit") for i in range(2)]
+    errors, done = [], []
+
+    def run(s):
+        try:
+            DIST.rendezvous(s, 20)
+            done.append(s.process_id)
+        except Exception as e:             # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in reversed(setups)]
+    for t in threads:
+        t.start()
+        time.sleep(0.3)                    # process 1 first: it has to retry
+    for t in threads:
+        t.join(30)
+    assert not errors and sorted(done) == [0, 1]
+    # and the port is free again for jax.distributed's service
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", port))
