@@ -4,24 +4,33 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+HASH   := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(HASH)
+# the test extras add torch and transformers (the export tests load our exports with them);
+# the demo does not need them
+TSTAMP := $(VENV)/.installed-test-$(HASH)
 CPU8   := XLA_FLAGS=--xla_force_host_platform_device_count=8
 
 .PHONY: demo test install schedule-picture clean
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[test,export-test]"
-	rm -f $(VENV)/.installed-*
+	$(BIN)/python -m pip install -q -e .
+	rm -f $(VENV)/.installed-[0-9]*
 	touch $(STAMP)
+
+$(TSTAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[test,export-test]"
+	rm -f $(VENV)/.installed-test-*
+	touch $(TSTAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(CPU8) $(BIN)/ptdp-train configs/demo.yaml $(ARGS)
 
-test: $(STAMP)
+test: $(TSTAMP)
 	$(BIN)/python -m pytest -q -n 2 --durations=15 tests $(ARGS)
 
 schedule-picture: $(STAMP)

@@ -250,6 +250,7 @@ class CheckpointManager:
                 STATE_ITEM: ocp.args.StandardSave(canonical),
                 META_ITEM: _MetaSave(self._meta(step))}), force=True)
         except Exception as e:
+            _reraise_lost_peer(e)
             self._failed = self._write_error(e)
             raise self._failed from e
         self._saved_any = True
@@ -261,6 +262,7 @@ class CheckpointManager:
             try:
                 self._mngr.wait_until_finished()
             except Exception as e:
+                _reraise_lost_peer(e)
                 self._failed = self._write_error(e)
                 raise self._failed from e
 
@@ -299,6 +301,15 @@ class CheckpointManager:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _reraise_lost_peer(e: BaseException) -> None:
+    """Multi-process: a save that failed in a cross-process operation (a peer died) is
+    not a checkpoint error; the exception goes on to the peer watchdog, which names the
+    lost process (exit code 4)."""
+    from ptdp_jax.watchdog import _looks_like_lost_peer
+    if jax.process_count() > 1 and _looks_like_lost_peer(e):
+        raise e
 
 
 def _is_enospc(e: BaseException | None) -> bool:

@@ -17,6 +17,8 @@ from typing import Any, Mapping
 
 import jax
 
+from ptdp_jax import checkpoint as CK
+from ptdp_jax import preflight
 from ptdp_jax.config import Config, ConfigError, load_config, validate
 from ptdp_jax.distributed import maybe_initialize, to_host
 from ptdp_jax.evaluate import evaluate
@@ -78,9 +80,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     is_main = jax.process_index() == 0
     log = log if is_main else _quiet
     feed = Feed(cfg)                                         # opens and checks the data
-    from ptdp_jax import preflight                           # memory estimate against devices
-    preflight.check_memory(cfg, log)
-    from ptdp_jax import checkpoint as CK
+    preflight.check_memory(cfg)                              # the estimate against a device
     replaced = CK.check_fresh_start(cfg)                     # never drops checkpoints unasked
 
     mesh = make_mesh(cfg.parallel.mesh_shape,
@@ -88,6 +88,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     feed.use_mesh(mesh)
     tx, lr = make_optimizer(cfg)
     compiled = compile_all(cfg, mesh, tx)
+    train_step = _compile_step(cfg, compiled, tx)            # and XLA's own memory analysis
     state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
     runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
     runlog.header()
@@ -104,7 +105,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
         for step in range(start, cfg.train.steps if not nothing else start):
             batch = feed.batch(step)                                         # data
             t0 = time.perf_counter()
-            state, out = compiled.step(state, batch)                         # step
+            state, out = train_step(state, batch)                            # step
             out = jax.device_get(out)
             seconds = time.perf_counter() - t0
             val = None
@@ -137,12 +138,22 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
 
 # ----------------------------------------------------------------------------- the pieces
 
+def _compile_step(cfg, compiled, tx):
+    """The train step compiled ahead of its first call (the compile training needs anyway),
+    checked against device memory by XLA's memory analysis before it runs."""
+    from ptdp_jax.state import abstract_state
+    batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1),
+                                 jax.numpy.int32, sharding=compiled.batch_sharding)
+    exe = compiled.step.lower(abstract_state(cfg, tx, compiled.shardings), batch).compile()
+    preflight.check_compiled(cfg, exe)
+    return exe
+
+
 def _restore_or_init(cfg, compiled, log):
     """(state, start step, run id, checkpoint manager or None): the newest checkpoint
     in checkpoint.dir if resuming, else a fresh state."""
     ckpt, state, start, run_id = None, None, 0, None
     if cfg.checkpoint.dir:
-        from ptdp_jax import checkpoint as CK
         ckpt = CK.CheckpointManager.from_config(cfg, compiled.shardings)
         if cfg.checkpoint.resume:
             restored = ckpt.restore_latest()
@@ -229,45 +240,49 @@ def sample_text(cfg: Config, params, tokenizer_spec: str) -> str:
 
 def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None = None,
             log=print, distributed: Mapping[str, Any] | None = None) -> dict:
-    """Validate, open the data, build the mesh and compile the train step without
-    running it; report memory per device (XLA's memory analysis) and FLOPs per step.
-    Returns the numbers as a dict."""
+    """Validate, open the data, check the memory estimate, build the mesh and compile
+    the train step without running it; report memory per device (the estimate and XLA's
+    memory analysis, against what a device has) and FLOPs per step. Returns the numbers
+    as a dict; refuses (MemoryCheckError) a run that would not fit, as train() does."""
     from ptdp_jax import metrics as MX
-    from ptdp_jax.state import abstract_state
+    from ptdp_jax.memory import device_memory_bytes
 
     cfg = resolve_config(config, mesh_shape, overrides)
     maybe_initialize(**dict(distributed or {}))
     validate(cfg, len(jax.devices()))
     Feed(cfg)
+    est = preflight.check_memory(cfg)
     mesh = make_mesh(cfg.parallel.mesh_shape,
                      allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
     tx, _ = make_optimizer(cfg)
     compiled = compile_all(cfg, mesh, tx)
-    state = abstract_state(cfg, tx, compiled.shardings)
-    batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1),
-                                 jax.numpy.int32, sharding=compiled.batch_sharding)
     t0 = time.perf_counter()
-    exe = compiled.step.lower(state, batch).compile()
+    exe = _compile_step(cfg, compiled, tx)
     seconds = time.perf_counter() - t0
     mem = exe.memory_analysis()
+    have = device_memory_bytes()
     n_dev = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor
     out = {"compile_s": seconds, "model_flops_per_step": MX.model_flops_per_iteration(cfg),
            "model_flops_per_step_recompute": MX.model_flops_per_iteration(cfg, cfg.train.recompute),
-           "devices": n_dev}
+           "devices": n_dev, "device_bytes": have,
+           "estimate_bytes": est.total if est is not None else None}
     if mem is not None:
         out.update(argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
-                   temp_bytes=mem.temp_size_in_bytes, alias_bytes=mem.alias_size_in_bytes)
-        out["total_bytes"] = (mem.argument_size_in_bytes + mem.output_size_in_bytes
-                              + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
+                   temp_bytes=mem.temp_size_in_bytes, alias_bytes=mem.alias_size_in_bytes,
+                   total_bytes=preflight.compiled_bytes(exe))
     gib = lambda b: f"{b / 2**30:.3f} GiB"
     d, p, t = cfg.parallel.mesh_shape
     log(f"dry run: {cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden_size}, mesh "
         f"(data, pipe, tensor) = ({d}, {p}, {t}), {cfg.num_microbatches} microbatches of "
         f"{cfg.train.micro_batch_size}; the train step compiled in {seconds:.1f} s")
+    if est is not None:
+        log(f"  memory per device (estimate): {est.describe()}")
     if mem is not None:
         log(f"  memory per device (XLA): {gib(out['total_bytes'])} = arguments "
             f"{gib(out['argument_bytes'])} + outputs {gib(out['output_bytes'])} + temporaries "
             f"{gib(out['temp_bytes'])} - donated {gib(out['alias_bytes'])}")
+    if have is not None:
+        log(f"  a device has {gib(have)}")
     log(f"  model FLOPs per step: {out['model_flops_per_step']:.4g} "
         f"({out['model_flops_per_step'] / n_dev:.4g} per device; with recomputation "
         f"{out['model_flops_per_step_recompute']:.4g})")

@@ -1,0 +1,94 @@
+"""The memory pre-flight (issue 15, item 1): a run that cannot fit is refused before it
+compiles (the estimate) or before it runs (XLA's memory analysis of the compiled step),
+with the numbers and the settings that would fit; exit code 2 from the CLI. The device's
+memory is pinned here (monkeypatch), so the tests do not depend on this machine's RAM."""
+import importlib
+
+import pytest
+
+import helpers_ckpt as H
+from ptdp_jax import preflight as PF
+from ptdp_jax.cli import main as cli_main
+from ptdp_jax.exits import ExitCode
+from ptdp_jax.train import resolve_config, train
+
+T = importlib.import_module("ptdp_jax.train")
+GiB = 2 ** 30
+
+
+@pytest.fixture
+def device_gib(monkeypatch):
+    """Set what a device has (GiB); compiling is an error unless allowed."""
+    def set_(gib, allow_compile=False):
+        monkeypatch.setattr(PF, "_device_memory", lambda: int(gib * GiB))
+        if not allow_compile:
+            def no_compile(*a, **k):
+                raise AssertionError("compiled although the run was refused")
+            monkeypatch.setattr(T, "compile_all", no_compile)
+    return set_
+
+
+@pytest.mark.parametrize("config,mesh,words", [
+    ("configs/llama-7b.yaml", "1,1,8", ["needs 16.15 GiB per device by the estimate",
+                                        "the model state alone", "fills 39 devices"]),
+    ("configs/gpt-1t.yaml", "1,8,1", ["needs 2151.71 GiB per device", "fills 5748 devices"]),
+], ids=["llama-7b-1x1x8", "gpt-1t-1x8x1"])
+def test_models_too_big_for_the_devices_are_refused(device_gib, capsys, config, mesh, words):
+    """The issue's examples: on 8 CPU devices of 2.94 GiB each (23.5 GiB of RAM) the 7B
+    grew without bound and the 1T died in a JaxRuntimeError; now one line, exit 2,
+    before anything compiles."""
+    # 18 B per parameter (fp32 master, bf16 copy, fp32 grads, AdamW): 6.74e9 x 18 B / 2.94 GiB
+    # = 38.4 -> 39 devices; the 1T: 5748
+    device_gib(2.94)
+    assert cli_main([config, "--mesh", mesh, "train.steps=2"]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    for w in words + ["but a CPU device has 2.94 GiB", "train.skip_memory_check=true"]:
+        assert w in err, (w, err)
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_refusal_names_settings_that_fit(device_gib):
+    """demo.yaml with model.seq_len=4096 (the issue's OOM kill) on devices of 0.9 GiB:
+    the settings named do fit, by the same estimate."""
+    device_gib(0.9)
+    cfg = resolve_config("configs/demo.yaml", None, {"model.seq_len": 4096})
+    with pytest.raises(PF.MemoryCheckError) as e:
+        PF.check_memory(cfg)
+    msg = str(e.value)
+    assert "needs 1.14 GiB per device" in msg and "a CPU device has 0.90 GiB" in msg
+    assert "train.recompute=selective (0.71 GiB)" in msg and "train.micro_batch_size=1" in msg
+    assert isinstance(e.value, ValueError)                     # a ConfigError: exit 2
+    fixed = resolve_config("configs/demo.yaml", None, {"model.seq_len": 4096,
+                                                       "train.recompute": "selective"})
+    assert PF.check_memory(fixed).total < 0.9 * GiB
+    assert PF.check_memory(resolve_config(
+        "configs/demo.yaml", None, {"model.seq_len": 4096, "train.skip_memory_check": True})) is None
+
+
+def test_compiled_step_checked_before_it_runs(tmp_path, data_cache, device_gib, monkeypatch):
+    """The estimate passes (1.14 GiB: it assumes flash attention), but XLA's CPU attention
+    keeps the 4096 x 4096 scores: the compiled step needs ~1.9 GiB, more than the 1.5
+    GiB a device has here; refused after compiling, before the first step."""
+    device_gib(1.5, allow_compile=True)
+    ran = []
+    ov = {"model.seq_len": 4096, "train.steps": 1, "run.progress": False,
+          "run.tensorboard": False, "run.dir": str(tmp_path / "run"),
+          "data.cache_dir": str(data_cache), "train.sample_tokens": 0}
+    orig = T._restore_or_init
+    monkeypatch.setattr(T, "_restore_or_init", lambda *a, **k: ran.append(1) or orig(*a, **k))
+    with pytest.raises(PF.MemoryCheckError, match=r"the compiled train step \(XLA's memory "
+                                                  r"analysis\) needs 1\.[6-9]\d GiB"):
+        train("configs/demo.yaml", overrides=ov, log=H.Log())
+    assert ran == [] and not (tmp_path / "run").exists()
+
+
+def test_compiled_bytes_from_memory_analysis():
+    class Analysis:
+        argument_size_in_bytes, output_size_in_bytes = 10, 20
+        temp_size_in_bytes, alias_size_in_bytes = 100, 5
+
+    class Exe:
+        def memory_analysis(self):
+            return Analysis()
+    assert PF.compiled_bytes(Exe()) == 125
+    assert PF.compiled_bytes(object()) is None
