@@ -430,6 +430,8 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
     v = p.virtual_stages
     if p.schedule == "interleaved":
         need(v >= 2, f"parallel.schedule=interleaved needs parallel.virtual_stages >= 2, got {v}")
+        need(pp >= 2, f"parallel.schedule=interleaved needs parallel.pipe >= 2 (without a "
+                      f"pipeline there is nothing to interleave), got parallel.pipe={pp}")
     else:
         need(v == 1, f"parallel.virtual_stages={v} needs parallel.schedule=interleaved "
                      f"(got {p.schedule!r})")

@@ -97,12 +97,14 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
                        f"{ckpt.directory} (steps {', '.join(map(str, replaced))}) are removed at "
                        f"this run's first save")
     result = TrainResult(losses=[], params=None, config=cfg, start_step=start, run_id=run_id)
+    end = cfg.train.steps
     nothing = _nothing_to_train(cfg, start, ckpt)
     if nothing:
         runlog.message(nothing)
+        end = start
     stopper = Stopper(cfg)
     try:
-        for step in range(start, cfg.train.steps if not nothing else start):
+        for step in range(start, end):
             batch = feed.batch(step)                                         # data
             t0 = time.perf_counter()
             state, out = train_step(state, batch)                            # step

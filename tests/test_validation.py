@@ -37,6 +37,9 @@ def test_defaults_and_ok_config_validate():
       "train.global_batch_size": 12, "train.micro_batch_size": 2}, ["= 6", "parallel.pipe=4"]),
     ({"parallel.schedule": "interleaved", "parallel.virtual_stages": 1}, ["virtual_stages >= 2", "got 1"]),
     ({"parallel.virtual_stages": 2}, ["parallel.virtual_stages=2", "interleaved"]),
+    # p = 1 trained only the first chunk's layers (its gradient broadcast to the others)
+    ({"parallel.schedule": "interleaved", "parallel.virtual_stages": 2},
+     ["parallel.pipe >= 2", "parallel.pipe=1"]),
     ({"parallel.schedule": "zigzag"}, ["parallel.schedule='zigzag'", "gpipe"]),
     ({"model.arch": "bert"}, ["model.arch='bert'", "llama"]),
     ({"train.dtype": "float16"}, ["train.dtype", "bfloat16"]),
