@@ -91,8 +91,9 @@ def _main(args) -> tuple[int, str]:
     except CheckpointError as e:
         return _fail(ExitCode.CHECKPOINT, f"checkpoint error: {e}")
     except KeyboardInterrupt:
-        return _fail(ExitCode.INTERRUPTED, "interrupted (a second Ctrl-C): stopped at once, "
-                                           "without a checkpoint")
+        return _fail(ExitCode.INTERRUPTED, "interrupted (a second Ctrl-C, or one before "
+                                           "training started): stopped at once, without a "
+                                           "checkpoint")
     return ExitCode.OK, ""
 
 

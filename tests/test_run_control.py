@@ -144,8 +144,8 @@ def test_second_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(T, "train", interrupted)
     assert cli_main(["train.steps=1"]) == ExitCode.INTERRUPTED == 130
     err = capsys.readouterr().err
-    assert err.strip() == ("ptdp-train: interrupted (a second Ctrl-C): stopped at once, "
-                           "without a checkpoint")
+    assert err.strip() == ("ptdp-train: interrupted (a second Ctrl-C, or one before training "
+                           "started): stopped at once, without a checkpoint")
 
 
 def test_two_ctrl_c_interrupt_train_at_once(tmp_path, data_cache):
