@@ -108,6 +108,8 @@ class ParallelConfig:
     # to model.num_layers; () = even split; "auto" = balanced against the embedding and head.
     stage_layers: tuple[int, ...] | str = ()
     allow_cross_host_tensor: bool = False  # multi-process: let 'tensor' span hosts (warns; slow)
+    layout: str = "manual"               # manual | auto: ptdp-plan's best layout for the devices
+                                         # at hand (keys given as overrides or --mesh still win)
 
     @property
     def mesh_shape(self) -> tuple[int, int, int]:
@@ -162,6 +164,7 @@ CHOICES = {
     "train.dtype": ("float32", "bfloat16"),
     "train.recompute": ("none", "selective", "full"),
     "parallel.schedule": ("gpipe", "1f1b", "interleaved", "zb-h1"),
+    "parallel.layout": ("manual", "auto"),
 }
 
 

@@ -64,6 +64,26 @@ def _quiet(*args, **kwargs):
     pass
 
 
+def auto_layout(cfg: Config, overrides: Mapping[str, Any] | None = None, mesh_shape=None,
+                log=print) -> Config:
+    """parallel.layout=auto: the planner's best layout for the devices at hand. Layout keys
+    given as overrides (or the mesh, with --mesh / mesh_shape) win; those of a YAML file are
+    searched over (it was written for some other number of GPUs)."""
+    if cfg.parallel.layout != "auto":
+        return cfg
+    from ptdp_jax.plan import LAYOUT_KEYS, choose_layout
+    explicit = {k for k in (overrides or {}) if k in LAYOUT_KEYS}
+    if mesh_shape is not None:
+        explicit |= {"parallel.data", "parallel.pipe", "parallel.tensor"}
+    fixed = {k: getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) for k in explicit}
+    n = len(jax.devices())
+    if {"parallel.data", "parallel.pipe", "parallel.tensor"} <= explicit:
+        n = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor    # the mesh is given
+    choice = choose_layout(cfg, n, min(n, jax.local_device_count()), fixed=fixed)
+    log(f"parallel.layout=auto: {choice}")
+    return load_config(cfg, choice)
+
+
 def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None = None,
           log=print, distributed: Mapping[str, Any] | None = None,
           return_params: bool = True) -> TrainResult:
@@ -76,6 +96,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     only; other processes get None); ptdp-train passes False."""
     cfg = resolve_config(config, mesh_shape, overrides)
     maybe_initialize(**dict(distributed or {}))
+    cfg = auto_layout(cfg, overrides, mesh_shape, log if jax.process_index() == 0 else _quiet)
     validate(cfg, len(jax.devices()))
     is_main = jax.process_index() == 0
     log = log if is_main else _quiet
@@ -251,6 +272,7 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
 
     cfg = resolve_config(config, mesh_shape, overrides)
     maybe_initialize(**dict(distributed or {}))
+    cfg = auto_layout(cfg, overrides, mesh_shape, log)
     validate(cfg, len(jax.devices()))
     Feed(cfg)
     est = preflight.check_memory(cfg)

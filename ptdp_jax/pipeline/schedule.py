@@ -35,28 +35,11 @@ from fractions import Fraction
 
 import numpy as np
 
+from ptdp_jax.pipeline.ops import (  # noqa: F401  (re-exported: op codes by name)
+    _OP_CODE, BWD_FULL, BWD_INPUT, BWD_LOWER, BWD_UPPER, BWD_WEIGHT, FWD, IDLE, Op)
+from ptdp_jax.pipeline.zero_bubble import zb_h1_table
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
-
-# executor op codes; BWD_INPUT / BWD_WEIGHT are the zero-bubble split of a backward into B (the
-# input gradient, sent upstream) and W (the weight gradient, which can wait)
-IDLE, FWD, BWD_UPPER, BWD_LOWER, BWD_FULL, BWD_INPUT, BWD_WEIGHT = range(7)
-_OP_CODE = {("F", "full"): FWD, ("B", "upper"): BWD_UPPER, ("B", "lower"): BWD_LOWER,
-            ("B", "full"): BWD_FULL, ("B", "input"): BWD_INPUT, ("W", "weight"): BWD_WEIGHT}
-
-
-@dataclass(frozen=True)
-class Op:
-    """One op of one stage at one tick."""
-    kind: str        # 'F', 'B' or 'W' (zero-bubble weight gradient)
-    microbatch: int
-    chunk: int       # GLOBAL chunk index in [0, p*v)
-    half: str        # 'full' for F and unsplit B; 'upper' or 'lower' for split B;
-                     # 'input' for a zero-bubble B, 'weight' for its W
-
-    @property
-    def completes_backward(self) -> bool:
-        """True for the op that finishes the input gradient (and sends it upstream)."""
-        return self.kind == "B" and self.half in ("lower", "full", "input")
 
 
 def bubble_fraction_theory(name: str, p: int, m: int, v: int = 1) -> Fraction:
@@ -119,8 +102,7 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, split_backward: bool =
     (zero-bubble schedules: by the list scheduler of ``zero_bubble.py``)."""
     _validate(name, p, m, v)
     if name == "zb-h1":
-        from ptdp_jax.pipeline.zero_bubble import build_zb_h1
-        return build_zb_h1(p, m)
+        return Schedule(name, p, 1, m, True, zb_h1_table(p, m))
     last = p * v - 1
     halves = ("upper", "lower") if split_backward else ("full",)
     queues = []

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 from collections import deque
 
+from ptdp_jax.pipeline.ops import Op
 
-def build_zb_h1(p: int, m: int):
-    """The ZB-H1 tick table for p stages and m microbatches (v = 1)."""
-    from ptdp_jax.pipeline.schedule import Op, Schedule
+
+def zb_h1_table(p: int, m: int) -> tuple[tuple[Op | None, ...], ...]:
+    """The ZB-H1 tick table (``table[tick][stage]``) for p stages and m microbatches (v = 1)."""
     last = p - 1
     next_f, next_b = [0] * p, [0] * p          # next microbatch to run F / B on each stage
     pending_w = [deque() for _ in range(p)]     # microbatches whose B ran, W not yet
@@ -65,4 +66,4 @@ def build_zb_h1(p: int, m: int):
                 pending_w[r].popleft()
                 in_flight[r] -= 1
         table.append(tuple(row))
-    return Schedule("zb-h1", p, 1, m, True, tuple(table))
+    return tuple(table)
