@@ -33,7 +33,8 @@ def main(argv=None):
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from ptdp_jax.config import parse_cli_overrides, validate
+    from ptdp_jax.config import parse_cli_overrides
+    from ptdp_jax.validation import validate
     from ptdp_jax.sharding import make_mesh
     from ptdp_jax.step import compile_all, make_optimizer
     from ptdp_jax.train import resolve_config

@@ -23,7 +23,8 @@ def main(argv=None):
     ap.add_argument("--m", required=True, help="comma-separated microbatch counts, e.g. 8,64")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
-    from ptdp_jax.config import parse_cli_overrides, validate
+    from ptdp_jax.config import parse_cli_overrides
+    from ptdp_jax.validation import validate
     from ptdp_jax.sharding import make_mesh
     from ptdp_jax.step import compile_all, make_optimizer
     from ptdp_jax.train import resolve_config

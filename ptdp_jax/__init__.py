@@ -3,7 +3,8 @@
     from ptdp_jax import train
     result = train("configs/demo.yaml", mesh_shape=(2, 2, 2))
 """
-from ptdp_jax.config import Config, ConfigError, load_config, validate
+from ptdp_jax.config import Config, ConfigError, load_config
+from ptdp_jax.validation import validate
 # Binds the name `train` to the function (the submodule stays importable as ptdp_jax.train).
 from ptdp_jax.train import TrainResult, TrainingStopped, train
 

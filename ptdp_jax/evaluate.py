@@ -139,7 +139,8 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     from dataclasses import replace
 
     from ptdp_jax.checkpoint import load_checkpoint
-    from ptdp_jax.config import ConfigError, load_config, parse_mesh, validate
+    from ptdp_jax.config import ConfigError, load_config, parse_mesh
+    from ptdp_jax.validation import validate
     from ptdp_jax.feed import Feed
     from ptdp_jax.sharding import make_mesh
     from ptdp_jax.state import stage_params, state_shardings, make_optimizer

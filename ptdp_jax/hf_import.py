@@ -172,7 +172,7 @@ FREE_MODEL_KEYS = ("model.dropout", "model.attention", "model.init_std")
 def import_config(model: dict, overrides: dict, params: dict):
     """(Config, params) of an import: the model settings of config.json with the
     overrides that can be honoured (see the module doc); ConfigError for the others."""
-    from ptdp_jax.config import _apply, Config, did_you_mean
+    from ptdp_jax.config import _apply, Config
     source = load_config(None, model)
     refused = []
     for key, value in overrides.items():

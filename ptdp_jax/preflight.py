@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ptdp_jax.config import ConfigError, validate
+from ptdp_jax.config import ConfigError
+from ptdp_jax.validation import validate
 
 GiB = 1024 ** 3
 

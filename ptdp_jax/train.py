@@ -19,7 +19,8 @@ import jax
 
 from ptdp_jax import checkpoint as CK
 from ptdp_jax import preflight
-from ptdp_jax.config import Config, ConfigError, load_config, validate
+from ptdp_jax.config import Config, ConfigError, load_config
+from ptdp_jax.validation import validate
 from ptdp_jax.distributed import maybe_initialize, to_host
 from ptdp_jax.evaluate import evaluate
 from ptdp_jax.feed import Feed

@@ -7,7 +7,8 @@ import functools
 import jax
 import numpy as np
 
-from ptdp_jax.config import load_config, validate
+from ptdp_jax.config import load_config
+from ptdp_jax.validation import validate
 from ptdp_jax.sharding import make_mesh
 from ptdp_jax import step as S
 

@@ -35,6 +35,6 @@ def test_manual_is_untouched_and_bad_value_is_refused():
     ov = dict(TINY, **{"parallel.layout": "manual"})
     cfg = resolve_config(None, None, ov)
     assert auto_layout(cfg, ov) is cfg
-    from ptdp_jax.config import validate
+    from ptdp_jax.validation import validate
     with pytest.raises(ConfigError, match="parallel.layout"):
         validate(resolve_config(None, None, dict(TINY, **{"parallel.layout": "best"})))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ptdp_jax.config import load_config, validate
+from ptdp_jax.config import load_config
+from ptdp_jax.validation import validate
 from ptdp_jax.metrics import paper_param_count
 from ptdp_jax.models.model import num_params
 

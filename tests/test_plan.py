@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from ptdp_jax.config import ConfigError, load_config, validate
+from ptdp_jax.config import ConfigError, load_config
+from ptdp_jax.validation import validate
 from ptdp_jax.metrics import paper_param_count, training_days
 from ptdp_jax.pipeline.schedule import build_schedule
 from ptdp_jax.plan import choose_layout, plan

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ptdp_jax.config import ConfigError, ParallelConfig, validate
+from ptdp_jax.config import ConfigError, ParallelConfig
+from ptdp_jax.validation import validate
 from ptdp_jax.memory import GiB, MemoryEstimate, estimate_memory, params_per_device
 from ptdp_jax.plan.estimate import StepEstimate, estimate_step
 from ptdp_jax.plan.hardware import GpuKind, detect_gpu_kind, gpu_kind

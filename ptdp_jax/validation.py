@@ -1,0 +1,123 @@
+"""Validation of a config tree: every constraint checked before anything compiles; a
+violation raises ConfigError naming the key and the numbers."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ptdp_jax.config import CHOICES, Config, ConfigError
+
+
+def validate(cfg: Config, num_devices: int | None = None) -> Config:
+    """Check every constraint; raise ConfigError naming the key and numbers."""
+    m, t, p = cfg.model, cfg.train, cfg.parallel
+
+    def need(ok: bool, msg: str):
+        if not ok:
+            raise ConfigError(msg)
+
+    for key, allowed in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        need(value in allowed, f"{key}={value!r} is not one of {list(allowed)}")
+    for key in ("model.num_layers", "model.hidden_size", "model.num_heads", "model.vocab_size",
+                "model.seq_len", "train.steps", "train.global_batch_size",
+                "train.micro_batch_size", "parallel.data", "parallel.pipe", "parallel.tensor",
+                "parallel.virtual_stages", "train.eval_batches", "train.max_bad_steps",
+                "checkpoint.keep"):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        need(value >= 1, f"{key} must be positive, got {value}")
+    for key in ("train.warmup_steps", "train.eval_every", "train.sample_tokens", "checkpoint.every",
+                "train.weight_decay", "train.grad_clip", "model.dropout", "train.stop_at_step",
+                "train.stop_after_minutes", "train.sample_temperature", "train.sample_top_k"):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        need(value >= 0, f"{key} must be >= 0, got {value}")
+    need(t.lr > 0, f"train.lr must be positive, got {t.lr}")
+    if t.decay_steps is not None:
+        need(t.decay_steps >= 1, f"train.decay_steps must be positive, got {t.decay_steps}")
+    if m.num_kv_heads is not None:
+        need(m.arch == "llama", f"model.num_kv_heads={m.num_kv_heads}: grouped-query attention "
+                                f"is for model.arch=llama (GPT has num_heads key/value heads)")
+        need(m.num_kv_heads >= 1, f"model.num_kv_heads must be positive, got {m.num_kv_heads}")
+        need(m.num_heads % m.num_kv_heads == 0,
+             f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads="
+             f"{m.num_kv_heads} (each key/value head serves a whole group of query heads)")
+    need(0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
+    need(m.dropout < 1, f"model.dropout must be < 1, got {m.dropout}")
+    need(m.ffn >= 1, f"model.ffn_hidden_size must be positive, got {m.ffn}")
+    need(0 < cfg.data.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
+
+    d, pp, tp = p.mesh_shape
+    n = d * pp * tp
+    if num_devices is not None:
+        need(n <= num_devices, f"mesh (data, pipe, tensor) = ({d}, {pp}, {tp}) needs {n} devices, "
+                               f"only {num_devices} available (on a CPU, fake devices come from "
+                               f"XLA_FLAGS=--xla_force_host_platform_device_count={n})")
+    need(m.hidden_size % m.num_heads == 0,
+         f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
+    if m.arch == "llama":
+        need(m.head_dim % 2 == 0, f"llama needs an even head dim, got "
+                                  f"model.hidden_size/model.num_heads = {m.head_dim}")
+    need(m.num_heads % tp == 0,
+         f"model.num_heads={m.num_heads} is not divisible by parallel.tensor={tp}")
+    need(m.kv_heads % tp == 0,
+         f"model.num_kv_heads={m.kv_heads} is not divisible by parallel.tensor={tp} (key/value "
+         f"heads are split over the tensor-parallel devices)")
+    need(m.ffn % tp == 0, f"model.ffn_hidden_size={m.ffn} is not divisible by parallel.tensor={tp}")
+    need(m.padded_vocab_size % tp == 0,
+         f"padded vocabulary {m.padded_vocab_size} (model.vocab_size={m.vocab_size} rounded up to "
+         f"a multiple of 128) is not divisible by parallel.tensor={tp}")
+    v = p.virtual_stages
+    if p.schedule == "interleaved":
+        need(v >= 2, f"parallel.schedule=interleaved needs parallel.virtual_stages >= 2, got {v}")
+        need(pp >= 2, f"parallel.schedule=interleaved needs parallel.pipe >= 2 (without a "
+                      f"pipeline there is nothing to interleave), got parallel.pipe={pp}")
+    else:
+        need(v == 1, f"parallel.virtual_stages={v} needs parallel.schedule=interleaved "
+                     f"(got {p.schedule!r})")
+    sl = p.stage_layers
+    if isinstance(sl, str):
+        need(sl == "auto", f"parallel.stage_layers={sl!r} is neither 'auto' nor a list of "
+                           f"{pp * v} layer counts")
+        need(m.num_layers >= pp * v, f"parallel.stage_layers=auto needs at least one layer per "
+                                     f"model chunk: model.num_layers={m.num_layers} < parallel.pipe"
+                                     f" x parallel.virtual_stages = {pp} x {v} = {pp * v}")
+    elif sl:
+        need(len(sl) == pp * v, f"parallel.stage_layers has {len(sl)} entries {list(sl)}; it needs "
+                                f"parallel.pipe x parallel.virtual_stages = {pp} x {v} = {pp * v}"
+                                f" (one per model chunk, in chunk order)")
+        need(all(n >= 1 for n in sl), f"parallel.stage_layers={list(sl)}: every chunk needs at "
+                                      f"least one layer")
+        need(sum(sl) == m.num_layers, f"parallel.stage_layers={list(sl)} sums to {sum(sl)}, not "
+                                      f"model.num_layers={m.num_layers}")
+    else:
+        need(m.num_layers % (pp * v) == 0,
+             f"model.num_layers={m.num_layers} is not divisible by parallel.pipe x "
+             f"parallel.virtual_stages = {pp} x {v} = {pp * v} (or set parallel.stage_layers to "
+             f"a list of {pp * v} counts, or to auto)")
+    need(t.global_batch_size % (t.micro_batch_size * d) == 0,
+         f"train.global_batch_size={t.global_batch_size} is not divisible by "
+         f"train.micro_batch_size x parallel.data = {t.micro_batch_size} x {d} = "
+         f"{t.micro_batch_size * d}")
+    if p.schedule == "interleaved":
+        mb = cfg.num_microbatches
+        need(mb % pp == 0, f"the interleaved schedule needs the number of microbatches "
+                           f"(train.global_batch_size / (train.micro_batch_size x parallel.data) "
+                           f"= {mb}) to be a multiple of parallel.pipe={pp}")
+    if p.scatter_gather:
+        need(m.hidden_size % tp == 0, f"parallel.scatter_gather splits stage messages over "
+                                      f"parallel.tensor={tp}, which must divide "
+                                      f"model.hidden_size={m.hidden_size}")
+    for path in cfg.data.path:
+        prefix = Path(os.path.expanduser(path))
+        need(prefix.with_name(prefix.name + ".bin").is_file() or prefix.is_file(),
+             f"data.path {path!r}: no token file {prefix}.bin (make one with ptdp-prepare-data)")
+    if cfg.data.weights:
+        need(len(cfg.data.weights) == len(cfg.data.path),
+             f"data.weights has {len(cfg.data.weights)} entries but data.path has "
+             f"{len(cfg.data.path)}")
+        need(all(w >= 0 for w in cfg.data.weights) and sum(cfg.data.weights) > 0,
+             f"data.weights must be >= 0 with a positive sum, got {list(cfg.data.weights)}")
+    return cfg
