@@ -36,7 +36,8 @@ def main(argv=None):
     from ptdp_jax.config import parse_cli_overrides
     from ptdp_jax.validation import validate
     from ptdp_jax.sharding import make_mesh
-    from ptdp_jax.step import compile_all, make_optimizer
+    from ptdp_jax.state import make_optimizer
+    from ptdp_jax.step import compile_all
     from ptdp_jax.train import resolve_config
 
     mesh_shape = tuple(int(x) for x in a.mesh.split(","))

@@ -18,10 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
 from ptdp_jax.sharding import Sharder, manual_axes, psum_over, vary
-from ptdp_jax.state import (  # noqa: F401  (re-exported: benchmarks and tests import them here)
-    canonical_params, init_state, make_optimizer, stage_param_specs, state_shardings)
-
-DTYPES = M.DTYPES
+from ptdp_jax.state import init_state, stage_param_specs, state_shardings
 
 
 def row_keys(seed, step, row_ids):
@@ -33,7 +30,7 @@ def row_keys(seed, step, row_ids):
 def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     """p == 1: scan over microbatches, float32 gradient accumulation, no communication."""
     m = cfg.num_microbatches
-    dtype = DTYPES[cfg.train.dtype]
+    dtype = M.DTYPES[cfg.train.dtype]
     b = batch_rs1.shape[0] // m
     mbs = batch_rs1.reshape((m, b) + batch_rs1.shape[1:])
     keys = None if keys_r is None else keys_r.reshape((m, b) + keys_r.shape[1:])

@@ -2,7 +2,8 @@
 import jax
 import numpy as np
 
-from ptdp_jax import step as S
+from ptdp_jax import state as S
+from ptdp_jax import step
 from ptdp_jax.sharding import make_mesh
 
 
@@ -14,4 +15,4 @@ def compile_grad_fn(cfg):
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           params, shardings)
     batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1), np.int32)
-    return jax.jit(S.make_grad_fn(cfg, mesh)).lower(params, batch, 0).compile()
+    return jax.jit(step.make_grad_fn(cfg, mesh)).lower(params, batch, 0).compile()

@@ -10,7 +10,8 @@ import numpy as np
 from ptdp_jax.config import load_config
 from ptdp_jax.validation import validate
 from ptdp_jax.sharding import make_mesh
-from ptdp_jax import step as S
+from ptdp_jax import state as S
+from ptdp_jax import step
 
 TINY = {
     "model.num_heads": 8, "model.hidden_size": 32, "model.seq_len": 16, "model.num_layers": 8,
@@ -38,7 +39,7 @@ def loss_and_grads(cfg, seed=0):
     mesh = make_mesh(cfg.parallel.mesh_shape)
     tx, _ = S.make_optimizer(cfg)
     params = jax.jit(lambda: S.init_state(cfg, tx)["params"])()
-    loss, grads = jax.jit(S.make_grad_fn(cfg, mesh))(params, batch_for(cfg, seed), 0)
+    loss, grads = jax.jit(step.make_grad_fn(cfg, mesh))(params, batch_for(cfg, seed), 0)
     grads = jax.jit(lambda g: S.canonical_params(cfg, g))(grads)
     return float(loss), jax.tree.map(np.asarray, grads)
 

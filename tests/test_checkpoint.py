@@ -13,7 +13,8 @@ import pytest
 import helpers_ckpt as H
 from ptdp_jax import checkpoint as CK
 from ptdp_jax.sharding import make_mesh
-from ptdp_jax.step import canonical_params, compile_all, make_optimizer
+from ptdp_jax.state import canonical_params, make_optimizer
+from ptdp_jax.step import compile_all
 from ptdp_jax.train import resolve_config, train
 
 # A restore that fails inside tensorstore leaves orbax callbacks aimed at its closed

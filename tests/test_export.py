@@ -12,7 +12,8 @@ from ptdp_jax import export as EX
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.sharding import Sharder, make_mesh
-from ptdp_jax.step import compile_all, make_optimizer
+from ptdp_jax.state import make_optimizer
+from ptdp_jax.step import compile_all
 from ptdp_jax.train import resolve_config
 
 try:

@@ -16,7 +16,8 @@ import pytest
 import helpers_ckpt as H
 from ptdp_jax import checkpoint as CK
 from ptdp_jax.sharding import make_mesh
-from ptdp_jax.step import compile_all, make_optimizer
+from ptdp_jax.state import make_optimizer
+from ptdp_jax.step import compile_all
 from ptdp_jax.train import TrainingStopped, resolve_config, train
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
