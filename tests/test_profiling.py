@@ -265,3 +265,13 @@ def test_cli_ideal_labels_and_stage_map():
     table = ((FakeOp("F"), None), (FakeOp("B", half="upper"), FakeOp("F")),
              (FakeOp("B", half="lower"), FakeOp("B", half="full")))
     assert cli.tick_labels(SimpleNamespace(table=table)) == [["F", "."], ["b", "F"], ["B", "B"]]
+
+
+def test_host_time_sums_host_events_and_gpu_idle():
+    """benchmarks/host_time.py: host events summed by name; a GPU's idle time is its step
+    window less the union of its (overlapping) kernels."""
+    H = _load("benchmarks/host_time.py", "host_time")
+    trace = make_trace({0: [k("a", 0.0, 10.0), k("b", 5.0, 10.0, tid=2), k("c", 40.0, 10.0)]},
+                       host_events=3)
+    assert H.host_events(trace) == {"host": (3, 3e6)}
+    assert H.gpu_busy(trace) == {0: (50.0, 25.0)}
