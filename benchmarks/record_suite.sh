@@ -44,6 +44,30 @@ for l in open(sys.argv[1]):
     r = json.loads(l)
     if r.get("tag") == sys.argv[2] and "step_time_s" in r: print(r["step_time_s"])' "$out/record.jsonl" "$1"; }
 
+traced() {   # traced TAG TRACEDIR: host-time summary of the case's trace into OUTDIR/host_TAG.md
+  local f; f=$(ls -t $(find "$2" -name 'perfetto_trace.json.gz' 2>/dev/null) 2>/dev/null | head -1)
+  [[ -n "$f" ]] && python3 benchmarks/host_time.py "$f" --ticks "${3:-57}" > "$out/host_$1.md" 2>&1
+  [[ -n "$f" && -n "${KEEP_TRACE:-}" && "$1" == "$KEEP_TRACE" ]] && cp "$f" "$out/trace_$1.json.gz"
+  rm -rf "$2"
+}
+
+if [[ "${SUITE:-record}" == "host" ]]; then
+  # A/B of a code change against BASE (an export of the previous commit, carried), with the
+  # host-time summary of each traced case (benchmarks/host_time.py).
+  base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
+  CB="--xla_gpu_enable_command_buffer"
+  run 1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8
+  run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
+  run base-pp4-1f1b $base $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/t1; traced base-pp4-1f1b /tmp/t1
+  run base-pp4-1f1b-nocond env XLA_FLAGS="$CB=-CONDITIONAL" $base $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/t2; traced base-pp4-1f1b-nocond /tmp/t2
+  run new-pp4-1f1b $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/t3; traced new-pp4-1f1b /tmp/t3
+  run new-pp4-int2 $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2 --trace-dir /tmp/t4; traced new-pp4-int2 /tmp/t4 105
+  run new-7.5b-pp4-1f1b $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 4
+  run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
+  exit 0
+fi
+
 if [[ "${SUITE:-record}" == "flags" ]]; then
   # XLA command-buffer variants of the pipelined step, then the best one on the other layouts.
   CB="--xla_gpu_enable_command_buffer"

@@ -34,8 +34,7 @@ from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad, Probe, Taps, weight_grad
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
-from ptdp_jax.pipeline.head import (VocabSlices, combine_stats, head_backward, head_forward,
-                                    spread_over_pipe)
+from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
 from ptdp_jax.sharding import vary
 
 MSG = ("batch", "seq", "embed")            # stage-to-stage message (b, s, h)
@@ -118,7 +117,6 @@ class PipeState(NamedTuple):
     send_bwd: jax.Array     # (b, s, h) this tick's outgoing gradient
     mid: jax.Array          # (b, s, h) cotangent between the two backward halves
     head_y: jax.Array       # (b, s, h) the last chunk's output, for the head of this tick
-    head_z: jax.Array       # (b, s, V/p) this stage's logits slice of the head tick (spread head)
     stash: tuple            # [Lmax][leaf] (S+1, ...) forward residuals of layer l, by slot
     wstash: tuple           # [Lmax] {GEMM weight: (x (SW+1, b, s, ...), dy (SW+1, b, s, ...))}
                             #   what W needs, from B (zero-bubble tables; empty otherwise)
@@ -238,7 +236,6 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     state = PipeState(
         fwd_buf=zeros((TF + 1, b, s, h), dtype), bwd_buf=zeros((TB + 1, b, s, h), dtype),
         recv_fwd=msg0, recv_bwd=msg0, send_fwd=msg0, send_bwd=msg0, mid=msg0, head_y=msg0,
-        head_z=zeros((b, s, mc.padded_vocab_size // p) if spread else (), dtype),
         stash=tuple(tuple(zeros((TS + 1,) + a.shape, a.dtype) for a in res_abs)
                     for _ in range(lmax)),
         g_layers=tuple(tuple(f32(_grads_of(W[j][l])) for l in range(lmax)) for j in range(v)),
@@ -315,29 +312,12 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
     def head_spread(st: PipeState, c: TickControl) -> PipeState:
         """The head of this tick's last-chunk forward, every stage taking 1/p of the
-        vocabulary (pipeline/head.py). Its three collectives run in every tick (on zeros and
-        into the trash slot where no head is due) and its two halves in conditionals without
-        collectives, which XLA runs as CUDA-graph nodes: no predicate goes to the host. The
-        loss is counted on the last stage; dy lands in its loss slot."""
-        due, last = c.head_tick == 1, stage == p - 1
-        targets = mbs[c.head_mb, :, 1:]
-        y = vary(jax.lax.psum(jnp.where(due & last, st.head_y, jnp.zeros_like(st.head_y)),
-                              "pipe"), manual)
-
-        def first_half(z, stats):
-            return tuple(vary(a, manual) for a in
-                         head_forward(cfg, sh, head_w, slices, stage, y, targets))
-        z, stats = jax.lax.cond(due, first_half, lambda z, stats: (z, stats), st.head_z,
-                                zeros((3, b, s), jnp.float32))
-        loss_bs, lse_bs = combine_stats(jax.lax.all_gather(stats, "pipe"))
-        loss = jnp.where(due & last, loss_bs.sum(), 0.0)
-
-        def second_half(g_vocab):
-            g, dy = head_backward(cfg, sh, head_w, slices, stage, y, z, lse_bs, targets)
-            return _f32_add(g_vocab, g), vary(dy, manual)
-        g_vocab, dy = jax.lax.cond(due, second_half, lambda g: (g, msg0), st.g_vocab)
-        dy = jax.lax.psum(dy, "pipe")
-        return st._replace(loss=st.loss + loss, g_vocab=g_vocab, head_z=z,
+        vocabulary; the loss is counted on the last stage, dy lands in its loss slot."""
+        last = stage == p - 1
+        loss, g, dy = head_over_pipe(cfg, sh, head_w, slices, stage, st.head_y, last,
+                                     mbs[c.head_mb, :, 1:])
+        return st._replace(loss=st.loss + jnp.where(last, loss, 0.0),
+                           g_vocab=_f32_add(st.g_vocab, g),
                            bwd_buf=st.bwd_buf.at[c.loss_ct_slot].set(dy.astype(dtype)))
 
     def idle(st, c):
@@ -382,8 +362,8 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         st = st._replace(fwd_buf=st.fwd_buf.at[c.fwd_recv_slot].set(st.recv_fwd),
                          bwd_buf=st.bwd_buf.at[c.bwd_recv_slot].set(st.recv_bwd))
         st = jax.lax.switch(c.branch, ops, st, c)
-        if spread:
-            st = head_spread(st, c)
+        if spread:     # the same predicate on every stage: collectives inside are fine
+            st = jax.lax.cond(c.head_tick == 1, head_spread, idle, st, c)
         return st._replace(recv_fwd=move(st.send_fwd, fwd_perm),
                            recv_bwd=move(st.send_bwd, bwd_perm)), None
 
