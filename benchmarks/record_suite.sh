@@ -51,6 +51,23 @@ traced() {   # traced TAG TRACEDIR: host-time summary of the case's trace into O
   rm -rf "$2"
 }
 
+if [[ "${SUITE:-record}" == "one" ]]; then
+  # Issue 12 on one GPU: the plain-JAX baseline, our step traced (kept for profile_step.py),
+  # XLA flag candidates, micro batch and recompute variants.
+  one="env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1"
+  plain="env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/plain_step.py"
+  run plain-dots-mb8 $plain --micro 8
+  run 1gpu-sel-mb8 $one train.micro_batch_size=8 --hlo-dir /tmp/h1
+  gzip -c /tmp/h1/step_after_optimizations.txt > "$out/hlo_1gpu-sel-mb8.txt.gz" 2>/dev/null
+  run 1gpu-sel-mb8-unrolled $one train.micro_batch_size=8 train.scan_layers=false --trace-dir /tmp/o1; KEEP_TRACE=1gpu-sel-mb8-unrolled traced 1gpu-sel-mb8-unrolled /tmp/o1 1
+  run 1gpu-none-mb4-unrolled $one train.micro_batch_size=4 train.recompute=none train.scan_layers=false --trace-dir /tmp/o2; KEEP_TRACE=1gpu-none-mb4-unrolled traced 1gpu-none-mb4-unrolled /tmp/o2 1
+  run 1gpu-sel-mb16-unrolled $one train.micro_batch_size=16 train.scan_layers=false
+  run 1gpu-none-mb8-unrolled $one train.micro_batch_size=8 train.recompute=none train.scan_layers=false
+  run 1gpu-sel-mb16 $one train.micro_batch_size=16
+  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
+  exit 0
+fi
+
 if [[ "${SUITE:-record}" == "host" ]]; then
   # A/B of a code change against BASE (an export of the previous commit, carried), with the
   # host-time summary of each traced case (benchmarks/host_time.py).

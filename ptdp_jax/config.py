@@ -86,6 +86,8 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"               # float32 | bfloat16 (bf16 compute, fp32 master weights)
     recompute: str = "none"              # none | selective | full
+    scan_layers: bool = False            # p = 1: scan over layers (compiles faster for deep models;
+                                         # runs slower: residuals stacked and copied per layer)
     eval_every: int = 50                 # 0: never
     eval_batches: int = 2
     log_every: int = 1

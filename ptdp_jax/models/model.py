@@ -163,11 +163,18 @@ def layer_fn(cfg, sh, recompute: str = "none"):
     return f
 
 
-def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None, first_layer=0):
-    """Apply a stack of layers (leading axis) with a scan, so compile time does
-    not grow with depth; recomputation through jax.checkpoint policies."""
+def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None, first_layer=0,
+               scan: bool = True):
+    """Apply a stack of layers (leading axis), recomputation through jax.checkpoint
+    policies. scan: a `lax.scan` over the layers, so compile time does not grow with depth;
+    otherwise the layers unrolled (longer compile, and no stacked residual buffers for the
+    backward to be written into and read from)."""
     f = layer_fn(cfg, sh, recompute)
     n = jax.tree.leaves(layers_p)[0].shape[0]
+    if not scan:
+        for i in range(n):
+            x_bsh = f(jax.tree.map(lambda a: a[i], layers_p), x_bsh, first_layer + i, key_rows)
+        return x_bsh
     idx = first_layer + jnp.arange(n, dtype=jnp.int32)
     x_bsh, _ = jax.lax.scan(lambda x, sc: (f(sc[0], x, sc[1], key_rows), None),
                             x_bsh, (layers_p, idx))
@@ -186,10 +193,10 @@ def head_loss(cfg, sh, embed_p, head_p, x_bsh, targets_bs, ids_v=None, axis=None
 
 
 def loss_sum(cfg, params, tokens_bs, targets_bs, sh: Sharder | None = None, recompute="none",
-             dtype=jnp.float32, key_rows=None):
+             dtype=jnp.float32, key_rows=None, scan_layers: bool = True):
     """The whole model on one microbatch: sum of token losses."""
     sh = sh or Sharder()
     p = cast(params, dtype)
     x = embed(cfg, sh, p["embed"], tokens_bs, key_rows)
-    x = run_layers(cfg, sh, p["layers"], x, recompute, key_rows)
+    x = run_layers(cfg, sh, p["layers"], x, recompute, key_rows, scan=scan_layers)
     return head_loss(cfg, sh, p["embed"], p["head"], x, targets_bs)
