@@ -56,14 +56,16 @@ if [[ "${SUITE:-record}" == "one" ]]; then
   # XLA flag candidates, micro batch and recompute variants.
   one="env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1"
   plain="env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/plain_step.py"
+  L7="configs/llama-7b.yaml --mesh 1,1,1 model.num_layers=8 train.global_batch_size=8"
+  lla="env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $L7"
   run plain-dots-mb8 $plain --micro 8
-  run 1gpu-sel-mb8 $one train.micro_batch_size=8 --hlo-dir /tmp/h1
-  gzip -c /tmp/h1/step_after_optimizations.txt > "$out/hlo_1gpu-sel-mb8.txt.gz" 2>/dev/null
-  run 1gpu-sel-mb8-unrolled $one train.micro_batch_size=8 train.scan_layers=false --trace-dir /tmp/o1; KEEP_TRACE=1gpu-sel-mb8-unrolled traced 1gpu-sel-mb8-unrolled /tmp/o1 1
-  run 1gpu-none-mb4-unrolled $one train.micro_batch_size=4 train.recompute=none train.scan_layers=false --trace-dir /tmp/o2; KEEP_TRACE=1gpu-none-mb4-unrolled traced 1gpu-none-mb4-unrolled /tmp/o2 1
-  run 1gpu-sel-mb16-unrolled $one train.micro_batch_size=16 train.scan_layers=false
-  run 1gpu-none-mb8-unrolled $one train.micro_batch_size=8 train.recompute=none train.scan_layers=false
-  run 1gpu-sel-mb16 $one train.micro_batch_size=16
+  run 1gpu-none-mb8 $one train.micro_batch_size=8 train.recompute=none
+  run 1gpu-sel-mb8 $one train.micro_batch_size=8
+  run 1gpu-sel-mb8-scan $one train.micro_batch_size=8 train.scan_layers=true
+  run llama8-none-mb4 $lla train.micro_batch_size=4 train.recompute=none
+  run llama8-none-mb2 $lla train.micro_batch_size=2 train.recompute=none
+  run llama8-sel-mb4 $lla train.micro_batch_size=4 train.recompute=selective
+  run llama8-sel-mb8 $lla train.micro_batch_size=8 train.recompute=selective
   echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
   exit 0
 fi

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ptdp_jax.models import gpt, llama
+from ptdp_jax.models.fused_loss import fused_head_loss, num_chunks
 from ptdp_jax.models.layers import vocab_parallel_cross_entropy
 from ptdp_jax.sharding import Sharder
 
@@ -187,9 +188,17 @@ def logits(cfg, sh, embed_p, head_p, x_bsh):
 
 def head_loss(cfg, sh, embed_p, head_p, x_bsh, targets_bs, ids_v=None, axis=None):
     """Sum of token cross-entropies (float32), vocab-parallel (see
-    layers.vocab_parallel_cross_entropy for a vocabulary also split over `axis`)."""
-    return vocab_parallel_cross_entropy(logits(cfg, sh, embed_p, head_p, x_bsh), targets_bs,
-                                        cfg.vocab_size, sh, ids_v, axis)
+    layers.vocab_parallel_cross_entropy for a vocabulary also split over `axis`). Without
+    `axis`, fused: gradients taken in the forward, chunk by chunk, so no (b, s, V) logits are
+    kept for the backward (models/fused_loss.py)."""
+    def chunk_loss(e, h, x, t):
+        return vocab_parallel_cross_entropy(logits(cfg, sh, e, h, x), t, cfg.vocab_size, sh,
+                                            ids_v, axis)
+    if axis is not None:
+        return chunk_loss(embed_p, head_p, x_bsh, targets_bs)
+    b, s = x_bsh.shape[:2]
+    return fused_head_loss(chunk_loss, embed_p, head_p, x_bsh, targets_bs,
+                           num_chunks(b, s, cfg.padded_vocab_size))
 
 
 def loss_sum(cfg, params, tokens_bs, targets_bs, sh: Sharder | None = None, recompute="none",
