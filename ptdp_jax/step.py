@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
 from ptdp_jax import zero as Z
+from ptdp_jax.config import ConfigError
 from ptdp_jax.sharding import Sharder, data_axis, manual_axes, psum_over, vary
 from ptdp_jax.state import init_state, stage_state_specs, state_shardings, zero_stage
 
@@ -59,6 +60,7 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
 def make_grad_fn(cfg, mesh):
     """(params, batch (B, s+1), step) -> (mean loss, mean gradients), jit-able."""
     manual = manual_axes(mesh)                       # see sharding.manual_axes
+    _check_reduce_dtype(cfg, mesh, manual)
     sh = Sharder(mesh).inside(manual)
     pspecs = stage_state_specs(cfg)      # as the state holds them (ZeRO: split over 'data')
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
@@ -109,6 +111,17 @@ def make_grad_fn(cfg, mesh):
         return fn(params, batch, keys)
 
     return grad_fn
+
+
+def _check_reduce_dtype(cfg, mesh, manual):
+    """XLA's CPU compiler aborts the process (AllReducePromotion) on a bfloat16 all-reduce
+    or reduce-scatter inside a region manual over 'data' but not 'tensor'; refuse it."""
+    if (cfg.parallel.grad_reduce_dtype == "bfloat16" and "data" in manual
+            and "tensor" not in manual and mesh.devices.flat[0].platform == "cpu"):
+        raise ConfigError(
+            f"parallel.grad_reduce_dtype=bfloat16 with parallel.tensor={mesh.shape['tensor']} "
+            f"> 1 does not compile on CPU devices (XLA's CPU compiler fails on bfloat16 "
+            f"reductions inside a partly manual region); use float32 there, or tensor=1")
 
 
 def _wrap_keys(keys):
