@@ -103,15 +103,19 @@ def _maker(cfg, axes, full=None, acc=None):
 
 def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows):
     """Loss sum of one microbatch, the weights made from shards by `make` (layers: one layer
-    at a time inside the layer scan, so that the reduce-scatters run in the backward scan)."""
+    at a time inside the layer scan, so that the reduce-scatters run in the backward scan);
+    make None: `shards` are the compute weights themselves."""
     mc = cfg.model
     grp = lambda t, g: None if t is None else t[g]
-    e = make("embed", shards["embed"], grp(fulls, "embed"), grp(accs, "embed"))
-    hd = make("head", shards["head"], grp(fulls, "head"), grp(accs, "head"))
+    if make is None:                         # the weights themselves
+        e, hd, layers = shards["embed"], shards["head"], shards["layers"]
+    else:
+        e = make("embed", shards["embed"], grp(fulls, "embed"), grp(accs, "embed"))
+        hd = make("head", shards["head"], grp(fulls, "head"), grp(accs, "head"))
+        layers = (shards["layers"], grp(fulls, "layers"), grp(accs, "layers"))
     x = M.embed(mc, sh, e, tokens_bs1[:, :-1], key_rows)
-    x = M.run_layers(mc, sh, (shards["layers"], grp(fulls, "layers"), grp(accs, "layers")), x,
-                     cfg.train.recompute, key_rows,
-                     weights=lambda lp: make("layers", *lp))
+    x = M.run_layers(mc, sh, layers, x, cfg.train.recompute, key_rows,
+                     weights=None if make is None else (lambda lp: make("layers", *lp)))
     return M.head_loss(mc, sh, e, hd, x, tokens_bs1[:, 1:])
 
 
@@ -145,13 +149,12 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
     local_axes = {g: {k: (None if a is None else a - 2 * (g == "layers")) for k, a in grp.items()}
                   for g, grp in axes.items()}
     fulls = map2(lambda x, ax: gather(x, ax, dtype), shards, local_axes)
-    plain = lambda group, ws, *_: ws
     loss, acc = zeros((jnp.zeros(()), fulls))
     if m > 1:
         def body(carry, xs):
             tokens, key_rows = xs
             loss, g = jax.value_and_grad(
-                lambda w: _loss(cfg, sh, plain, w, None, None, tokens, key_rows))(fulls)
+                lambda w: _loss(cfg, sh, None, w, None, None, tokens, key_rows))(fulls)
             return jax.tree.map(lambda a, x: a + x.astype(F32), carry, (loss, g)), None
         (loss, acc), _ = jax.lax.scan(body, (loss, acc), jax.tree.map(lambda a: a[:-1],
                                                                         (mbs, keys)))

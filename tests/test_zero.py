@@ -51,6 +51,16 @@ def test_bfloat16_gradient_reduction():
     assert_close(loss_and_grads(cfg), reference("llama"), atol_frac=1e-2)
 
 
+def test_bfloat16_compute_gathers_what_zero0_uses():
+    """train.dtype=bfloat16, p > 1: the weights are gathered in bfloat16 (half the traffic)
+    and upcast for the executor, whose float32 masters only receive gradients: zero=1 gives
+    zero=0's gradients (up to the order of float32 sums)."""
+    bf16 = {"train.dtype": "bfloat16"}
+    ref = loss_and_grads(tiny_config("gpt", (4, 2, 1), **bf16))
+    got = loss_and_grads(tiny_config("gpt", (4, 2, 1), **bf16, **{"parallel.zero": 1}))
+    assert_close(got, ref, rtol=1e-6, atol_frac=1e-6)
+
+
 def test_bfloat16_reduction_inside_a_partly_manual_region_is_refused_on_cpu():
     """XLA's CPU compiler aborts the process on a bfloat16 all-reduce or reduce-scatter in a
     region manual over 'data' but not 'tensor' (t > 1): a ConfigError says so instead."""
@@ -135,14 +145,13 @@ def test_hlo_reduce_scatters_instead_of_all_reduce(compiled_steps):
 # ----------------------------------------------------------------------------- checkpoints
 
 def test_checkpoints_move_between_zero_values(tmp_path, data_cache):
-    """zero=3 on (4,1,2) -> zero=0 on (2,2,2) 1F1B -> zero=1 on (8,1,1), each resuming from
-    the previous one's checkpoint (canonical, full-size tensors on disk): the losses of an
-    uninterrupted one-device run."""
+    """zero=3 on (4,1,2) -> zero=0 on (2,1,4) -> zero=3 on (8,1,1), each resuming from the
+    previous one's checkpoint (canonical, full-size tensors on disk): the losses of an
+    uninterrupted one-device run. (zero=1 holds the state as zero=3 does.)"""
     from ptdp_jax import checkpoint as CK
     from ptdp_jax.train import train
-    chain = [((4, 1, 2), {"parallel.zero": 3}),
-             ((2, 2, 2), {"parallel.zero": 0, "parallel.schedule": "1f1b"}),
-             ((8, 1, 1), {"parallel.zero": 1})]
+    chain = [((4, 1, 2), {"parallel.zero": 3}), ((2, 1, 4), {"parallel.zero": 0}),
+             ((8, 1, 1), {"parallel.zero": 3})]
     ov = H.tiny(tmp_path, data_cache, **{"train.steps": len(chain)})
     base = train(mesh_shape=(1, 1, 1), overrides={**ov, "checkpoint.dir": ""}, log=H.Log())
     losses = []
