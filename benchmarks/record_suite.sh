@@ -121,4 +121,9 @@ run 7.5b-pp4-int3-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective par
 run pp4-int2-m16-sel-auto $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2 parallel.stage_layers=auto
 run pp4-1f1b-m16-none $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.recompute=none
 run pp2tp2-1f1b-m16-sel $ours $B13 --mesh 1,2,2 train.micro_batch_size=1
+# data parallelism over 4 GPUs: the state replicated, then split by parallel.zero (issue 10)
+run dp4-zero0-m4-sel $ours $B13 --mesh 4,1,1 train.micro_batch_size=1
+run dp4-zero1-m4-sel $ours $B13 --mesh 4,1,1 train.micro_batch_size=1 parallel.zero=1
+run dp4-zero3-m4-sel $ours $B13 --mesh 4,1,1 train.micro_batch_size=1 parallel.zero=3
+run dp2pp2-zero1-1f1b-sel $ours $B13 --mesh 2,2,1 train.micro_batch_size=1 parallel.zero=1
 echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"

@@ -112,6 +112,10 @@ class ParallelConfig:
     allow_cross_host_tensor: bool = False  # multi-process: let 'tensor' span hosts (warns; slow)
     layout: str = "manual"               # manual | auto: ptdp-plan's best layout for the devices
                                          # at hand (keys given as overrides or --mesh still win)
+    zero: int = 0                        # 0: state replicated over 'data'; 1: distributed optimizer
+                                         # (fp32 master weights and AdamW moments split over 'data');
+                                         # 3: also the weights gathered layer by layer (ZeRO-3, FSDP)
+    grad_reduce_dtype: str = "float32"   # float32 | bfloat16: the data-parallel gradient reduction
 
     @property
     def mesh_shape(self) -> tuple[int, int, int]:
@@ -167,6 +171,8 @@ CHOICES = {
     "train.recompute": ("none", "selective", "full"),
     "parallel.schedule": ("gpipe", "1f1b", "interleaved", "zb-h1"),
     "parallel.layout": ("manual", "auto"),
+    "parallel.zero": (0, 1, 3),
+    "parallel.grad_reduce_dtype": ("float32", "bfloat16"),
 }
 
 

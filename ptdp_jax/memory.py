@@ -9,6 +9,13 @@ The model (bytes per device; the most loaded device of the layout):
 * params: float32 master weights (4 B/param) and, with train.dtype=bfloat16, the bf16 compute
   copies made once per step (2 B/param);
 * grads: float32 accumulators (4 B/param); optimizer: AdamW's m and v in float32 (8 B/param).
+* parallel.zero (d > 1) splits the state over 'data' (each tensor by d along its ZeRO dim,
+  `sharding.zero_axes`; a tensor with none stays whole): zero=1 holds 1/d of the master weights
+  and AdamW moments plus the weights gathered for the step in the compute dtype (full size)
+  and full float32 gradient accumulators; zero=3 without pipelining also holds the gradients
+  split, and of the gathered weights only the embedding, head and two layers (the one in use
+  and the next) in the compute dtype, plus their float32 gradients before the reduce-scatter;
+  zero=3 with p > 1 gathers a stage's weights once per step, as zero=1.
   The parameters held by a device: the layers of its pipeline stage in the padded stage layout
   (p, v, max layers per chunk, ...) of `ptdp_jax.pipeline.balance.chunk_layers`, plus the
   embedding and head, which every pipeline stage holds today; each tensor divided by t along
@@ -91,28 +98,35 @@ class MemoryEstimate:
 
 # ----------------------------------------------------------------------------- parameters
 
-def _tensor_sharded(names: tuple, shape: tuple, t: int) -> float:
-    """Elements of one tensor on one device: dims mapped to 'tensor' divided by t."""
+def _tensor_sharded(names: tuple, shape: tuple, ways: dict) -> float:
+    """Elements of one tensor on one device: each dim divided by the size of the mesh axis
+    the rule table maps its logical axis to (ways: {'tensor': t, 'data': d})."""
     from ptdp_jax.sharding import LOGICAL_RULES
     n = 1.0
     for name, size in zip(names, shape):
-        n *= size / t if (name is not None and LOGICAL_RULES.get(name) == "tensor") else size
+        n *= size / ways.get(LOGICAL_RULES.get(name), 1)
     return n
 
 
-def params_per_device(cfg) -> dict[str, float]:
+def params_per_device(cfg, state: bool = False) -> dict[str, float]:
     """Parameters held by one device, by group: {'layers', 'embed', 'head'} (elements).
-    Layers: the stage's padded v x max-chunk-layers slots; embed and head on every stage."""
+    Layers: the stage's padded v x max-chunk-layers slots; embed and head on every stage.
+    state: as the train state holds them (parallel.zero >= 1: split over 'data' too), not as
+    the model uses them."""
     from ptdp_jax.models.model import arch
     from ptdp_jax.pipeline.balance import chunk_layers
+    from ptdp_jax.sharding import zero_axes
+    from ptdp_jax.state import zero_stage
     m, par = cfg.model, cfg.parallel
-    t = par.tensor
+    split = state and zero_stage(cfg) > 0
+    ways = {"tensor": par.tensor, "data": par.data if split else 1}
     specs = arch(m).param_specs(m)
     counts = chunk_layers(cfg)
     layer_slots = par.virtual_stages * max(counts)
     out = {}
     for group, spec_group in (("embed", "embed"), ("layers", "layer"), ("head", "head")):
-        n = sum(_tensor_sharded(names, shape, t) for shape, names, _ in specs[spec_group].values())
+        n = sum(_tensor_sharded(zero_axes(names, shape, par.data) if split else names, shape, ways)
+                for shape, names, _ in specs[spec_group].values())
         out[group] = n * (layer_slots if group == "layers" else 1)
     return out
 
@@ -184,18 +198,39 @@ def activation_bytes(cfg) -> float:
 
 # ----------------------------------------------------------------------------- the estimate
 
+def _state_bytes(cfg) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes per device, by parallel.zero (see the module doc)."""
+    from ptdp_jax.state import zero_stage
+    used = params_per_device(cfg)                 # as the model uses them (no ZeRO split)
+    n = sum(used.values())
+    copies = COMPUTE_COPY_BYTES_PER_PARAM if cfg.train.dtype == "bfloat16" else 0
+    zero = zero_stage(cfg)
+    if not zero:
+        return n * (MASTER_BYTES_PER_PARAM + copies), n * GRAD_BYTES_PER_PARAM, \
+            n * ADAM_BYTES_PER_PARAM
+    held = sum(params_per_device(cfg, state=True).values())
+    compute = 2 if cfg.train.dtype == "bfloat16" else 4      # bytes of a gathered weight
+    master, adam = held * MASTER_BYTES_PER_PARAM, held * ADAM_BYTES_PER_PARAM
+    if zero == 1 or cfg.parallel.pipe > 1:
+        return master + n * compute, n * GRAD_BYTES_PER_PARAM, adam
+    par = cfg.parallel
+    from ptdp_jax.pipeline.balance import chunk_layers
+    layer = used["layers"] / (par.virtual_stages * max(chunk_layers(cfg)))
+    live = used["embed"] + used["head"] + 2 * layer          # gathered at once
+    return master + live * compute, (held + live) * GRAD_BYTES_PER_PARAM, adam
+
+
 def estimate_memory(cfg) -> MemoryEstimate:
     """Bytes per device of cfg's layout (cfg: a `ptdp_jax.config.Config`), most loaded device."""
-    n = sum(params_per_device(cfg).values())
-    copies = COMPUTE_COPY_BYTES_PER_PARAM if cfg.train.dtype == "bfloat16" else 0
+    params, grads, optimizer = _state_bytes(cfg)
     workspace = WORKSPACE_BYTES
     if cfg.train.recompute == "full":     # one layer's full residuals while it is recomputed
         tokens = cfg.train.micro_batch_size * cfg.model.seq_len
         workspace += layer_activation_bytes_per_token(cfg, "none") * tokens
     return MemoryEstimate(
-        params=int(n * (MASTER_BYTES_PER_PARAM + copies)),
-        grads=int(n * GRAD_BYTES_PER_PARAM),
-        optimizer=int(n * ADAM_BYTES_PER_PARAM),
+        params=int(params),
+        grads=int(grads),
+        optimizer=int(optimizer),
         activations=int(activation_bytes(cfg)),
         workspace=int(workspace))
 

@@ -12,8 +12,8 @@ kernel kill it or the allocator fail minutes later.
    s x s scores).
 
 Either refusal is a MemoryCheckError (a ConfigError: exit code 2) that names both numbers
-and the settings that fit (smaller micro-batches, more recomputation, another layout of
-the same devices) or the number of devices the model needs. train.skip_memory_check=true
+and the settings that fit (smaller micro-batches, more recomputation, with d > 1 the state
+split over 'data' by parallel.zero, another layout of the same devices) or the number of devices the model needs. train.skip_memory_check=true
 runs anyway (e.g. when the device reports less than it will have).
 """
 from __future__ import annotations
@@ -61,6 +61,8 @@ def _candidates(cfg, n_devices: int):
     lighter = {"none": ["selective", "full"], "selective": ["full"], "full": []}[t.recompute]
     for r in lighter:
         out.append({"train.recompute": r})
+    if par.data > 1:                 # the state split over the data-parallel replicas
+        out += [{"parallel.zero": z} for z in (1, 3) if z > par.zero]
     mbs = [b for b in range(t.micro_batch_size - 1, 0, -1)
            if t.global_batch_size % (b * par.data) == 0]
     for b in mbs:
@@ -92,8 +94,9 @@ def _fits(cfg, have: int, n_devices: int, limit: int = 4) -> list[str]:
     from ptdp_jax.memory import estimate_memory
     found, taken = [], []
     for over in _candidates(cfg, n_devices):
-        keys = {k for k in over if k.split(".")[0] == "train"} | \
-            ({"layout"} if any(k.startswith("parallel.") for k in over) else set())
+        keys = {k for k in over if k.split(".")[0] == "train" or k == "parallel.zero"} | \
+            ({"layout"} if any(k.startswith("parallel.") and k != "parallel.zero"
+                               for k in over) else set())
         if any(t <= keys for t in taken):
             continue
         try:

@@ -30,7 +30,12 @@ LOGICAL_RULES: dict[str, str | None] = {
     "seq": None,
     "head_dim": None,
     "qkv": None,
+    # The train state only: with parallel.zero >= 1 (ZeRO, Megatron's distributed optimizer)
+    # one dim of each parameter, and of its AdamW moments, is split over 'data' (zero_axes).
+    "zero": "data",
 }
+
+STACK_AXES = ("stage", "chunk", "layers")   # the layer stack's leading axes: never ZeRO-split
 
 
 def make_mesh(shape: tuple[int, int, int], devices=None, *,
@@ -57,6 +62,35 @@ def logical_to_spec(names: tuple[str | None, ...], manual: frozenset[str] = froz
         axis = LOGICAL_RULES[name] if name is not None else None
         out.append(None if axis in manual else axis)
     return P(*out)
+
+
+def zero_axes(names: tuple[str, ...], shape: tuple[int, ...], d: int) -> tuple[str, ...]:
+    """A parameter's logical axes in the ZeRO-sharded train state (parallel.zero >= 1 on d
+    data-parallel replicas): its largest dim that no rule splits (logical axis mapped to None,
+    not a layer-stack axis) and that d divides is renamed 'zero', so `logical_to_spec` splits
+    it over 'data'. `shape` is the per-layer shape (names may lead with STACK_AXES, which are
+    skipped). No such dim (e.g. a bias over the tensor-split heads, or h not divisible by d):
+    the names come back unchanged and the tensor stays replicated over 'data'."""
+    lead = len(names) - len(shape)
+    best = None
+    for i, (name, size) in enumerate(zip(names[lead:], shape)):
+        if name in STACK_AXES or LOGICAL_RULES.get(name) is not None or size % d:
+            continue
+        if best is None or size > shape[best]:
+            best = i
+    if best is None or d == 1:
+        return tuple(names)
+    out = list(names)
+    out[lead + best] = "zero"
+    return tuple(out)
+
+
+def data_axis(spec: P) -> int | None:
+    """The dim a PartitionSpec splits over 'data' (the ZeRO dim of a state tensor), or None."""
+    for i, entry in enumerate(spec):
+        if entry == "data" or (isinstance(entry, tuple) and "data" in entry):
+            return i
+    return None
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers
-from ptdp_jax.sharding import logical_to_spec
+from ptdp_jax.sharding import logical_to_spec, zero_axes
 
 
 # ----------------------------------------------------------------------------- make
@@ -89,9 +89,34 @@ def abstract_state(cfg, tx, shardings=None):
 # ----------------------------------------------------------------------------- shard
 
 def stage_param_specs(cfg):
-    """PartitionSpecs (over the whole mesh) of the parameters in stage layout."""
+    """PartitionSpecs (over the whole mesh) of the parameters in stage layout, as the model
+    uses them (the compute layout: no ZeRO split)."""
     axes = M.param_logical_axes(cfg.model, stage_layout=True)
     return jax.tree.map(lambda n: logical_to_spec(n), axes, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def zero_stage(cfg) -> int:
+    """parallel.zero where it does something (d > 1), else 0."""
+    return cfg.parallel.zero if cfg.parallel.data > 1 else 0
+
+
+def state_param_axes(cfg, stage_layout: bool = False):
+    """Logical axes of the parameters as the train state holds them: the model's, and with
+    parallel.zero >= 1 one dim of each renamed 'zero' (-> 'data', `sharding.zero_axes`).
+    The AdamW moments mirror them, so master weights and moments are split alike."""
+    axes = M.param_logical_axes(cfg.model, stage_layout)
+    if not zero_stage(cfg):
+        return axes
+    layer = M.arch(cfg.model).param_specs(cfg.model)
+    shapes = {"embed": layer["embed"], "layers": layer["layer"], "head": layer["head"]}
+    return {g: {k: zero_axes(names, shapes[g][k][0], cfg.parallel.data)
+                for k, names in grp.items()} for g, grp in axes.items()}
+
+
+def stage_state_specs(cfg):
+    """PartitionSpecs of the parameters in stage layout as the train state holds them."""
+    return jax.tree.map(lambda n: logical_to_spec(n), state_param_axes(cfg, stage_layout=True),
+                        is_leaf=lambda x: isinstance(x, tuple))
 
 
 def _state_shardings(cfg, mesh, tx, param_sh, abstract):
@@ -102,15 +127,16 @@ def _state_shardings(cfg, mesh, tx, param_sh, abstract):
 
 
 def state_shardings(cfg, mesh, tx):
-    """NamedShardings of the stage-layout train state (optimizer state mirrors params)."""
-    param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), stage_param_specs(cfg))
+    """NamedShardings of the stage-layout train state (optimizer state mirrors params;
+    with parallel.zero >= 1 both split over 'data' as well)."""
+    param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), stage_state_specs(cfg))
     return _state_shardings(cfg, mesh, tx, param_sh, jax.eval_shape(lambda: init_state(cfg, tx)))
 
 
 def canonical_shardings(cfg, mesh, tx):
     """Shardings of the canonical state on `mesh`: like the stage layout's, with the
     layer axis split over 'pipe' (so with v = 1 each stage keeps its own layers)."""
-    axes = M.param_logical_axes(cfg.model)
+    axes = state_param_axes(cfg)
     spec = {g: {k: logical_to_spec(n) for k, n in grp.items()} for g, grp in axes.items()}
     spec["layers"] = {k: P("pipe", *logical_to_spec(n[1:])) for k, n in axes["layers"].items()}
     param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), spec,

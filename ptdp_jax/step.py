@@ -3,8 +3,11 @@
 Gradients are computed inside a `jax.shard_map` that is manual over 'data' and
 'pipe' ('tensor' stays automatic, so tensor parallelism is GSPMD's work from the
 sharding annotations). Each data-parallel replica accumulates float32 gradients
-over its microbatches locally; they are all-reduced over 'data' once per step.
-With p > 1 the microbatches run through the pipeline executor.
+over its microbatches locally; they are all-reduced over 'data' once per step
+(in parallel.grad_reduce_dtype). With p > 1 the microbatches run through the
+pipeline executor. With parallel.zero >= 1 the state is split over 'data' and
+gradients are reduce-scattered instead (ptdp_jax/zero.py); the AdamW update, outside
+the shard_map, then runs on each replica's shard.
 """
 from __future__ import annotations
 
@@ -17,8 +20,10 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
-from ptdp_jax.sharding import Sharder, manual_axes, psum_over, vary
-from ptdp_jax.state import init_state, stage_param_specs, state_shardings
+from ptdp_jax import zero as Z
+from ptdp_jax.config import ConfigError
+from ptdp_jax.sharding import Sharder, data_axis, manual_axes, psum_over, vary
+from ptdp_jax.state import init_state, stage_state_specs, state_shardings, zero_stage
 
 
 def row_keys(seed, step, row_ids):
@@ -55,27 +60,39 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
 def make_grad_fn(cfg, mesh):
     """(params, batch (B, s+1), step) -> (mean loss, mean gradients), jit-able."""
     manual = manual_axes(mesh)                       # see sharding.manual_axes
+    _check_reduce_dtype(cfg, mesh, manual)
     sh = Sharder(mesh).inside(manual)
-    pspecs = stage_param_specs(cfg)
+    pspecs = stage_state_specs(cfg)      # as the state holds them (ZeRO: split over 'data')
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
     data_spec = P("data") if "data" in manual else P()
     n_tokens = cfg.train.global_batch_size * cfg.model.seq_len
     use_dropout = cfg.model.dropout > 0
+    zero = zero_stage(cfg)
+    axes = Z.map2(data_axis, pspecs)     # per parameter: its ZeRO dim, or None
+    reduce_dtype = M.DTYPES[cfg.parallel.grad_reduce_dtype]
 
     def local(params, batch, keys):
         keys = _wrap_keys(keys)
         # Gradients w.r.t. a copy marked varying over 'data' (and 'pipe'): no all-reduce per
-        # microbatch; the reductions happen once, below.
+        # microbatch; the reductions happen once, below (ZeRO: reduce-scatters, zero.py).
         params = jax.tree.map(lambda x: vary(x, manual), params)
-        if cfg.parallel.pipe == 1:
-            loss, grads = _microbatch_grads(cfg, sh, params, batch, keys, manual)
+        if zero and cfg.parallel.pipe == 1:
+            loss, grads = Z.microbatch_grads(cfg, sh, params, batch, keys, manual, axes)
         else:
-            from ptdp_jax.pipeline.executor import pipeline_grads
-            loss, grads = pipeline_grads(cfg, sh, params, batch, keys)
+            if zero:                     # p > 1: the stage's weights, once per step
+                params = Z.gather_stage(cfg, params, axes)
+            if cfg.parallel.pipe == 1:
+                loss, grads = _microbatch_grads(cfg, sh, params, batch, keys, manual)
+            else:
+                from ptdp_jax.pipeline.executor import pipeline_grads
+                loss, grads = pipeline_grads(cfg, sh, params, batch, keys)
+        grads = (Z.reduce_grads(cfg, grads, axes, reduced=cfg.parallel.pipe == 1) if zero
+                 else jax.tree.map(lambda g: g.astype(reduce_dtype), grads))
         # The one data-parallel reduction. Each gradient is summed over the manual axes its
-        # parameter is not sharded over: 'data' always; 'pipe' for the embedding and head
-        # (GPT's tied embedding gets its first- and last-stage parts added).
-        grads = jax.tree.map(lambda g, spec: psum_over(g, manual, spec), grads, pspecs)
+        # state is not sharded over: 'data' (unless ZeRO reduce-scattered it); 'pipe' for the
+        # embedding and head (GPT's tied embedding gets its first- and last-stage parts added).
+        grads = jax.tree.map(lambda g, spec: psum_over(g, manual, spec).astype(jnp.float32),
+                             grads, pspecs)
         loss = psum_over(loss, manual, P())
         return jax.tree.map(lambda x: x / n_tokens, (loss, grads))
 
@@ -94,6 +111,17 @@ def make_grad_fn(cfg, mesh):
         return fn(params, batch, keys)
 
     return grad_fn
+
+
+def _check_reduce_dtype(cfg, mesh, manual):
+    """XLA's CPU compiler aborts the process (AllReducePromotion) on a bfloat16 all-reduce
+    or reduce-scatter inside a region manual over 'data' but not 'tensor'; refuse it."""
+    if (cfg.parallel.grad_reduce_dtype == "bfloat16" and "data" in manual
+            and "tensor" not in manual and mesh.devices.flat[0].platform == "cpu"):
+        raise ConfigError(
+            f"parallel.grad_reduce_dtype=bfloat16 with parallel.tensor={mesh.shape['tensor']} "
+            f"> 1 does not compile on CPU devices (XLA's CPU compiler fails on bfloat16 "
+            f"reductions inside a partly manual region); use float32 there, or tensor=1")
 
 
 def _wrap_keys(keys):

@@ -137,6 +137,29 @@ REMAT_POLICIES = {
     "selective": jax.checkpoint_policies.save_only_these_names("dense"),     # keep GEMM outputs
     "full": jax.checkpoint_policies.nothing_saveable,                          # keep layer inputs
 }
+WEIGHTS = "layer_weights"   # the name of the weights a `layer_fn(weights=...)` hook makes
+
+
+def _makes_weights(params) -> bool:
+    """Whether a primitive is a call (custom_vjp, ...) whose body names its output WEIGHTS."""
+    for v in params.values():
+        jaxpr = getattr(v, "jaxpr", v)
+        for eqn in getattr(jaxpr, "eqns", ()):
+            if eqn.primitive.name == "name" and eqn.params.get("name") == WEIGHTS:
+                return True
+    return False
+
+
+def _weights_not_saved(policy):
+    """`policy`, except that the weights made by a hook are never saved for the backward:
+    they are made again there (ZeRO-3: gathered again, so no layer's full weights outlive it)."""
+    def pol(prim, *args, **params):
+        if prim.name == "name" and params.get("name") == WEIGHTS:
+            return False
+        if prim.name != "name" and _makes_weights(params):
+            return False
+        return policy(prim, *args, **params)
+    return pol
 
 
 def cast(tree, dtype):
@@ -148,29 +171,39 @@ def embed(cfg, sh, embed_p, tokens_bs, key_rows=None):
     return arch(cfg).embed(embed_p, tokens_bs, cfg, sh, key_rows)
 
 
-def layer_fn(cfg, sh, recompute: str = "none"):
+def layer_fn(cfg, sh, recompute: str = "none", weights=None):
     """One layer as f(layer_params, x_bsh, layer_index, key_rows) -> x_bsh: dropout keys
-    folded with the (global) layer index, recomputation by the mode's jax.checkpoint policy."""
+    folded with the (global) layer index, recomputation by the mode's jax.checkpoint policy.
+    weights: None, or a function from what the layer scan hands out per layer to the layer's
+    weights (the step's ZeRO gather: models name no mesh axes); what it makes is recomputed in
+    the backward, not saved (a hook names its weights WEIGHTS, `jax.ad_checkpoint.checkpoint_name`,
+    inside any custom_vjp it uses)."""
     layer = arch(cfg).layer
 
     def f(lp, x_bsh, idx, key_rows):
         keys = None
         if key_rows is not None:
             keys = jax.vmap(lambda k: jax.random.fold_in(k, idx))(key_rows)
+        if weights is not None:
+            lp = weights(lp)
         return layer(lp, x_bsh, cfg, sh, keys)
 
-    if recompute in REMAT_POLICIES:
+    if weights is not None:
+        f = jax.checkpoint(f, policy=_weights_not_saved(
+            REMAT_POLICIES.get(recompute, jax.checkpoint_policies.everything_saveable)))
+    elif recompute in REMAT_POLICIES:
         f = jax.checkpoint(f, policy=REMAT_POLICIES[recompute])
     return f
 
 
 def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None, first_layer=0,
-               scan: bool = True):
+               scan: bool = True, weights=None):
     """Apply a stack of layers (leading axis), recomputation through jax.checkpoint
     policies. scan: a `lax.scan` over the layers, so compile time does not grow with depth;
     otherwise the layers unrolled (longer compile, and no stacked residual buffers for the
-    backward to be written into and read from)."""
-    f = layer_fn(cfg, sh, recompute)
+    backward to be written into and read from). weights: see layer_fn (layers_p is then
+    whatever the hook takes, with the layer axis leading)."""
+    f = layer_fn(cfg, sh, recompute, weights)
     n = jax.tree.leaves(layers_p)[0].shape[0]
     if not scan:
         for i in range(n):

@@ -1,0 +1,199 @@
+"""ZeRO (parallel.zero): the train state split over 'data', inside the train step's shard_map.
+
+The state's layout comes from the rule table (`sharding.zero_axes`: one dim of each parameter,
+and of its AdamW moments, named 'zero' -> 'data'), so each replica holds 1/d of the float32
+master weights and moments and the optimizer update (outside the shard_map, element-wise) runs
+on that shard. Inside the shard_map the step turns shards into weights and gradients into
+shards:
+
+    zero=1  (Megatron's distributed optimizer) the weights are all-gathered once per step, in
+            the compute dtype; the gradients of all microbatches but the last accumulate
+            locally (float32, full size) and the last microbatch's backward adds them and
+            reduce-scatters, per layer inside the backward layer scan (`weight(..., full, acc)`).
+    zero=3  (ZeRO-3, FSDP) the weights are gathered layer by layer inside the layer scan and
+            gathered again in the backward (never saved), each microbatch's backward
+            reduce-scatters its gradients per layer: no full-size weight or gradient outlives a
+            layer (embedding and head: gathered per microbatch).
+    p > 1   both: the stage's weights are gathered once per step at the shard_map boundary (the
+            executor's branches take them as loop constants) and the accumulated gradients
+            reduce-scattered after the last tick.
+
+Reductions run in parallel.grad_reduce_dtype (float32 by default, as Megatron) and give
+float32 gradients. A tensor with no dim that d divides stays replicated over 'data' (axis None
+below): its gradient is all-reduced after the microbatches, as with zero=0.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from ptdp_jax.models import model as M
+from ptdp_jax.sharding import vary
+
+F32 = jnp.float32
+
+
+def gather(x, axis, dtype):
+    """The full tensor from this replica's shard (split on `axis` over 'data'), in dtype."""
+    x = x.astype(dtype)
+    return x if axis is None else jax.lax.all_gather(x, "data", axis=axis, tiled=True)
+
+
+def reduce_scatter(g, axis, reduce_dtype):
+    """Sum over 'data' of a full-size gradient, keeping this replica's shard (float32)."""
+    g = vary(g.astype(reduce_dtype), ("data",))
+    return jax.lax.psum_scatter(g, "data", scatter_dimension=axis, tiled=True).astype(F32)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def weight(axis, dtype, reduce_dtype, shard, full, acc):
+    """A weight from its shard, for the forward; its backward hands the shard the gradient
+    summed over 'data'. full: the gathered weight, if there is one (zero=1), else it is
+    gathered here (zero=3); acc: float32 gradient of earlier microbatches added before the
+    reduce-scatter, or None. The output is named M.WEIGHTS, so the layer scan does not save
+    it for the backward (models.model.layer_fn)."""
+    w = gather(shard, axis, dtype) if full is None else full
+    return checkpoint_name(w, M.WEIGHTS)
+
+
+def _weight_fwd(axis, dtype, reduce_dtype, shard, full, acc):
+    return weight(axis, dtype, reduce_dtype, shard, full, acc), acc
+
+
+def _weight_bwd(axis, dtype, reduce_dtype, acc, g):
+    g = g.astype(F32) if acc is None else g.astype(F32) + acc
+    return reduce_scatter(g, axis, reduce_dtype), None, None
+
+
+weight.defvjp(_weight_fwd, _weight_bwd)
+
+
+# ----------------------------------------------------------------------------- p == 1
+
+def map2(f, *trees):
+    """f over the leaves of {group: {name: leaf}} trees (leaves may be None or pytrees)."""
+    return {g: {k: f(*(t[g][k] for t in trees)) for k in grp} for g, grp in trees[0].items()}
+
+
+def _layers(tree):
+    """Stage layout (1, 1, L, ...) -> (L, ...) for the layer group (p == 1)."""
+    return dict(tree, layers=jax.tree.map(lambda x: x[0, 0], tree["layers"]))
+
+
+def _maker(cfg, axes, full=None, acc=None):
+    """make(group, shards) -> that group's compute-dtype weights (layers: one layer's)."""
+    dtype, rd = M.DTYPES[cfg.train.dtype], M.DTYPES[cfg.parallel.grad_reduce_dtype]
+
+    def make(group, shards, fulls=None, accs=None):
+        out = {}
+        for k, s in shards.items():
+            ax = axes[group][k]
+            if ax is None:                         # replicated over 'data': plain cast
+                out[k] = s.astype(dtype)
+            else:
+                out[k] = weight(ax - (3 if group == "layers" else 0), dtype, rd, s,
+                                None if fulls is None else fulls[k],
+                                None if accs is None else accs[k])
+        return out
+    return make
+
+
+def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows):
+    """Loss sum of one microbatch, the weights made from shards by `make` (layers: one layer
+    at a time inside the layer scan, so that the reduce-scatters run in the backward scan);
+    make None: `shards` are the compute weights themselves."""
+    mc = cfg.model
+    grp = lambda t, g: None if t is None else t[g]
+    if make is None:                         # the weights themselves
+        e, hd, layers = shards["embed"], shards["head"], shards["layers"]
+    else:
+        e = make("embed", shards["embed"], grp(fulls, "embed"), grp(accs, "embed"))
+        hd = make("head", shards["head"], grp(fulls, "head"), grp(accs, "head"))
+        layers = (shards["layers"], grp(fulls, "layers"), grp(accs, "layers"))
+    x = M.embed(mc, sh, e, tokens_bs1[:, :-1], key_rows)
+    x = M.run_layers(mc, sh, layers, x, cfg.train.recompute, key_rows,
+                     scan=cfg.train.scan_layers or cfg.parallel.zero == 3,   # 3: a layer at a time
+                     weights=None if make is None else (lambda lp: make("layers", *lp)))
+    return M.head_loss(mc, sh, e, hd, x, tokens_bs1[:, 1:])
+
+
+def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
+    """p == 1 with parallel.zero >= 1: (loss sum, float32 gradients in the state's layout).
+
+    params: this replica's state parameters, stage layout, varying over the manual axes;
+    axes: per parameter its 'data' dim (`sharding.data_axis` of its state spec) or None.
+    Sharded leaves come back reduce-scattered over 'data'; replicated ones are the replica's
+    own sums (the caller all-reduces them, as for zero=0)."""
+    m = cfg.num_microbatches
+    b = batch_rs1.shape[0] // m
+    mbs = batch_rs1.reshape((m, b) + batch_rs1.shape[1:])
+    keys = None if keys_r is None else keys_r.reshape((m, b) + keys_r.shape[1:])
+    shards = _layers(params)
+    zeros = lambda t: jax.tree.map(lambda x: vary(jnp.zeros(x.shape, F32), manual), t)
+
+    if cfg.parallel.zero == 3:
+        make = _maker(cfg, axes)
+
+        def body(acc, xs):
+            tokens, key_rows = xs
+            loss, g = jax.value_and_grad(
+                lambda s: _loss(cfg, sh, make, s, None, None, tokens, key_rows))(shards)
+            return jax.tree.map(jnp.add, acc, (loss, g)), None
+        (loss, grads), _ = jax.lax.scan(body, zeros((jnp.zeros(()), shards)), (mbs, keys))
+        return loss, _unlayers(grads)
+
+    # zero=1: gather once; microbatches 0 .. m-2 accumulate full-size gradients locally.
+    dtype = M.DTYPES[cfg.train.dtype]
+    local_axes = {g: {k: (None if a is None else a - 2 * (g == "layers")) for k, a in grp.items()}
+                  for g, grp in axes.items()}
+    fulls = map2(lambda x, ax: gather(x, ax, dtype), shards, local_axes)
+    loss, acc = zeros((jnp.zeros(()), fulls))
+    if m > 1:
+        def body(carry, xs):
+            tokens, key_rows = xs
+            loss, g = jax.value_and_grad(
+                lambda w: _loss(cfg, sh, None, w, None, None, tokens, key_rows))(fulls)
+            return jax.tree.map(lambda a, x: a + x.astype(F32), carry, (loss, g)), None
+        (loss, acc), _ = jax.lax.scan(body, (loss, acc), jax.tree.map(lambda a: a[:-1],
+                                                                        (mbs, keys)))
+    # The last microbatch: its backward adds the accumulators and reduce-scatters per layer.
+    make = _maker(cfg, axes)
+    last = jax.tree.map(lambda a: a[-1], (mbs, keys))
+    fl = _only(fulls, axes)
+    ac = _only(acc, axes) if m > 1 else None
+    loss_last, g = jax.value_and_grad(
+        lambda s: _loss(cfg, sh, make, s, fl, ac, *last))(shards)
+    # replicated leaves: their local sums (earlier microbatches added here)
+    g = map2(lambda x, a, ax: x if ax is not None else x + a, g, acc, axes)
+    return loss + loss_last, _unlayers(g)
+
+
+def _only(tree, axes):
+    """tree with None where a parameter is replicated over 'data' (no ZeRO dim)."""
+    return map2(lambda x, ax: None if ax is None else x, tree, axes)
+
+
+def _unlayers(grads):
+    return dict(grads, layers=jax.tree.map(lambda x: x[None, None], grads["layers"]))
+
+
+# ----------------------------------------------------------------------------- p > 1, reduction
+
+def gather_stage(cfg, params, axes):
+    """p > 1: the stage's float32 weights from their shards, gathered once per step in the
+    compute dtype (the pipeline executor takes float32 masters; their values only receive
+    gradients, so the upcast of the compute-dtype copy loses nothing)."""
+    dtype = M.DTYPES[cfg.train.dtype]
+    return map2(lambda x, ax: gather(x, ax, dtype).astype(F32), params, axes)
+
+
+def reduce_grads(cfg, grads, axes, reduced: bool):
+    """Sharded leaves: reduce-scatter over 'data' (unless `reduced` already); replicated
+    leaves: cast to the reduce dtype for the caller's all-reduce."""
+    rd = M.DTYPES[cfg.parallel.grad_reduce_dtype]
+    return map2(
+        lambda g, ax: g.astype(rd) if ax is None else (g if reduced else reduce_scatter(g, ax, rd)),
+        grads, axes)

@@ -1,0 +1,202 @@
+"""ZeRO (parallel.zero: 1 = Megatron's distributed optimizer, 3 = ZeRO-3 / FSDP): loss and
+every gradient equal the one-device model's; the compiled step's memory shrinks as the state's
+sharding says; gradients are reduce-scattered (in the backward scan) and weights all-gathered,
+with no all-reduce of more than a shard; checkpoints move between zero values and meshes;
+the rule that picks each tensor's ZeRO dim; the memory estimate."""
+import re
+
+import jax
+import numpy as np
+import pytest
+
+import helpers_ckpt as H
+from parity import assert_close, loss_and_grads, reference, tiny_config
+from test_hlo import _while_bodies
+
+F1 = {"parallel.schedule": "1f1b", "train.micro_batch_size": 2}               # (2,2,2): m = 2
+I2 = {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2, "train.micro_batch_size": 2}
+
+CASES = [
+    # (arch, mesh, zero, overrides); m = 8 / (micro batch x d)
+    ("gpt", (8, 1, 1), 1, {"train.recompute": "full"}),        # m = 1: reduce-scatter in its backward
+    ("llama", (8, 1, 1), 3, {}),
+    ("llama", (4, 1, 2), 1, {}),                               # m = 2: the last backward adds the first
+    ("gpt", (4, 1, 2), 3, {"train.recompute": "selective"}),
+    ("gpt", (2, 2, 2), 3, F1),
+    ("llama", (2, 2, 2), 1, F1),
+    ("gpt", (2, 2, 2), 1, I2),
+    ("llama", (2, 2, 2), 3, I2),
+]
+
+
+def _id(case):
+    arch, mesh, zero, o = case
+    return f"{arch}-{'x'.join(map(str, mesh))}-zero{zero}-{o.get('parallel.schedule', '')}" \
+           f"{o.get('train.recompute', '')}".rstrip("-")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_zero_parity(case):
+    arch, mesh, zero, overrides = case
+    cfg = tiny_config(arch, mesh, **{"parallel.zero": zero, **overrides})
+    assert_close(loss_and_grads(cfg), reference(arch))
+
+
+def test_bfloat16_gradient_reduction():
+    """grad_reduce_dtype=bfloat16: each replica's gradient is rounded to 8 bits of mantissa
+    before the reduce-scatter (relative error up to 2^-9 per term), so this case alone is
+    held to 1e-2 of each gradient's scale; the loss is not reduced in bfloat16."""
+    cfg = tiny_config("llama", (8, 1, 1), **{"parallel.zero": 1,
+                                             "parallel.grad_reduce_dtype": "bfloat16"})
+    assert_close(loss_and_grads(cfg), reference("llama"), atol_frac=1e-2)
+
+
+def test_bfloat16_compute_gathers_what_zero0_uses():
+    """train.dtype=bfloat16, p > 1: the weights are gathered in bfloat16 (half the traffic)
+    and upcast for the executor, whose float32 masters only receive gradients: zero=1 gives
+    zero=0's gradients (up to the order of float32 sums)."""
+    bf16 = {"train.dtype": "bfloat16", "model.num_layers": 2}
+    ref = loss_and_grads(tiny_config("gpt", (4, 2, 1), **bf16))
+    got = loss_and_grads(tiny_config("gpt", (4, 2, 1), **bf16, **{"parallel.zero": 1}))
+    assert_close(got, ref, rtol=1e-6, atol_frac=1e-6)
+
+
+def test_bfloat16_reduction_inside_a_partly_manual_region_is_refused_on_cpu():
+    """XLA's CPU compiler aborts the process on a bfloat16 all-reduce or reduce-scatter in a
+    region manual over 'data' but not 'tensor' (t > 1): a ConfigError says so instead."""
+    from ptdp_jax.config import ConfigError
+    from ptdp_jax.sharding import make_mesh
+    from ptdp_jax.step import make_grad_fn
+    cfg = tiny_config("gpt", (4, 1, 2), **{"parallel.grad_reduce_dtype": "bfloat16"})
+    with pytest.raises(ConfigError, match="parallel.grad_reduce_dtype=bfloat16"):
+        make_grad_fn(cfg, make_mesh((4, 1, 2)))
+
+
+# ----------------------------------------------------------------------------- compiled step
+
+MEM_MODEL = {"model.hidden_size": 128, "model.num_heads": 4, "model.num_layers": 4}
+
+
+@pytest.fixture(scope="module")
+def compiled_steps():
+    """zero -> (compiled train step, parameter bytes) of LLaMA (h 128, 4 layers) on (8,1,1),
+    layers in a scan for every zero value (zero=3 always scans: one layer's weights gathered
+    at a time; zero 0 and 1 follow train.scan_layers)."""
+    from ptdp_jax import state as S
+    from ptdp_jax.models import model as M
+    from ptdp_jax.sharding import make_mesh
+    from ptdp_jax.step import compile_all
+    out = {}
+    for zero in (0, 1, 3):
+        cfg = tiny_config("llama", (8, 1, 1), **MEM_MODEL, **{"parallel.zero": zero,
+                                                                "train.scan_layers": True})
+        tx, _ = S.make_optimizer(cfg)
+        c = compile_all(cfg, make_mesh((8, 1, 1)), tx)
+        batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1),
+                                     np.int32, sharding=c.batch_sharding)
+        exe = c.step.lower(S.abstract_state(cfg, tx, c.shardings), batch).compile()
+        out[zero] = exe, 4 * M.num_params(cfg.model)
+    return out
+
+
+def test_step_memory_shrinks_with_zero(compiled_steps):
+    """memory_analysis of the train step on 8 replicas. Arguments (the state: float32 master
+    weights and both AdamW moments, 3P): all of it with zero=0, 1/8 with zero=1 and 3.
+    Temporaries: zero=1 holds the weights gathered for the step and full-size gradients;
+    zero=3 neither (one layer at a time), so at least P/2 less."""
+    ma = {z: exe.memory_analysis() for z, (exe, _) in compiled_steps.items()}
+    P = compiled_steps[0][1]
+    args = {z: m.argument_size_in_bytes for z, m in ma.items()}
+    temp = {z: m.temp_size_in_bytes for z, m in ma.items()}
+    assert args[0] >= 3 * P
+    assert args[1] == args[3] <= args[0] / 8 + 1024, args
+    assert temp[3] < temp[1] - P / 2, temp
+    assert args[1] + temp[1] < args[0] + temp[0] - 2 * P * (1 - 1 / 8), (args, temp)
+
+
+def _collectives(hlo, kind):
+    """(result element counts, instruction lines) of every `kind` op of an HLO text."""
+    lines = [l for l in hlo.splitlines() if re.search(rf"[\s)}}]{kind}(-start)?\(", l)]
+    sizes = []
+    for line in lines:
+        result = line.split("=", 1)[1].split(kind)[0]
+        for dims in re.findall(r"\[([0-9,]*)\]", result):
+            sizes.append(int(np.prod([int(d) for d in dims.split(",") if d])))
+    return sizes, lines
+
+
+def test_hlo_reduce_scatters_instead_of_all_reduce(compiled_steps):
+    """zero=0: one all-reduce of the gradients. zero=1 and 3: a reduce-scatter and an
+    all-gather per tensor and no all-reduce of more than the elements of a shard; the
+    reduce-scatters run inside the backward layer scan (overlapping it), and with zero=3
+    the all-gathers run in both the forward and the backward scans."""
+    P = compiled_steps[0][1] // 4
+    hlo = {z: exe.as_text() for z, (exe, _) in compiled_steps.items()}
+    reduced, _ = _collectives(hlo[0], "all-reduce")
+    assert sum(reduced) >= P and not _collectives(hlo[0], "reduce-scatter")[1]
+    n_tensors = 1 + 9 + 2                              # LLaMA: embedding; 9 per layer; norm, head
+    for z in (1, 3):
+        assert len(_collectives(hlo[z], "reduce-scatter")[1]) >= n_tensors
+        assert len(_collectives(hlo[z], "all-gather")[1]) >= n_tensors
+        assert sum(_collectives(hlo[z], "all-reduce")[0]) <= P / 8, z
+        bodies = _while_bodies(hlo[z])
+        assert any("reduce-scatter" in b for b in bodies.values()), z
+    gathering = [b for b in _while_bodies(hlo[3]).values() if "all-gather" in b]
+    assert len(gathering) >= 2, "zero=3: expected all-gathers in the forward and backward scans"
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def test_checkpoints_move_between_zero_values(tmp_path, data_cache):
+    """zero=3 on (4,1,2) -> zero=0 on (2,1,4) -> zero=3 on (8,1,1), each resuming from the
+    previous one's checkpoint (canonical, full-size tensors on disk): the losses of an
+    uninterrupted one-device run. (zero=1 holds the state as zero=3 does.)"""
+    from ptdp_jax import checkpoint as CK
+    from ptdp_jax.train import train
+    chain = [((4, 1, 2), {"parallel.zero": 3}), ((2, 1, 4), {"parallel.zero": 0}),
+             ((8, 1, 1), {"parallel.zero": 3})]
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": len(chain)})
+    base = train(mesh_shape=(1, 1, 1), overrides={**ov, "checkpoint.dir": ""}, log=H.Log())
+    losses = []
+    for i, (mesh, extra) in enumerate(chain):
+        last = i == len(chain) - 1
+        res = train(mesh_shape=mesh, overrides={**ov, **extra},
+                    log=H.Log(at=None if last else i + 1))
+        assert res.start_step == i and len(res.losses) == 1, (mesh, extra)
+        losses += res.losses
+        shapes = CK.stored_shapes(tmp_path / "ckpt" / str(i + 1))
+        for name in ("params/layers/qkv_w", "opt/1/0/mu/layers/qkv_w"):
+            assert shapes[name] == (ov["model.num_layers"], 32, 3, 4, 8), (name, shapes[name])
+    np.testing.assert_allclose(losses, base.losses, rtol=2e-5, atol=0)
+    for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(base.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- rule, estimate
+
+def test_zero_dim_rule():
+    """The largest dim no rule splits, that d divides; none: replicated over 'data'."""
+    from ptdp_jax.sharding import logical_to_spec, zero_axes
+    assert zero_axes(("embed", "mlp"), (32, 128), 8) == ("zero", "mlp")
+    assert logical_to_spec(zero_axes(("stage", "chunk", "layers", "embed", "heads", "head_dim"),
+                                     (32, 8, 4), 4)) == \
+        jax.sharding.PartitionSpec("pipe", None, None, "data", "tensor", None)
+    assert zero_axes(("seq", "embed"), (16, 32), 8) == ("seq", "zero")       # the larger one
+    assert zero_axes(("qkv", "heads", "head_dim"), (3, 8, 4), 8) == ("qkv", "heads", "head_dim")
+    assert zero_axes(("embed",), (36,), 8) == ("embed",)                     # 8 does not divide 36
+    assert zero_axes(("embed",), (32,), 1) == ("embed",)
+
+
+def test_validation_and_estimate():
+    from ptdp_jax.config import ConfigError
+    from ptdp_jax.memory import estimate_memory
+    with pytest.raises(ConfigError, match=r"parallel.zero=2 is not one of \[0, 1, 3\]"):
+        tiny_config("gpt", (8, 1, 1), **{"parallel.zero": 2})
+    with pytest.raises(ConfigError, match="parallel.grad_reduce_dtype='float16'"):
+        tiny_config("gpt", (8, 1, 1), **{"parallel.grad_reduce_dtype": "float16"})
+    deep = {**MEM_MODEL, "model.num_layers": 32}      # zero=3 keeps 2 layers' weights whole
+    est = {z: estimate_memory(tiny_config("llama", (8, 1, 1), **deep, **{"parallel.zero": z}))
+           for z in (0, 1, 3)}
+    assert est[1].optimizer == est[3].optimizer == pytest.approx(est[0].optimizer / 8, rel=1e-6)
+    assert est[1].grads == est[0].grads and est[3].grads < est[0].grads / 2
+    assert est[3].params < est[1].params and est[3].total < est[1].total < est[0].total
