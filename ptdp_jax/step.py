@@ -17,7 +17,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
-from ptdp_jax.sharding import Sharder, manual_axes, psum_over, vary
+from ptdp_jax.sharding import Sharder, manual_axes, psum_over, sequence_parallel_on, vary
 from ptdp_jax.state import init_state, stage_param_specs, state_shardings
 
 
@@ -55,7 +55,7 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
 def make_grad_fn(cfg, mesh):
     """(params, batch (B, s+1), step) -> (mean loss, mean gradients), jit-able."""
     manual = manual_axes(mesh)                       # see sharding.manual_axes
-    sh = Sharder(mesh).inside(manual)
+    sh = Sharder(mesh, sequence_parallel=sequence_parallel_on(cfg.parallel)).inside(manual)
     pspecs = stage_param_specs(cfg)
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
     data_spec = P("data") if "data" in manual else P()
