@@ -8,13 +8,13 @@ second MLP projection row-parallel (same axes in their input dims), embedding
 and logits vocab-parallel ('vocab' on 'tensor').
 
 Sequence parallelism (Korthikanti et al. 2022, Megatron's --sequence-parallel) is one more
-row of the table: 'act_seq', the sequence dim of the (b, s, h) activations outside the
-tensor-parallel GEMM regions (residual stream, LayerNorm/RMSNorm, dropout, stage-to-stage
-messages), maps to None, or to 'tensor' under `parallel.sequence_parallel` (a Sharder made
-with sequence_parallel=True applies SEQUENCE_PARALLEL_RULES over the table). 'seq' (the sequence
-dim inside attention and the MLP, where heads or ffn are split) never does. GSPMD then turns each row-parallel GEMM's all-reduce into a reduce-scatter (partial
-sums -> 'act_seq' on 'tensor') and gathers the column-parallel GEMMs' input (all-gather);
-their transposes swap in the backward.
+row: 'act_seq', the sequence dim of the (b, s, h) activations outside the tensor-parallel
+GEMMs (residual stream, LayerNorm/RMSNorm, dropout, stage-to-stage messages), maps to None,
+or to 'tensor' in a Sharder made with sequence_parallel=True (SEQUENCE_PARALLEL_RULES over
+the table). 'seq' (the sequence inside attention and the MLP, where heads or ffn are split)
+never does. Each row-parallel GEMM's all-reduce then becomes a reduce-scatter (partial sums
+-> 'act_seq' on 'tensor') and each column-parallel GEMM's input an all-gather
+(`models/layers.gather_seq`); in the backward the two swap.
 """
 from __future__ import annotations
 

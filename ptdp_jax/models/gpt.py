@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 
 from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, HEADS, attention_impl, causal_attention,
-                                    column_parallel, dense, dropout, fold_rows, layer_norm)
+                                    column_parallel, dense, dropout, fold_rows, gather_seq,
+                                    layer_norm)
 
 DENSE_WEIGHTS = ("qkv_w", "out_w", "fc1_w", "fc2_w")     # layer weights used through dense()
 
@@ -71,6 +72,5 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
 
 def logits(embed_p, head_p, x_bsh, cfg, sh):
     """Final LayerNorm, then logits through the tied (vocab-parallel) embedding."""
-    y = sh.constrain(layer_norm(x_bsh, head_p["lnf_scale"], head_p["lnf_bias"], cfg.norm_eps),
-                     ACT_FULL)                   # all-gathered under sequence parallelism
+    y = gather_seq(sh, layer_norm(x_bsh, head_p["lnf_scale"], head_p["lnf_bias"], cfg.norm_eps))
     return sh.constrain(jnp.einsum("bsh,vh->bsv", y, embed_p["wte"]), ("batch", "seq", "vocab"))

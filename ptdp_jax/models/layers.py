@@ -8,10 +8,10 @@ import jax.numpy as jnp
 
 from ptdp_jax.models.dense import dense  # noqa: F401  (the layers' GEMMs; re-exported)
 
-ACT = ("batch", "act_seq", "embed")          # (b, s, h) activations: residual stream, norms,
-                                             # dropout (split by sequence under sequence parallelism)
-ACT_FULL = ("batch", "seq", "embed")         # (b, s, h) input of a column-parallel GEMM: the whole
-                                             # sequence (all-gathered under sequence parallelism)
+ACT = ("batch", "act_seq", "embed")          # (b, s, h) residual stream, norms, dropout: split
+                                             # by sequence under sequence parallelism
+ACT_FULL = ("batch", "seq", "embed")         # (b, s, h) input of a column-parallel GEMM: the
+                                             # whole sequence (all-gathered under seq. parallelism)
 HEADS = ("batch", "seq", "heads", "head_dim")  # (b, s, n, d) per-head tensors
 FFN = ("batch", "seq", "mlp")                # (b, s, f) MLP hidden
 
@@ -73,6 +73,13 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
     return attention(q_bsnd, k_bsnd, v_bsnd)
 
 
+def gather_seq(sh, y_bsh):
+    """(b, s, h) as ACT -> as ACT_FULL: under sequence parallelism an all-gather of the
+    sequence, whose transpose in the backward is a reduce-scatter (ACT first, so that the
+    cotangent lands split by sequence, not replicated); otherwise nothing."""
+    return sh.constrain(sh.constrain(y_bsh, ACT), ACT_FULL)
+
+
 def column_parallel(sh, y_bsh, gemms):
     """gemms(y) for the column-parallel GEMMs of a LayerNorm output (QKV; the first MLP
     GEMM(s)), which need the whole sequence on every tensor rank: y as ACT_FULL.
@@ -84,8 +91,7 @@ def column_parallel(sh, y_bsh, gemms):
     if sh is None or not sh.sequence_parallel:
         return gemms(y_bsh)
     policy = jax.checkpoint_policies.save_only_these_names("dense")
-    return jax.checkpoint(lambda y: gemms(sh.constrain(sh.constrain(y, ACT), ACT_FULL)),
-                          policy=policy)(y_bsh)
+    return jax.checkpoint(lambda y: gemms(gather_seq(sh, y)), policy=policy)(y_bsh)
 
 
 def dropout(x, rate: float, key_rows):

@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 
 from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, HEADS, attention_impl, causal_attention,
-                                    column_parallel, dense, dropout, fold_rows, rms_norm, rotary)
+                                    column_parallel, dense, dropout, fold_rows, gather_seq,
+                                    rms_norm, rotary)
 
 DENSE_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")   # used through dense()
 
@@ -71,5 +72,5 @@ def _repeat_kv(x_bskd, cfg, sh):
 
 
 def logits(embed_p, head_p, x_bsh, cfg, sh):
-    y = sh.constrain(rms_norm(x_bsh, head_p["norm"], cfg.norm_eps), ACT_FULL)
+    y = gather_seq(sh, rms_norm(x_bsh, head_p["norm"], cfg.norm_eps))
     return sh.constrain(jnp.einsum("bsh,hv->bsv", y, head_p["out"]), ("batch", "seq", "vocab"))
