@@ -90,15 +90,18 @@ def layer_collectives(cfg, dump_dir):
     return counts
 
 
-def test_layer_all_reduces_become_reduce_scatter_and_all_gather(tmp_path):
-    """Megatron's layer: 2 all-reduces of (b, s, h) forward and 2 backward. With sequence
-    parallelism, as in Megatron, each becomes a reduce-scatter, and there are 6 all-gathers:
-    2 before the column-parallel GEMMs, 2 in the backward as the reduce-scatters' transposes,
-    2 in the backward again for the weight gradients (the gathered input is not kept)."""
-    plain = layer_collectives(tiny_config("gpt", (1, 1, 8)), tmp_path / "plain")
-    sp = layer_collectives(tiny_config("gpt", (1, 1, 8), **SP), tmp_path / "sp")
-    assert plain == {"all-reduce": 4, "reduce-scatter": 0, "all-gather": 0}, plain
-    assert sp == {"all-reduce": 0, "reduce-scatter": 4, "all-gather": 6}, sp
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_layer_all_reduces_become_reduce_scatter_and_all_gather(arch, tmp_path):
+    """Megatron's layer: 2 all-reduces of (b, s, h) forward and 2 backward (LLaMA: 5, one per
+    GEMM that reads a norm's output, summed after). With sequence parallelism, as in
+    Megatron, each becomes a reduce-scatter, and there are 6 all-gathers: 2 before the
+    column-parallel GEMMs, 2 in the backward as the reduce-scatters' transposes, 2 in the
+    backward again for the weight gradients (the gathered input is not kept)."""
+    plain = layer_collectives(tiny_config(arch, (1, 1, 8)), tmp_path / "plain")
+    sp = layer_collectives(tiny_config(arch, (1, 1, 8), **SP), tmp_path / "sp")
+    assert plain == {"all-reduce": 4 if arch == "gpt" else 7, "reduce-scatter": 0,
+                     "all-gather": 0}, plain
+    assert sp == {"all-reduce": 0, "reduce-scatter": plain["all-reduce"], "all-gather": 6}, sp
 
 
 def test_cross_entropy_keeps_logits_vocab_sharded_under_sequence_parallelism():

@@ -75,9 +75,14 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
 
 def gather_seq(sh, y_bsh):
     """(b, s, h) as ACT -> as ACT_FULL: under sequence parallelism an all-gather of the
-    sequence, whose transpose in the backward is a reduce-scatter (ACT first, so that the
-    cotangent lands split by sequence, not replicated); otherwise nothing."""
-    return sh.constrain(sh.constrain(y_bsh, ACT), ACT_FULL)
+    sequence; in the backward the cotangent (partial sums of the GEMMs that read y) goes
+    straight to ACT, a reduce-scatter (Megatron's g). Otherwise nothing."""
+    @jax.custom_vjp
+    def gather(y):
+        return sh.constrain(sh.constrain(y, ACT), ACT_FULL)
+
+    gather.defvjp(lambda y: (gather(y), None), lambda _, g: (sh.constrain(g, ACT),))
+    return gather(y_bsh)
 
 
 def column_parallel(sh, y_bsh, gemms):
