@@ -45,6 +45,23 @@ def test_sequence_parallel_parity(case):
     assert_close(loss_and_grads(tiny_config(arch, mesh, **overrides, **SP)), ref)
 
 
+def test_evaluation_under_sequence_parallelism():
+    """The forward-only ring of evaluate.py (p > 1) gives the one-device loss."""
+    import jax
+
+    from ptdp_jax import state as S
+    from ptdp_jax.evaluate import make_eval_fn
+    from ptdp_jax.sharding import make_mesh
+    from parity import batch_for
+
+    def loss(cfg):
+        mesh, tx = make_mesh(cfg.parallel.mesh_shape), S.make_optimizer(cfg)[0]
+        params = jax.jit(lambda: S.init_state(cfg, tx)["params"])()
+        return float(jax.jit(make_eval_fn(cfg, mesh))(params, batch_for(cfg)))
+    assert loss(tiny_config("llama", (1, 2, 4), **SP)) == pytest.approx(
+        loss(tiny_config("llama", (1, 1, 1))), rel=2e-5)
+
+
 # ----------------------------------------------------------------------------- HLO
 
 def _instructions(hlo: str):
