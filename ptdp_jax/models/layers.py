@@ -77,6 +77,9 @@ def gather_seq(sh, y_bsh):
     """(b, s, h) as ACT -> as ACT_FULL: under sequence parallelism an all-gather of the
     sequence; in the backward the cotangent (partial sums of the GEMMs that read y) goes
     straight to ACT, a reduce-scatter (Megatron's g). Otherwise nothing."""
+    if sh is None or not sh.sequence_parallel:
+        return y_bsh
+
     @jax.custom_vjp
     def gather(y):
         return sh.constrain(sh.constrain(y, ACT), ACT_FULL)
