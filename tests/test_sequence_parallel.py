@@ -211,3 +211,18 @@ def test_validation_names_seq_len_and_t():
         tiny_config("gpt", (1, 1, 8), **SP, **{"model.seq_len": 12})
     assert "model.seq_len=12" in str(e.value) and "parallel.tensor=8" in str(e.value)
     tiny_config("gpt", (8, 1, 1), **SP, **{"model.seq_len": 12})   # t = 1: nothing to split
+
+
+def test_planner_keeps_sequence_parallelism_and_its_divisibility():
+    from ptdp_jax.config import load_config
+    from ptdp_jax.plan import plan
+    cfg = load_config(ROOT / "configs/demo.yaml", {"model.seq_len": 6, **SP})   # 4 heads
+    rows = plan(cfg, 8, "h100")
+    assert all("model.seq_len=6 by t=4" in r.reason for r in rows if r.tensor == 4)
+    def key(r):
+        return (r.data, r.pipe, r.micro_batch_size, r.schedule, r.virtual_stages, r.recompute,
+                r.scatter_gather)
+    off = load_config(cfg, {"parallel.sequence_parallel": False})
+    plain = {key(r): r.memory for r in plan(off, 8, "h100") if r.tensor == 2 and r.memory}
+    sp = [r for r in rows if r.tensor == 2 and r.memory]
+    assert sp and all(r.memory.activations < plain[key(r)].activations for r in sp)
