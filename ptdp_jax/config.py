@@ -106,6 +106,8 @@ class ParallelConfig:
     schedule: str = "1f1b"               # gpipe | 1f1b | interleaved | zb-h1 (zero bubble)
     virtual_stages: int = 1
     scatter_gather: bool = False
+    sequence_parallel: bool = False      # split norms, dropout, residual stream by sequence over
+                                         # 'tensor' (Megatron's --sequence-parallel); t = 1: no-op
     # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p) summing
     # to model.num_layers; () = even split; "auto" = balanced against the embedding and head.
     stage_layers: tuple[int, ...] | str = ()

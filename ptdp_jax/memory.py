@@ -32,11 +32,15 @@ The model (bytes per device; the most loaded device of the layout):
       full       the layer input only, 2 h bytes, plus one layer's `none` residuals while that
                  layer is recomputed in the backward (in `workspace`);
 
+  with parallel.sequence_parallel (t > 1) the terms not yet divided by t are divided by t
+  too (Korthikanti et al.'s 34 s b h / t): the (b, s, h) residuals each tensor rank kept whole
+  (layer input, norms, dropout; the gathered GEMM inputs are gathered again in the backward)
+  are split by sequence, as in the compiled step (tests/test_sequence_parallel.py);
   times the layers of the largest model chunk times the stash slots of the schedule
   (`Schedule.num_stash_slots` + the executor's trash slot; one microbatch without pipelining),
-  plus the executor's stage-to-stage message buffers, plus the float32 logits of one
-  microbatch on the last stage, b s V / t x 4 bytes (V / (t p) when the head is spread over the
-  pipeline stages, `pipeline/head.py`);
+  plus the executor's stage-to-stage message buffers (split by sequence too under sequence
+  parallelism), plus the float32 logits of one microbatch on the last stage, b s V / t x 4
+  bytes (V / (t p) when the head is spread over the pipeline stages, `pipeline/head.py`);
 * workspace: 0.5 GiB for XLA's temporaries and the allocator (fitted), plus the recomputation
   transient of `full`.
 
@@ -139,16 +143,22 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
     h, f = m.hidden_size, m.ffn
     mode = recompute or cfg.train.recompute
     scale = (4 if cfg.train.dtype == "float32" else 2) / 2      # 16-bit is the unit
+    sp = t if _sequence_parallel(cfg) else 1                   # divides the replicated part
     if mode == "full":
-        return 2.0 * h * scale
+        return 2.0 * h / sp * scale
     if mode == "selective":
         kv = getattr(m, "kv_heads", None) or m.num_heads     # grouped-query K and V
         qkv = h + 2 * h * kv // m.num_heads
         sharded = qkv + (2 * f if m.arch == "llama" else f)
-        return 2.0 * (3 * h + sharded / t) * scale
+        return 2.0 * (3 * h / sp + sharded / t) * scale
     if mode == "none":
-        return NONE_BYTES_PER_H_AT_T1 * (10 * h + 24 * h / t) / 34 * scale
+        return NONE_BYTES_PER_H_AT_T1 * (10 * h / sp + 24 * h / t) / 34 * scale
     raise ValueError(f"train.recompute={mode!r} is not one of ['none', 'selective', 'full']")
+
+
+def _sequence_parallel(cfg) -> bool:
+    from ptdp_jax.sharding import sequence_parallel_on
+    return sequence_parallel_on(cfg.parallel)
 
 
 def stash_slots(cfg) -> int:
@@ -191,6 +201,7 @@ def activation_bytes(cfg) -> float:
         stash = stash_slots(cfg) * max(chunk_layers(cfg)) * per_layer
         # fwd/bwd receive buffers (a few slots each) and the per-tick messages, (b, s, h) each
         buffers = (2 * 2 + MESSAGE_BUFFERS) * tokens * m.hidden_size * dtype_bytes
+        buffers /= par.tensor if _sequence_parallel(cfg) else 1      # messages split by sequence
     vocab_share = m.padded_vocab_size / (par.tensor * (par.pipe if _head_spread(cfg) else 1))
     logits = tokens * vocab_share * LOGITS_BYTES
     return stash + buffers + logits

@@ -6,6 +6,15 @@ follows from it: QKV and the first MLP projection are column-parallel
 ('heads'/'mlp' on 'tensor' in their output dims), the attention output and the
 second MLP projection row-parallel (same axes in their input dims), embedding
 and logits vocab-parallel ('vocab' on 'tensor').
+
+Sequence parallelism (Korthikanti et al. 2022, Megatron's --sequence-parallel) is one more
+row: 'act_seq', the sequence dim of the (b, s, h) activations outside the tensor-parallel
+GEMMs (residual stream, LayerNorm/RMSNorm, dropout, stage-to-stage messages), maps to None,
+or to 'tensor' in a Sharder made with sequence_parallel=True (SEQUENCE_PARALLEL_RULES over
+the table). 'seq' (the sequence inside attention and the MLP, where heads or ffn are split)
+never does. Each row-parallel GEMM's all-reduce then becomes a reduce-scatter (partial sums
+-> 'act_seq' on 'tensor') and each column-parallel GEMM's input an all-gather
+(`models/layers.gather_seq`); in the backward the two swap.
 """
 from __future__ import annotations
 
@@ -27,7 +36,8 @@ LOGICAL_RULES: dict[str, str | None] = {
     "layers": None,        # layers inside a chunk
     "embed": None,         # hidden size h
     "embed_sg": "tensor",  # h of a stage-to-stage message under scatter/gather
-    "seq": None,
+    "seq": None,           # sequence inside attention / MLP (each rank needs all of it)
+    "act_seq": None,       # sequence of (b, s, h) activations: 'tensor' under sequence parallelism
     "head_dim": None,
     "qkv": None,
     # The train state only: with parallel.zero >= 1 (ZeRO, Megatron's distributed optimizer)
@@ -36,6 +46,22 @@ LOGICAL_RULES: dict[str, str | None] = {
 }
 
 STACK_AXES = ("stage", "chunk", "layers")   # the layer stack's leading axes: never ZeRO-split
+
+# Overrides under sequence parallelism: the activations are split by sequence, so the
+# stage-to-stage message is already split over 'tensor' and scatter/gather ('embed_sg') has
+# nothing left to split (Megatron retired --scatter-gather-tensors-in-pipeline for this).
+SEQUENCE_PARALLEL_RULES: dict[str, str | None] = {"act_seq": "tensor", "embed_sg": None}
+
+
+def sequence_parallel_on(parallel) -> bool:
+    """Whether a `ParallelConfig` runs sequence parallelism: parallel.sequence_parallel with
+    parallel.tensor > 1 (with t = 1 there is nothing to split over: a no-op, as in Megatron)."""
+    return bool(getattr(parallel, "sequence_parallel", False)) and parallel.tensor > 1
+
+
+def rules(sequence_parallel: bool = False) -> dict[str, str | None]:
+    """The rule table: LOGICAL_RULES, with SEQUENCE_PARALLEL_RULES under sequence parallelism."""
+    return {**LOGICAL_RULES, **SEQUENCE_PARALLEL_RULES} if sequence_parallel else LOGICAL_RULES
 
 
 def make_mesh(shape: tuple[int, int, int], devices=None, *,
@@ -55,11 +81,13 @@ def make_mesh(shape: tuple[int, int, int], devices=None, *,
     return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
-def logical_to_spec(names: tuple[str | None, ...], manual: frozenset[str] = frozenset()) -> P:
+def logical_to_spec(names: tuple[str | None, ...], manual: frozenset[str] = frozenset(),
+                    sequence_parallel: bool = False) -> P:
     """Logical axis names -> PartitionSpec, leaving out axes that are manual here."""
+    table = rules(sequence_parallel)
     out = []
     for name in names:
-        axis = LOGICAL_RULES[name] if name is not None else None
+        axis = table[name] if name is not None else None
         out.append(None if axis in manual else axis)
     return P(*out)
 
@@ -96,12 +124,14 @@ def data_axis(spec: P) -> int | None:
 @dataclass(frozen=True)
 class Sharder:
     """Applies the rule table. Outside shard_map it needs the mesh; inside a
-    shard_map that is manual over some axes, specs drop those axes."""
+    shard_map that is manual over some axes, specs drop those axes. sequence_parallel:
+    the table with SEQUENCE_PARALLEL_RULES (`sequence_parallel_on(cfg.parallel)`)."""
     mesh: Mesh | None = None
     manual: frozenset[str] = frozenset()
+    sequence_parallel: bool = False
 
     def spec(self, names) -> P:
-        return logical_to_spec(tuple(names), self.manual)
+        return logical_to_spec(tuple(names), self.manual, self.sequence_parallel)
 
     def constrain(self, x, names):
         if self.mesh is None and not self.manual:
@@ -114,7 +144,7 @@ class Sharder:
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     def inside(self, axes) -> "Sharder":
-        return Sharder(self.mesh, self.manual | frozenset(axes))
+        return Sharder(self.mesh, self.manual | frozenset(axes), self.sequence_parallel)
 
     def per_device(self, fn, in_names, out_names):
         """fn on each device's block: a shard_map, nested in the current one, that is
@@ -123,9 +153,9 @@ class Sharder:
         rest = tuple(a for a in self.mesh.axis_names if a not in self.manual)
         if not rest:
             return fn
-        in_specs = tuple(logical_to_spec(n, self.manual) for n in in_names)
-        out_specs = (logical_to_spec(out_names, self.manual) if isinstance(out_names[0], str)
-                     else tuple(logical_to_spec(n, self.manual) for n in out_names))
+        in_specs = tuple(self.spec(n) for n in in_names)
+        out_specs = (self.spec(out_names) if isinstance(out_names[0], str)
+                     else tuple(self.spec(n) for n in out_names))
         return jax.shard_map(fn, mesh=jax.sharding.get_abstract_mesh(), in_specs=in_specs,
                              out_specs=out_specs, axis_names=set(rest))
 

@@ -110,6 +110,10 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(m.hidden_size % tp == 0, f"parallel.scatter_gather splits stage messages over "
                                       f"parallel.tensor={tp}, which must divide "
                                       f"model.hidden_size={m.hidden_size}")
+    if p.sequence_parallel and tp > 1:
+        need(m.seq_len % tp == 0, f"parallel.sequence_parallel splits the sequence over "
+                                  f"parallel.tensor={tp}, which must divide "
+                                  f"model.seq_len={m.seq_len}")
     for path in cfg.data.path:
         prefix = Path(os.path.expanduser(path))
         need(prefix.with_name(prefix.name + ".bin").is_file() or prefix.is_file(),

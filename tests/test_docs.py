@@ -16,7 +16,7 @@ README = (ROOT / "README.md").read_text()
 @pytest.mark.parametrize("word", [
     "model.num_kv_heads", "train.decay_steps", "train.stop_at_step", "train.stop_after_minutes",
     "train.skip_memory_check", "train.sample_temperature", "train.sample_top_k",
-    "checkpoint.overwrite", "ptdp-eval", "ptdp-generate", "--print-config", "--dry-run",
+    "checkpoint.overwrite", "parallel.sequence_parallel", "ptdp-eval", "ptdp-generate", "--print-config", "--dry-run",
     "llama3-8b", "peak_mem_gib", "did you mean",
 ])
 def test_readme_mentions(word):

@@ -39,7 +39,8 @@ def test_loss_falls_on_embedded_corpus(tmp_path):
     ((2, 1, 4), {}),
     ((2, 2, 2), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
     ((1, 4, 2), {"parallel.schedule": "1f1b", "train.micro_batch_size": 1}),
-], ids=["2x1x4", "2x2x2-interleaved", "1x4x2-1f1b"])
+    ((2, 1, 4), {"parallel.sequence_parallel": True}),
+], ids=["2x1x4", "2x2x2-interleaved", "1x4x2-1f1b", "2x1x4-sequence-parallel"])
 def test_layouts_reproduce_single_device_run(tmp_path, single, mesh, extra):
     res = run(tmp_path, mesh, **extra)
     np.testing.assert_allclose(res.losses, single.losses, rtol=1e-5)

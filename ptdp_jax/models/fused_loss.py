@@ -42,9 +42,15 @@ def fused_head_loss(chunk_loss, embed_p, head_p, x_bsh, targets_bs, chunks: int)
         axes = frozenset().union(*(varying_axes(a) for a in jax.tree.leaves(like)))
         return vary(jnp.zeros(shape, jnp.float32), tuple(sorted(axes)))
 
+    def scan(body, carry, xs):       # one chunk: no loop
+        if chunks == 1:
+            carry, y = body(carry, jax.tree.map(lambda a: a[0], xs))
+            return carry, None if y is None else y[None]
+        return jax.lax.scan(body, carry, xs)
+
     def loss_only(e, h, x, t):
         body = lambda loss, xt: (loss + chunk_loss(e, h, *xt), None)
-        return jax.lax.scan(body, zeros((), e, h, x, t), (split(x), split(t)))[0]
+        return scan(body, zeros((), e, h, x, t), (split(x), split(t)))[0]
 
     def forward(e, h, x, t):
         def body(acc, xt):
@@ -52,7 +58,7 @@ def fused_head_loss(chunk_loss, embed_p, head_p, x_bsh, targets_bs, chunks: int)
             new = (l, *jax.tree.map(lambda g: g.astype(jnp.float32), (ge, gh)))
             return jax.tree.map(jnp.add, acc, new), gx
         acc = (zeros((), e, h, x, t), *jax.tree.map(lambda a: zeros(a.shape, a), (e, h)))
-        (loss, g_e, g_h), g_x = jax.lax.scan(body, acc, (split(x), split(t)))
+        (loss, g_e, g_h), g_x = scan(body, acc, (split(x), split(t)))
         return loss, (g_e, g_h, jnp.moveaxis(g_x, 0, 1).reshape(x.shape))
 
     def backward(res, ct):

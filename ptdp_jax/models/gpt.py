@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ptdp_jax.models.layers import (ACT, FFN, HEADS, attention_impl, causal_attention, dense,
-                                    dropout, fold_rows, layer_norm)
+from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, HEADS, attention_impl, causal_attention,
+                                    column_parallel, dense, dropout, fold_rows, gather_seq,
+                                    layer_norm)
 
 DENSE_WEIGHTS = ("qkv_w", "out_w", "fc1_w", "fc2_w")     # layer weights used through dense()
 
@@ -42,7 +43,10 @@ def param_specs(cfg):
 
 
 def embed(p, tokens_bs, cfg, sh, key_rows=None):
-    x_bsh = p["wte"][tokens_bs] + p["wpe"][None, : tokens_bs.shape[1]]
+    # vocab-parallel lookup: partial sums over 'tensor' reduced (ACT_FULL), split by sequence
+    # under sequence parallelism (ACT): an all-reduce, or a reduce-scatter
+    x_bsh = sh.constrain(sh.constrain(p["wte"][tokens_bs], ACT_FULL), ACT)
+    x_bsh = x_bsh + p["wpe"][None, : tokens_bs.shape[1]]
     x_bsh = dropout(x_bsh, cfg.dropout, fold_rows(key_rows, 1 << 20))
     return sh.constrain(x_bsh, ACT)
 
@@ -51,13 +55,15 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     """One pre-LN transformer layer: x + Attn(LN(x)), then + MLP(LN(.))."""
     impl = attention_impl(cfg.attention, x_bsh.dtype)
     y = layer_norm(x_bsh, p["ln1_scale"], p["ln1_bias"], cfg.norm_eps)
-    qkv_bs3nd = dense("bsh,hknd->bsknd", y, p["qkv_w"]) + p["qkv_b"]
+    qkv_bs3nd = column_parallel(sh, y, lambda y: dense("bsh,hknd->bsknd", y, p["qkv_w"]))
+    qkv_bs3nd = qkv_bs3nd + p["qkv_b"]
     q, k, v = (sh.constrain(qkv_bs3nd[:, :, i], HEADS) for i in range(3))
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
     attn_bsh = dense("bsnd,ndh->bsh", a_bsnd, p["out_w"]) + p["out_b"]
     x_bsh = x_bsh + dropout(sh.constrain(attn_bsh, ACT), cfg.dropout, fold_rows(key_rows, 0))
     y = layer_norm(x_bsh, p["ln2_scale"], p["ln2_bias"], cfg.norm_eps)
-    u_bsf = sh.constrain(dense("bsh,hf->bsf", y, p["fc1_w"]) + p["fc1_b"], FFN)
+    u_bsf = column_parallel(sh, y, lambda y: dense("bsh,hf->bsf", y, p["fc1_w"]))
+    u_bsf = sh.constrain(u_bsf + p["fc1_b"], FFN)
     u_bsf = jax.nn.gelu(u_bsf, approximate=True)
     mlp_bsh = dense("bsf,fh->bsh", u_bsf, p["fc2_w"]) + p["fc2_b"]
     x_bsh = x_bsh + dropout(sh.constrain(mlp_bsh, ACT), cfg.dropout, fold_rows(key_rows, 1))
@@ -66,5 +72,5 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
 
 def logits(embed_p, head_p, x_bsh, cfg, sh):
     """Final LayerNorm, then logits through the tied (vocab-parallel) embedding."""
-    y = layer_norm(x_bsh, head_p["lnf_scale"], head_p["lnf_bias"], cfg.norm_eps)
+    y = gather_seq(sh, layer_norm(x_bsh, head_p["lnf_scale"], head_p["lnf_bias"], cfg.norm_eps))
     return sh.constrain(jnp.einsum("bsh,vh->bsv", y, embed_p["wte"]), ("batch", "seq", "vocab"))

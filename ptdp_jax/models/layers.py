@@ -8,7 +8,10 @@ import jax.numpy as jnp
 
 from ptdp_jax.models.dense import dense  # noqa: F401  (the layers' GEMMs; re-exported)
 
-ACT = ("batch", "seq", "embed")              # (b, s, h) activations
+ACT = ("batch", "act_seq", "embed")          # (b, s, h) residual stream, norms, dropout: split
+                                             # by sequence under sequence parallelism
+ACT_FULL = ("batch", "seq", "embed")         # (b, s, h) input of a column-parallel GEMM: the
+                                             # whole sequence (all-gathered under seq. parallelism)
 HEADS = ("batch", "seq", "heads", "head_dim")  # (b, s, n, d) per-head tensors
 FFN = ("batch", "seq", "mlp")                # (b, s, f) MLP hidden
 
@@ -68,6 +71,35 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
     attention.defvjp(lambda q, k, v: (local_fwd(q, k, v), (q, k, v)),
                      lambda qkv, g: local_bwd(*qkv, g))
     return attention(q_bsnd, k_bsnd, v_bsnd)
+
+
+def gather_seq(sh, y_bsh):
+    """(b, s, h) as ACT -> as ACT_FULL: under sequence parallelism an all-gather of the
+    sequence; in the backward the cotangent (partial sums of the GEMMs that read y) goes
+    straight to ACT, a reduce-scatter (Megatron's g). Otherwise nothing."""
+    if sh is None or not sh.sequence_parallel:
+        return y_bsh
+
+    @jax.custom_vjp
+    def gather(y):
+        return sh.constrain(sh.constrain(y, ACT), ACT_FULL)
+
+    gather.defvjp(lambda y: (gather(y), None), lambda _, g: (sh.constrain(g, ACT),))
+    return gather(y_bsh)
+
+
+def column_parallel(sh, y_bsh, gemms):
+    """gemms(y) for the column-parallel GEMMs of a LayerNorm output (QKV; the first MLP
+    GEMM(s)), which need the whole sequence on every tensor rank: y as ACT_FULL.
+
+    Under sequence parallelism that is an all-gather of y (Megatron's g: a reduce-scatter
+    in the backward). As in Megatron the gathered y is not kept for the backward: a
+    checkpoint that saves only the GEMM outputs keeps y (1/t of the sequence) and gathers
+    it again in the backward for the weight gradients. Without it ACT_FULL is y's layout."""
+    if sh is None or not sh.sequence_parallel:
+        return gemms(y_bsh)
+    policy = jax.checkpoint_policies.save_only_these_names("dense")
+    return jax.checkpoint(lambda y: gemms(gather_seq(sh, y)), policy=policy)(y_bsh)
 
 
 def dropout(x, rate: float, key_rows):

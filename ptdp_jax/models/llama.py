@@ -6,8 +6,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ptdp_jax.models.layers import (ACT, FFN, HEADS, attention_impl, causal_attention, dense,
-                                    dropout, fold_rows, rms_norm, rotary)
+from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, HEADS, attention_impl, causal_attention,
+                                    column_parallel, dense, dropout, fold_rows, gather_seq,
+                                    rms_norm, rotary)
 
 DENSE_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")   # used through dense()
 
@@ -36,23 +37,24 @@ def param_specs(cfg):
 
 
 def embed(p, tokens_bs, cfg, sh, key_rows=None):
-    x_bsh = dropout(p["tok"][tokens_bs], cfg.dropout, fold_rows(key_rows, 1 << 20))
+    x_bsh = sh.constrain(sh.constrain(p["tok"][tokens_bs], ACT_FULL), ACT)   # as gpt.embed
+    x_bsh = dropout(x_bsh, cfg.dropout, fold_rows(key_rows, 1 << 20))
     return sh.constrain(x_bsh, ACT)
 
 
 def layer(p, x_bsh, cfg, sh, key_rows=None):
     impl = attention_impl(cfg.attention, x_bsh.dtype)
     y = rms_norm(x_bsh, p["attn_norm"], cfg.norm_eps)
-    q = rotary(sh.constrain(dense("bsh,hnd->bsnd", y, p["wq"]), HEADS), cfg.rope_theta)
-    k = rotary(sh.constrain(dense("bsh,hnd->bsnd", y, p["wk"]), HEADS), cfg.rope_theta)
-    v = sh.constrain(dense("bsh,hnd->bsnd", y, p["wv"]), HEADS)
+    q, k, v = column_parallel(sh, y, lambda y: tuple(
+        sh.constrain(dense("bsh,hnd->bsnd", y, p[w]), HEADS) for w in ("wq", "wk", "wv")))
+    q, k = (rotary(a, cfg.rope_theta) for a in (q, k))
     k, v = (_repeat_kv(x, cfg, sh) for x in (k, v))
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
     attn_bsh = sh.constrain(dense("bsnd,ndh->bsh", a_bsnd, p["wo"]), ACT)
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
     y = rms_norm(x_bsh, p["mlp_norm"], cfg.norm_eps)
-    g_bsf = sh.constrain(dense("bsh,hf->bsf", y, p["w_gate"]), FFN)
-    u_bsf = sh.constrain(dense("bsh,hf->bsf", y, p["w_up"]), FFN)
+    g_bsf, u_bsf = column_parallel(sh, y, lambda y: tuple(
+        sh.constrain(dense("bsh,hf->bsf", y, p[w]), FFN) for w in ("w_gate", "w_up")))
     mlp_bsh = dense("bsf,fh->bsh", jax.nn.silu(g_bsf) * u_bsf, p["w_down"])
     x_bsh = x_bsh + dropout(sh.constrain(mlp_bsh, ACT), cfg.dropout, fold_rows(key_rows, 1))
     return sh.constrain(x_bsh, ACT)
@@ -70,5 +72,5 @@ def _repeat_kv(x_bskd, cfg, sh):
 
 
 def logits(embed_p, head_p, x_bsh, cfg, sh):
-    y = rms_norm(x_bsh, head_p["norm"], cfg.norm_eps)
+    y = gather_seq(sh, rms_norm(x_bsh, head_p["norm"], cfg.norm_eps))
     return sh.constrain(jnp.einsum("bsh,hv->bsv", y, head_p["out"]), ("batch", "seq", "vocab"))

@@ -19,7 +19,7 @@ import numpy as np
 
 from ptdp_jax.models import gpt, llama
 from ptdp_jax.models.fused_loss import fused_head_loss, num_chunks
-from ptdp_jax.models.layers import vocab_parallel_cross_entropy
+from ptdp_jax.models.layers import gather_seq, vocab_parallel_cross_entropy
 from ptdp_jax.sharding import Sharder
 
 ARCHS = {"gpt": gpt, "llama": llama}
@@ -230,7 +230,8 @@ def head_loss(cfg, sh, embed_p, head_p, x_bsh, targets_bs, ids_v=None, axis=None
     if axis is not None:
         return chunk_loss(embed_p, head_p, x_bsh, targets_bs)
     b, s = x_bsh.shape[:2]
-    return fused_head_loss(chunk_loss, embed_p, head_p, x_bsh, targets_bs,
+    # under sequence parallelism the chunks are cut from the whole sequence (gathered once)
+    return fused_head_loss(chunk_loss, embed_p, head_p, gather_seq(sh, x_bsh), targets_bs,
                            num_chunks(b, s, cfg.padded_vocab_size))
 
 

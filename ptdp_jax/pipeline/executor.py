@@ -37,8 +37,9 @@ from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
 from ptdp_jax.sharding import vary
 
-MSG = ("batch", "seq", "embed")            # stage-to-stage message (b, s, h)
-MSG_SCATTERED = ("batch", "seq", "embed_sg")  # the same, split over 'tensor' (scatter/gather)
+MSG = ("batch", "act_seq", "embed")            # stage-to-stage message (b, s, h), a layer's output
+MSG_SCATTERED = ("batch", "act_seq", "embed_sg")  # split over 'tensor' (scatter/gather; under
+                                                  # sequence parallelism already split by act_seq)
 
 
 def schedule_for(cfg) -> S.Schedule:

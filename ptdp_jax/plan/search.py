@@ -125,6 +125,9 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
             if "parallel.data" in fixed and fixed["parallel.data"] != d:
                 continue
             treason = _tensor_reason(model, t, gpus_per_host)
+            if not treason and cfg.parallel.sequence_parallel and t > 1 and model.seq_len % t:
+                treason = f"not divisible: model.seq_len={model.seq_len} by t={t} " \
+                          f"(parallel.sequence_parallel)"
             base = dict(data=d, pipe=p, tensor=t)
             if B % d:
                 yield Candidate(**base, micro_batch_size=0, schedule="-", virtual_stages=1,
