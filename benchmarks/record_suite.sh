@@ -51,6 +51,23 @@ traced() {   # traced TAG TRACEDIR: host-time summary of the case's trace into O
   rm -rf "$2"
 }
 
+if [[ "${SUITE:-record}" == "overlap" ]]; then
+  # XLA flags for overlapping communication, each against its case without them (issues 10, 11).
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
+  WE="--xla_gpu_threshold_for_windowed_einsum_mib=0 --xla_gpu_multi_streamed_windowed_einsum=true"
+  AR="--xla_gpu_all_reduce_combine_threshold_bytes=67108864"
+  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  run dp4-zero0-none-mb4 $ours $B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none
+  run dp4-zero0-none-mb4-ar64m env XLA_FLAGS="$AR" $ours $B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none
+  run 1.3b-tp4-sp-none-mb4 $ours $B13 --mesh 1,1,4 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true
+  run 1.3b-tp4-sp-none-mb4-we env XLA_FLAGS="$WE" $ours $B13 --mesh 1,1,4 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true
+  run 7.5b-tp4-sp-sel-we env XLA_FLAGS="$WE" $ours $B75 --mesh 1,1,4 $L75 parallel.tensor=4 train.micro_batch_size=2 train.recompute=selective parallel.sequence_parallel=true --steps 3
+  run 7.5b-tp4-sel-we env XLA_FLAGS="$WE" $ours $B75 --mesh 1,1,4 $L75 parallel.tensor=4 train.micro_batch_size=2 train.recompute=selective --steps 3
+  run 7.5b-tp4-sp-sel $ours $B75 --mesh 1,1,4 $L75 parallel.tensor=4 train.micro_batch_size=2 train.recompute=selective parallel.sequence_parallel=true --steps 3
+  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
+  exit 0
+fi
+
 if [[ "${SUITE:-record}" == "four" ]]; then
   # One lease for issues 10, 11 and 8: the one-GPU baseline, data parallelism with the state
   # split (zero), tensor parallelism with sequence parallelism, the pipeline, and the peer.
