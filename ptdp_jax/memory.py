@@ -27,8 +27,9 @@ The model (bytes per device; the most loaded device of the layout):
                  2 (3h + (3h + 2f)/t) for LLaMA (= 20 h at t = 1, f = 4h);
       none       78 (10 h + 24 h / t) / 34 bytes: Korthikanti et al.'s 34 s b h with flash
                  attention (no 5 a s^2 b term), scaled to the 78 h bytes measured here at t = 1
-                 (XLA's per-layer vjp keeps float32 LayerNorm and GeLU intermediates that
-                 Megatron's fused kernels do not);
+                 in the pipeline (the executor's per-layer vjp keeps float32 LayerNorm and GeLU
+                 intermediates that Megatron's fused kernels do not); 40 instead of 78 without
+                 pipelining (autodiff through the unrolled layers keeps about Korthikanti's 34);
       full       the layer input only, 2 h bytes, plus one layer's `none` residuals while that
                  layer is recomputed in the backward (in `workspace`);
 
@@ -40,14 +41,16 @@ The model (bytes per device; the most loaded device of the layout):
   (`Schedule.num_stash_slots` + the executor's trash slot; one microbatch without pipelining),
   plus the executor's stage-to-stage message buffers (split by sequence too under sequence
   parallelism), plus the float32 logits of one microbatch on the last stage, b s V / t x 4
-  bytes (V / (t p) when the head is spread over the pipeline stages, `pipeline/head.py`);
+  bytes (V / (t p) when the head is spread over the pipeline stages, `pipeline/head.py`;
+  otherwise the fused head loss holds one chunk of them, `models/fused_loss.py`);
 * workspace: 0.5 GiB for XLA's temporaries and the allocator (fitted), plus the recomputation
   transient of `full`.
 
 How close it gets (measured `peak_bytes_in_use` of the step, GPT, bf16, s 2048, V 51,200,
 benchmarks/RESULTS.md, H100 and H200 alike; estimate - measured):
 
-    1.3B  (1,1,1) micro 8, selective                 40.91 GiB   estimate 40.71  (-0.5%)
+    1.3B  (1,1,1) micro 8, selective                 36.91 GiB   estimate 38.37  (+4.0%)
+    1.3B  (1,1,1) micro 8, none                      53.43       estimate 53.4   (fitted)
     1.3B  (1,4,1) 1f1b micro 1, selective             9.71       estimate  9.91  (+2.1%)
     1.3B  (1,4,1) 1f1b micro 1, none                 16.72       estimate 16.71  (-0.1%, fitted)
     1.3B  (1,4,1) interleaved v 2, selective         10.01       estimate 10.38  (+3.7%)
@@ -77,6 +80,8 @@ ADAM_BYTES_PER_PARAM = 8            # AdamW m and v, float32
 LOGITS_BYTES = 4                    # float32 logits of one microbatch
 NONE_BYTES_PER_H_AT_T1 = 78.0       # recompute=none residuals per token per layer, in units of h
                                     # bytes (16-bit compute, t = 1), fitted to 1.3B (1,4,1) none
+NONE_BYTES_PER_H_NO_PIPE = 40.0     # the same without pipelining (autodiff through the layers),
+                                    # fitted to 1.3B (1,1,1) none micro 8 (53.43 GiB)
 WORKSPACE_BYTES = int(0.5 * GiB)    # XLA temporaries and allocator slack (fitted)
 MESSAGE_BUFFERS = 6                 # executor's (b, s, h) send/receive/mid/head_y buffers
 
@@ -152,7 +157,8 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
         sharded = qkv + (2 * f if m.arch == "llama" else f)
         return 2.0 * (3 * h / sp + sharded / t) * scale
     if mode == "none":
-        return NONE_BYTES_PER_H_AT_T1 * (10 * h / sp + 24 * h / t) / 34 * scale
+        per_h = NONE_BYTES_PER_H_AT_T1 if cfg.parallel.pipe > 1 else NONE_BYTES_PER_H_NO_PIPE
+        return per_h * (10 * h / sp + 24 * h / t) / 34 * scale
     raise ValueError(f"train.recompute={mode!r} is not one of ['none', 'selective', 'full']")
 
 
@@ -204,6 +210,9 @@ def activation_bytes(cfg) -> float:
         buffers /= par.tensor if _sequence_parallel(cfg) else 1      # messages split by sequence
     vocab_share = m.padded_vocab_size / (par.tensor * (par.pipe if _head_spread(cfg) else 1))
     logits = tokens * vocab_share * LOGITS_BYTES
+    if not _head_spread(cfg):        # the fused head loss: one chunk of the sequence at a time
+        from ptdp_jax.models.fused_loss import num_chunks
+        logits /= num_chunks(tr.micro_batch_size, m.seq_len, m.padded_vocab_size)
     return stash + buffers + logits
 
 
