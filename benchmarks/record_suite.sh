@@ -51,6 +51,34 @@ traced() {   # traced TAG TRACEDIR: host-time summary of the case's trace into O
   rm -rf "$2"
 }
 
+prof() {   # prof TAG TRACEDIR MESH [key=value ...]: kernel time by category into OUTDIR/prof_TAG.md
+  local tag=$1 dir=$2 mesh=$3; shift 3
+  local f; f=$(ls -t $(find "$dir" -name 'perfetto_trace.json.gz' 2>/dev/null) 2>/dev/null | head -1)
+  [[ -n "$f" ]] && python3 benchmarks/profile_step.py $B13 --mesh "$mesh" --trace "$f" "$@" \
+    > "$out/prof_$tag.md" 2>&1
+  rm -rf "$dir"
+}
+
+if [[ "${SUITE:-record}" == "dp" ]]; then
+  # Issue 10: zero=0's all-reduce inside the backward (new) against after it (BASE, carried),
+  # each traced; zero=1; then the pipeline without recomputation and a dynamic-slice flag (8).
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-150}
+  base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
+  DP="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none"
+  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  run base-dp4-zero0 $base $DP --trace-dir /tmp/d1; prof base-dp4-zero0 /tmp/d1 4,1,1
+  run dp4-zero0 $ours $DP --trace-dir /tmp/d2; prof dp4-zero0 /tmp/d2 4,1,1
+  run dp4-zero0-bf16 $ours $DP parallel.grad_reduce_dtype=bfloat16
+  run dp4-zero1 $ours $DP parallel.zero=1 --trace-dir /tmp/d3; prof dp4-zero1 /tmp/d3 4,1,1 parallel.zero=1
+  run dp2tp2-none-mb8 $ours $B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none
+  run pp4-1f1b-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1
+  run pp4-1f1b-none $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.recompute=none --trace-dir /tmp/d4
+  prof pp4-1f1b-none /tmp/d4 1,4,1 train.micro_batch_size=1 train.recompute=none
+  run pp4-1f1b-sel-dsf env XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true $ours $B13 --mesh 1,4,1 train.micro_batch_size=1
+  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
+  exit 0
+fi
+
 if [[ "${SUITE:-record}" == "overlap" ]]; then
   # XLA flags for overlapping communication, each against its case without them (issues 10, 11).
   export CASE_TIMEOUT=${CASE_TIMEOUT:-180}

@@ -18,7 +18,7 @@ never does. Each row-parallel GEMM's all-reduce then becomes a reduce-scatter (p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jax
 import numpy as np
@@ -125,10 +125,12 @@ def data_axis(spec: P) -> int | None:
 class Sharder:
     """Applies the rule table. Outside shard_map it needs the mesh; inside a
     shard_map that is manual over some axes, specs drop those axes. sequence_parallel:
-    the table with SEQUENCE_PARALLEL_RULES (`sequence_parallel_on(cfg.parallel)`)."""
+    the table with SEQUENCE_PARALLEL_RULES (`sequence_parallel_on(cfg.parallel)`).
+    in_layer_scan: set by the layer scan (models.model.run_layers) for what runs inside it."""
     mesh: Mesh | None = None
     manual: frozenset[str] = frozenset()
     sequence_parallel: bool = False
+    in_layer_scan: bool = False
 
     def spec(self, names) -> P:
         return logical_to_spec(tuple(names), self.manual, self.sequence_parallel)
@@ -144,7 +146,7 @@ class Sharder:
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     def inside(self, axes) -> "Sharder":
-        return Sharder(self.mesh, self.manual | frozenset(axes), self.sequence_parallel)
+        return replace(self, manual=self.manual | frozenset(axes))
 
     def per_device(self, fn, in_names, out_names):
         """fn on each device's block: a shard_map, nested in the current one, that is

@@ -10,6 +10,7 @@ with Megatron's chunk placement for pipelined training (any number of layers per
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 
@@ -209,6 +210,8 @@ def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None,
         for i in range(n):
             x_bsh = f(jax.tree.map(lambda a: a[i], layers_p), x_bsh, first_layer + i, key_rows)
         return x_bsh
+    if sh is not None:
+        f = layer_fn(cfg, dataclasses.replace(sh, in_layer_scan=True), recompute, weights)
     idx = first_layer + jnp.arange(n, dtype=jnp.int32)
     x_bsh, _ = jax.lax.scan(lambda x, sc: (f(sc[0], x, sc[1], key_rows), None),
                             x_bsh, (layers_p, idx))
