@@ -35,3 +35,18 @@ def test_reference_is_not_trivial():
     assert 4.0 < loss < 7.0          # about log(257) at initialisation
     import numpy as np
     assert all(float(np.abs(g).max()) > 0 for g in __import__("jax").tree.leaves(grads))
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
+def test_attention_runs_per_device_on_data_tensor_meshes(scan):
+    """(d, 1, t): attention runs in a nested per-device region (where cuDNN's call can be
+    used on GPU), except inside a layer scan (Shardy rejects the region there): the lowered
+    step holds one manual computation per layer and microbatch body more than the outer one."""
+    from compiled import _lowered
+    cfg = tiny_config("gpt", (2, 1, 4), **{"train.scan_layers": scan})
+    text = _lowered(cfg).as_text()
+    regions = text.count("sdy.manual_computation")
+    if scan:
+        assert regions == 1, regions
+    else:
+        assert regions >= 1 + cfg.model.num_layers, regions
