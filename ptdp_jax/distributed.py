@@ -32,7 +32,8 @@ service's key-value store every second and reads everyone else's. A process
 whose heartbeat stops for ``heartbeat_timeout`` seconds (default 60,
 ``--heartbeat-timeout``, ``PTDP_HEARTBEAT_TIMEOUT``), or that reports a failure,
 makes every other process print which process (and host) was lost and exit with
-code 4; JAX's own heartbeat check (twice that timeout) is the backstop. If
+code 4; JAX's own heartbeat check (four times that timeout: at twice, JAX
+ended a loaded process in CI before the watchdog could name the lost peer) is the backstop. If
 process 0 (which runs the coordination service) dies, the others are stopped by
 JAX at once with its own message ("... the leader task was preempted/died ...").
 A restart of all processes resumes from the last complete checkpoint.
@@ -199,7 +200,7 @@ def maybe_initialize(coordinator: str | None = None, num_processes: int | None =
     if setup.source != "jax-auto":
         rendezvous(setup, init_timeout)    # a missing peer: DistributedError, not a C++ abort
     kw = dict(initialization_timeout=init_timeout,
-              heartbeat_timeout_seconds=int(math.ceil(max(2 * hb, hb + 10))))
+              heartbeat_timeout_seconds=int(math.ceil(max(4 * hb, hb + 30))))
     try:
         if setup.source == "jax-auto":
             jax.distributed.initialize(**kw)
