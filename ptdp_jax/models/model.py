@@ -204,14 +204,14 @@ def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None,
     otherwise the layers unrolled (longer compile, and no stacked residual buffers for the
     backward to be written into and read from). weights: see layer_fn (layers_p is then
     whatever the hook takes, with the layer axis leading)."""
+    if scan and sh is not None:
+        sh = dataclasses.replace(sh, in_layer_scan=True)
     f = layer_fn(cfg, sh, recompute, weights)
     n = jax.tree.leaves(layers_p)[0].shape[0]
     if not scan:
         for i in range(n):
             x_bsh = f(jax.tree.map(lambda a: a[i], layers_p), x_bsh, first_layer + i, key_rows)
         return x_bsh
-    if sh is not None:
-        f = layer_fn(cfg, dataclasses.replace(sh, in_layer_scan=True), recompute, weights)
     idx = first_layer + jnp.arange(n, dtype=jnp.int32)
     x_bsh, _ = jax.lax.scan(lambda x, sc: (f(sc[0], x, sc[1], key_rows), None),
                             x_bsh, (layers_p, idx))
