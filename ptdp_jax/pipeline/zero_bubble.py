@@ -36,8 +36,8 @@ The list scheduler's priority per stage and tick:
 A stage thus holds at most 2p (microbatch, chunk) activations, each half a 1F1B stage's: 1F1B's
 peak of p microbatches on its first stage. The paper's ZB-V bubble is 0 with t_F = t_B = t_W
 (sail-sg/zero-bubble-pipeline-parallelism); in lockstep the ideal is 6m ticks (2 chunks x
-F, B, W per microbatch) and the table takes 6m + p - 1 ticks for p <= 4 and m >= p, at most
-6m + p + 3 for p <= 8 (tests/test_zero_bubble_v.py): a bubble of (p - 1)/2 t_F against
+F, B, W per microbatch) and once m >= p the table takes 6m + p - 1 ticks for p = 2 and 4, at
+most 6m + p + 3 for p <= 8 (tests/test_zero_bubble_v.py): a bubble of (p - 1)/2 t_F against
 ZB-H1's ~(p - 1) t_F and 1F1B's 3 (p - 1) t_F.
 """
 from __future__ import annotations
