@@ -74,8 +74,12 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(v >= 2, f"parallel.schedule=interleaved needs parallel.virtual_stages >= 2, got {v}")
         need(pp >= 2, f"parallel.schedule=interleaved needs parallel.pipe >= 2 (without a "
                       f"pipeline there is nothing to interleave), got parallel.pipe={pp}")
+    elif p.schedule == "zb-v":
+        need(v == 2, f"parallel.schedule=zb-v places two model chunks per stage in a V: it "
+                     f"needs parallel.virtual_stages=2, got {v}")
+        need(pp >= 2, f"parallel.schedule=zb-v needs parallel.pipe >= 2, got parallel.pipe={pp}")
     else:
-        need(v == 1, f"parallel.virtual_stages={v} needs parallel.schedule=interleaved "
+        need(v == 1, f"parallel.virtual_stages={v} needs parallel.schedule=interleaved or zb-v "
                      f"(got {p.schedule!r})")
     sl = p.stage_layers
     if isinstance(sl, str):
