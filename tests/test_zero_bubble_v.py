@@ -109,3 +109,13 @@ def test_zb_v_executor_arrays():
         assert (a["fwd_recv_up_slot"] == -1).all() and (a["bwd_recv_down_slot"] == -1).all()
     with pytest.raises(ValueError, match="v=2"):
         build_schedule("zb-v", 4, 8, 1)
+
+
+def test_cli_draws_zb_v(tmp_path, capsys):
+    from ptdp_jax.pipeline.plot import main
+
+    out = tmp_path / "zbv.png"
+    assert main(["--schedule", "zb-v", "--p", "4", "--m", "8", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "ticks: 51" in printed and "v=2" in printed
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
