@@ -119,3 +119,21 @@ def test_cli_draws_zb_v(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "ticks: 51" in printed and "v=2" in printed
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("over,words", [
+    ({"parallel.virtual_stages": 1}, ["parallel.schedule=zb-v", "parallel.virtual_stages=2", "got 1"]),
+    ({"parallel.virtual_stages": 3}, ["parallel.virtual_stages=2", "got 3"]),
+    ({"parallel.pipe": 1}, ["parallel.pipe >= 2", "parallel.pipe=1"]),
+    ({"model.num_layers": 6}, ["model.num_layers=6", "2 x 2 = 4"]),
+])
+def test_zb_v_config_errors_name_key_and_numbers(over, words):
+    from ptdp_jax.config import ConfigError, load_config
+    from ptdp_jax.validation import validate
+    o = {"model.num_layers": 8, "parallel.pipe": 2, "parallel.schedule": "zb-v",
+         "parallel.virtual_stages": 2, "train.global_batch_size": 8, "train.micro_batch_size": 1}
+    validate(load_config(overrides=o))
+    with pytest.raises(ConfigError) as e:
+        validate(load_config(overrides={**o, **over}))
+    for w in words:
+        assert w in str(e.value), str(e.value)

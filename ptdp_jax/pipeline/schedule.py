@@ -333,8 +333,7 @@ class Schedule:
         # and the turn (chunk p-1 -> p on stage p-1) arrives on the up channel of stage p-1.
         for msgs, slots, step in ((fwd_msgs, fwd_slot, 1), (bwd_msgs, bwd_slot, -1)):
             for t0, _, s, (mb, c) in msgs:
-                src = self.stage_of(c - step)
-                down = s == (src + 1) % p if self.name != "zb-v" else s == src + 1
+                down = step == 1 if self.name != "zb-v" else s == self.stage_of(c - step) + 1
                 name = {(1, True): "fwd_recv_slot", (1, False): "fwd_recv_up_slot",
                         (-1, False): "bwd_recv_slot", (-1, True): "bwd_recv_down_slot"}[step, down]
                 assert arr[name][t0, s] == -1, "two messages arrive at one stage in one tick"
