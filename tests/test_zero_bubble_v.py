@@ -137,3 +137,28 @@ def test_zb_v_config_errors_name_key_and_numbers(over, words):
         validate(load_config(overrides={**o, **over}))
     for w in words:
         assert w in str(e.value), str(e.value)
+
+
+def _zb_v_cfg(m, **extra):
+    from parity import tiny_config
+    return tiny_config("gpt", (1, 4, 1), **{
+        "parallel.schedule": "zb-v", "parallel.virtual_stages": 2, "train.global_batch_size": m,
+        "train.micro_batch_size": 1, "model.seq_len": 64, "model.hidden_size": 64, **extra})
+
+
+def test_zb_v_two_permutes_per_tick_and_memory_bounded_in_m():
+    """The tick loop sends with exactly two non-cyclic collective-permutes (down and up; the
+    turn stays on its stage), and compiled temporary memory at m = 4p stays within 1.3x of
+    m = p, like 1F1B and ZB-H1."""
+    import re
+
+    from compiled import compile_grad_fn
+    small = compile_grad_fn(_zb_v_cfg(4))
+    hlo = small.as_text()
+    pairs = re.findall(r"collective-permute(?:-start)?\(.*?source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}",
+                       hlo)
+    assert sorted(pairs) == sorted(["{0,1},{1,2},{2,3}", "{1,0},{2,1},{3,2}"]), pairs
+    large = compile_grad_fn(_zb_v_cfg(16))
+    t_small = small.memory_analysis().temp_size_in_bytes
+    t_large = large.memory_analysis().temp_size_in_bytes
+    assert t_large <= 1.3 * t_small, (t_small, t_large)
