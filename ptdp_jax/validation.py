@@ -110,6 +110,14 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(mb % pp == 0, f"the interleaved schedule needs the number of microbatches "
                            f"(train.global_batch_size / (train.micro_batch_size x parallel.data) "
                            f"= {mb}) to be a multiple of parallel.pipe={pp}")
+    if p.schedule == "zb-v" and v == 2 and pp >= 2:
+        from ptdp_jax.pipeline.schedule import build_schedule
+        try:        # the list scheduler's table, before any compile (cached for the executor)
+            build_schedule("zb-v", pp, cfg.num_microbatches, 2)
+        except RuntimeError as e:
+            need(False, f"parallel.schedule=zb-v has no table for parallel.pipe={pp} and "
+                        f"{cfg.num_microbatches} microbatches ({e}); try another number of "
+                        f"microbatches or parallel.schedule=zb-h1")
     if p.scatter_gather:
         need(m.hidden_size % tp == 0, f"parallel.scatter_gather splits stage messages over "
                                       f"parallel.tensor={tp}, which must divide "

@@ -162,3 +162,21 @@ def test_zb_v_two_permutes_per_tick_and_memory_bounded_in_m():
     t_small = small.memory_analysis().temp_size_in_bytes
     t_large = large.memory_analysis().temp_size_in_bytes
     assert t_large <= 1.3 * t_small, (t_small, t_large)
+
+
+def test_a_table_that_cannot_be_built_is_a_config_error(monkeypatch):
+    """The table is built by validation, before any compile; should the list scheduler ever
+    deadlock, the error names the schedule, p and m."""
+    from ptdp_jax.config import ConfigError, load_config
+    from ptdp_jax.pipeline import schedule
+    from ptdp_jax.validation import validate
+
+    def stuck(p, m):
+        raise RuntimeError(f"schedule zb-v p={p} m={m} deadlocks at tick 3")
+    monkeypatch.setattr(schedule, "zb_v_table", stuck)
+    o = {"model.num_layers": 8, "parallel.pipe": 2, "parallel.schedule": "zb-v",
+         "parallel.virtual_stages": 2, "train.global_batch_size": 8, "train.micro_batch_size": 2}
+    with pytest.raises(ConfigError) as e:
+        validate(load_config(overrides=o))
+    for w in ("parallel.schedule=zb-v", "parallel.pipe=2", "4 microbatches", "deadlocks"):
+        assert w in str(e.value), str(e.value)
