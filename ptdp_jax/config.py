@@ -103,12 +103,13 @@ class ParallelConfig:
     data: int = 1
     pipe: int = 1
     tensor: int = 1
-    schedule: str = "1f1b"               # gpipe | 1f1b | interleaved | zb-h1 (zero bubble)
+    schedule: str = "1f1b"               # gpipe | 1f1b | interleaved | zb-h1 | zb-v (zero bubble)
     virtual_stages: int = 1
     scatter_gather: bool = False
     sequence_parallel: bool = False      # split norms, dropout, residual stream by sequence over
                                          # 'tensor' (Megatron's --sequence-parallel); t = 1: no-op
-    # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p) summing
+    # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p; zb-v:
+    # stage c for c < p, 2p-1-c after) summing
     # to model.num_layers; () = even split; "auto" = balanced against the embedding and head.
     stage_layers: tuple[int, ...] | str = ()
     allow_cross_host_tensor: bool = False  # multi-process: let 'tensor' span hosts (warns; slow)
@@ -171,7 +172,7 @@ CHOICES = {
     "model.attention": ("auto", "xla", "cudnn"),
     "train.dtype": ("float32", "bfloat16"),
     "train.recompute": ("none", "selective", "full"),
-    "parallel.schedule": ("gpipe", "1f1b", "interleaved", "zb-h1"),
+    "parallel.schedule": ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"),
     "parallel.layout": ("manual", "auto"),
     "parallel.zero": (0, 1, 3),
     "parallel.grad_reduce_dtype": ("float32", "bfloat16"),

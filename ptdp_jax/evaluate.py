@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from ptdp_jax.models import model as M
-from ptdp_jax.pipeline.balance import chunk_layers
+from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.sharding import Sharder, manual_axes, psum_over, sequence_parallel_on, vary
 from ptdp_jax.state import stage_param_specs
 
@@ -50,26 +50,30 @@ def make_eval_fn(cfg, mesh):
     manual = manual_axes(mesh)
     sh = Sharder(mesh, sequence_parallel=sequence_parallel_on(cfg.parallel)).inside(manual)
     dtype = M.DTYPES[cfg.train.dtype]
-    counts = chunk_layers(cfg)
-    # per_stage[i, j]: layers of virtual chunk j on stage i (global chunk j * p + i)
-    per_stage = np.asarray([[counts[j * p + i] for j in range(v)] for i in range(p)], np.int32)
+    counts, place = chunk_layers(cfg), chunk_placement(cfg)
+    chunk_at = {ij: c for c, ij in enumerate(place)}
+    # per_stage[i, j]: layers of virtual chunk j on stage i (global chunk j * p + i; ZB-V: V)
+    per_stage = np.asarray([[counts[chunk_at[i, j]] for j in range(v)] for i in range(p)],
+                           np.int32)
     n_tokens = cfg.train.global_batch_size * mc.seq_len
     pspecs = stage_param_specs(cfg)
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
     data_spec = P("data") if "data" in manual else P()
 
     def loss_ring(w, tokens):
-        """p > 1: one microbatch through the ring of stages; its loss sum on stage p - 1."""
+        """p > 1: one microbatch through the ring of stages (ZB-V: down and back up the V);
+        its loss sum on the last chunk's stage."""
         stage = jax.lax.axis_index("pipe")
         here = jnp.asarray(per_stage)[stage]                    # (v,) layer counts
         x = M.embed(mc, sh, w["embed"], tokens[:, :-1])          # used on stage 0 only
         for c in range(p * v):
-            j = c // p                                          # every stage: its chunk j
+            j = place[c][1]                                     # every stage: its chunk j
             x = _masked_layers(mc, sh, jax.tree.map(lambda a: a[0, j], w["layers"]), x, here[j])
-            if c < p * v - 1:
-                x = jax.lax.ppermute(x, "pipe", [(i, (i + 1) % p) for i in range(p)])
+            if c < p * v - 1 and place[c + 1][0] != place[c][0]:
+                step = 1 if place[c + 1][0] == (place[c][0] + 1) % p else -1
+                x = jax.lax.ppermute(x, "pipe", [(i, (i + step) % p) for i in range(p)])
         loss = M.head_loss(mc, sh, w["embed"], w["head"], x, tokens[:, 1:])
-        return jnp.where(stage == p - 1, loss, 0.0)
+        return jnp.where(stage == place[-1][0], loss, 0.0)
 
     def loss_flat(w, tokens):
         """p == 1: the whole model on one microbatch."""

@@ -80,7 +80,7 @@ def _candidates(cfg, n_devices: int):
                 if pp != par.pipe:
                     layout.update({"parallel.schedule": "1f1b" if pp > 1 else par.schedule,
                                    "parallel.virtual_stages": 1, "parallel.stage_layers": ()})
-                    if pp == 1 and par.schedule == "interleaved":
+                    if pp == 1 and par.schedule in ("interleaved", "zb-v"):
                         layout["parallel.schedule"] = "1f1b"
                 out.append(layout)
                 if lighter:

@@ -8,8 +8,8 @@ and turned into the canonical (mesh- and schedule-independent) layout and back.
     state = to_stage_state(cfg, tx, canonical)
 
 Two layouts of the layer stack (ptdp_jax.models.model): *stage* (p, v, Lmax, ...), the
-one training runs on (chunk c of `chunk_layers(cfg)` on stage c % p, padded to the
-largest chunk), and *canonical* (L, ...), the one checkpoints, exports and
+one training runs on (chunk c of `chunk_layers(cfg)` on stage c % p, or for ZB-V on
+stage c or 2p-1-c (`chunk_placement`), padded to the largest chunk), and *canonical* (L, ...), the one checkpoints, exports and
 `TrainResult.params` use. The optimizer moments mirror the parameters in either layout.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
-from ptdp_jax.pipeline.balance import chunk_layers
+from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.sharding import logical_to_spec, zero_axes
 
 
@@ -154,13 +154,13 @@ def with_shardings(abstract, shardings):
 def stage_params(cfg, params):
     """Canonical parameters (layers (L, ...)) -> stage layout (p, v, Lmax, ...)."""
     return dict(params, layers=M.to_stage_layout(params["layers"], chunk_layers(cfg),
-                                                 cfg.parallel.pipe))
+                                                 cfg.parallel.pipe, chunk_placement(cfg)))
 
 
 def canonical_params(cfg, params):
     """Stage-layout parameters -> canonical (layers (L, ...))."""
     return dict(params, layers=M.to_canonical_layout(params["layers"], chunk_layers(cfg),
-                                                     cfg.parallel.pipe))
+                                                     cfg.parallel.pipe, chunk_placement(cfg)))
 
 
 def _layer_marks(cfg):
@@ -181,12 +181,13 @@ def _map_layers(cfg, tx, state, fn):
 
 def to_canonical_state(cfg, tx, state):
     """Train state in stage layout (p, v, Lmax, ...) -> canonical (L, ...)."""
-    counts, p = chunk_layers(cfg), cfg.parallel.pipe
+    counts, p, where = chunk_layers(cfg), cfg.parallel.pipe, chunk_placement(cfg)
     return _map_layers(cfg, tx, state,
-                       lambda x: M.to_canonical_layout({"x": x}, counts, p)["x"])
+                       lambda x: M.to_canonical_layout({"x": x}, counts, p, where)["x"])
 
 
 def to_stage_state(cfg, tx, state):
     """Inverse of to_canonical_state."""
-    counts, p = chunk_layers(cfg), cfg.parallel.pipe
-    return _map_layers(cfg, tx, state, lambda x: M.to_stage_layout({"x": x}, counts, p)["x"])
+    counts, p, where = chunk_layers(cfg), cfg.parallel.pipe, chunk_placement(cfg)
+    return _map_layers(cfg, tx, state,
+                       lambda x: M.to_stage_layout({"x": x}, counts, p, where)["x"])

@@ -91,7 +91,8 @@ def make_grad_fn(cfg, mesh):
                  else jax.tree.map(lambda g: g.astype(reduce_dtype), grads))
         # The one data-parallel reduction. Each gradient is summed over the manual axes its
         # state is not sharded over: 'data' (unless ZeRO reduce-scattered it); 'pipe' for the
-        # embedding and head (GPT's tied embedding gets its first- and last-stage parts added).
+        # embedding and head (GPT's tied embedding gets its first- and last-chunk parts added;
+        # under zb-v both are on stage 0 and the sum over 'pipe' is the same).
         grads = jax.tree.map(lambda g, spec: psum_over(g, manual, spec).astype(jnp.float32),
                              grads, pspecs)
         loss = psum_over(loss, manual, P())

@@ -74,8 +74,12 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(v >= 2, f"parallel.schedule=interleaved needs parallel.virtual_stages >= 2, got {v}")
         need(pp >= 2, f"parallel.schedule=interleaved needs parallel.pipe >= 2 (without a "
                       f"pipeline there is nothing to interleave), got parallel.pipe={pp}")
+    elif p.schedule == "zb-v":
+        need(v == 2, f"parallel.schedule=zb-v places two model chunks per stage in a V: it "
+                     f"needs parallel.virtual_stages=2, got {v}")
+        need(pp >= 2, f"parallel.schedule=zb-v needs parallel.pipe >= 2, got parallel.pipe={pp}")
     else:
-        need(v == 1, f"parallel.virtual_stages={v} needs parallel.schedule=interleaved "
+        need(v == 1, f"parallel.virtual_stages={v} needs parallel.schedule=interleaved or zb-v "
                      f"(got {p.schedule!r})")
     sl = p.stage_layers
     if isinstance(sl, str):
@@ -106,6 +110,14 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(mb % pp == 0, f"the interleaved schedule needs the number of microbatches "
                            f"(train.global_batch_size / (train.micro_batch_size x parallel.data) "
                            f"= {mb}) to be a multiple of parallel.pipe={pp}")
+    if p.schedule == "zb-v" and v == 2 and pp >= 2:
+        from ptdp_jax.pipeline.schedule import build_schedule
+        try:        # the list scheduler's table, before any compile (cached for the executor)
+            build_schedule("zb-v", pp, cfg.num_microbatches, 2)
+        except RuntimeError as e:
+            need(False, f"parallel.schedule=zb-v has no table for parallel.pipe={pp} and "
+                        f"{cfg.num_microbatches} microbatches ({e}); try another number of "
+                        f"microbatches or parallel.schedule=zb-h1")
     if p.scatter_gather:
         need(m.hidden_size % tp == 0, f"parallel.scatter_gather splits stage messages over "
                                       f"parallel.tensor={tp}, which must divide "

@@ -58,6 +58,7 @@ RESHARD_CHAIN = [
     ((2, 1, 4), {}),
     ((4, 1, 2), {}),
     ((2, 2, 2), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
+    ((1, 2, 4), {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}),
     ((1, 4, 2), {"parallel.schedule": "1f1b"}),
     ((1, 1, 1), {}),
 ]
@@ -66,7 +67,8 @@ RESHARD_CHAIN = [
 def test_reshard_across_layouts(tmp_path, data_cache):
     """One step on each layout, each resuming from the checkpoint the previous one
     wrote: (8,1,1) -> (1,1,1) -> (2,1,4) -> (4,1,2) -> (2,2,2) interleaved v=2 ->
-    (1,4,2) 1F1B -> (1,1,1); the losses follow an uninterrupted run within float rounding."""
+    (1,2,4) zb-v (the V placement) -> (1,4,2) 1F1B -> (1,1,1); the losses follow an
+    uninterrupted run within float rounding."""
     steps = len(RESHARD_CHAIN)
     ov = H.tiny(tmp_path, data_cache, **{"train.steps": steps})
     base = train(mesh_shape=(1, 1, 1), overrides={**ov, "checkpoint.dir": ""}, log=H.Log())

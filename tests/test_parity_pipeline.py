@@ -3,7 +3,8 @@ loss and every gradient of the one-device model (float32).
 
 Mixed meshes matter: pipe rings replicated over data or tensor are where XLA's
 collective-permute handling has gone wrong before. The matrix below covers each
-schedule on (1,2,1), (1,4,1), (2,2,2), (1,2,4), (2,4,1), (1,4,2); v = 2 and 4;
+schedule on (1,2,1), (1,4,1), (2,2,2), (1,2,4), (2,4,1), (1,4,2); v = 2 and 4 (and
+ZB-V's V placement);
 m = p, 2p, 3p; recompute none, selective and full; scatter/gather on and off;
 split and unsplit backward (1 layer per chunk); and uneven layers per chunk
 (parallel.stage_layers, explicit and auto); grouped-query attention."""
@@ -16,6 +17,7 @@ I4 = {"parallel.schedule": "interleaved", "parallel.virtual_stages": 4}
 GP = {"parallel.schedule": "gpipe"}
 F1 = {"parallel.schedule": "1f1b"}
 ZB = {"parallel.schedule": "zb-h1"}
+ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 FULL = {"train.recompute": "full"}
 SEL = {"train.recompute": "selective"}
 SG = {"parallel.scatter_gather": True}
@@ -63,6 +65,16 @@ CASES = [
     ("gpt", (1, 2, 4), {**ZB, **mb(4), **FULL}),
     ("llama", (2, 4, 1), {**ZB, **mb(4, 2), **SEL, "parallel.stage_layers": (3, 1, 2, 2)}),
     ("llama", (1, 4, 2), {**ZB, **mb(8)}),
+    # ZB-V: two chunks per stage in a V (activations down, then back up), head and loss on stage 0
+    ("gpt", (1, 2, 1), {**ZV, **mb(2)}),                     # m = p
+    ("gpt", (1, 4, 1), {**ZV, **mb(8)}),                     # m = 2p, 1 layer per chunk
+    ("gpt", (1, 2, 1), {**ZV, **M3P, **FULL}),               # m = 3p
+    ("gpt", (2, 2, 2), {**ZV, **mb(2, 2), **SEL, **SG}),
+    ("llama", (1, 2, 4), {**ZV, **mb(4), **FULL}),
+    ("llama", (1, 4, 2), {**ZV, **mb(4), **SEL}),
+    ("llama", (2, 2, 1), {**ZV, **mb(2, 2), "parallel.stage_layers": (3, 1, 2, 2)}),
+    ("gpt", (1, 3, 1), {**ZV, **mb(4), "parallel.stage_layers": (2, 1, 1, 1, 1, 2),
+                        "model.vocab_size": 100}),       # the head unspread, on stage 0
     # a padded vocabulary (128) that 3 stages cannot share: the head stays on the last stage
     ("gpt", (1, 3, 1), {**F1, **mb(4), "parallel.stage_layers": (3, 3, 2), "model.vocab_size": 100}),
     ("llama", (2, 3, 1), {**F1, **mb(2, 2), "parallel.stage_layers": "auto",

@@ -174,7 +174,10 @@ def test_two_ctrl_c_interrupt_train_at_once(tmp_path, data_cache):
     ((1, 2, 1), {"parallel.schedule": "1f1b", "parallel.stage_layers": [3, 1]}),
     ((1, 4, 1), {"parallel.schedule": "gpipe", "model.arch": "llama",
                  "model.ffn_hidden_size": 64, "model.num_kv_heads": 2}),
-], ids=["1x1x1", "2x1x2", "1x2x2", "2x2x2-interleaved", "1x2x1-layers31", "llama-1x4x1-gqa"])
+    ((1, 2, 2), {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2,
+                 "model.num_layers": 5, "parallel.stage_layers": [1, 2, 1, 1]}),
+], ids=["1x1x1", "2x1x2", "1x2x2", "2x2x2-interleaved", "1x2x1-layers31", "llama-1x4x1-gqa",
+        "1x2x2-zb-v"])
 def test_evaluation_is_the_forward_loss_without_dropout(mesh, extra):
     """The validation loss is the model's forward loss with dropout off, on any layout:
     equal to the one-device forward of the same parameters (model.dropout=0.5 or not)."""

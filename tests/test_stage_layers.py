@@ -57,6 +57,22 @@ def test_stage_layout_round_trip_and_placement(counts, p):
     np.testing.assert_array_equal(np.asarray(back["w"]), np.asarray(layers["w"]))
 
 
+@pytest.mark.parametrize("counts", [(2, 2, 2, 2, 2, 2, 2, 2), (2, 3, 1, 2, 1, 1, 3, 3)])
+def test_zb_v_stage_layout_round_trip(counts):
+    """ZB-V: chunk c on stage c (virtual chunk 0) for c < p, on stage 2p-1-c (virtual 1) after."""
+    p, L = 4, sum(counts)
+    placement = build_schedule("zb-v", p, 4, 2).placement
+    layers = {"w": jnp.arange(L, dtype=jnp.float32)}
+    stage = M.to_stage_layout(layers, counts, p, placement)
+    start = np.cumsum((0,) + counts)
+    for c, n in enumerate(counts):
+        i, j = (c, 0) if c < p else (2 * p - 1 - c, 1)
+        np.testing.assert_array_equal(np.asarray(stage["w"][i, j, :n]),
+                                      np.arange(start[c], start[c] + n))
+    back = M.to_canonical_layout(stage, counts, p, placement)
+    np.testing.assert_array_equal(np.asarray(back["w"]), np.asarray(layers["w"]))
+
+
 def test_auto_balance_is_valid_and_no_worse_than_even():
     # A padded vocabulary (50048) that does not divide over 3 stages keeps the head on the
     # last one: auto moves layers off that stage.

@@ -95,26 +95,34 @@ def even_chunk_layers(num_layers: int, p: int, v: int) -> tuple[int, ...]:
     return (num_layers // (p * v),) * (p * v)
 
 
-def _layer_index(counts, p: int):
+def _layer_index(counts, p: int, placement=None):
     """(p, v, Lmax) global layer index of each stage-layout row; -1 for padding rows.
-    Global chunk c = j*p + i lives on stage i as virtual chunk j and holds counts[c]
-    consecutive layers (Megatron's placement, with any per-chunk counts)."""
+    Global chunk c = j*p + i lives on stage i as virtual chunk j (Megatron's placement; or
+    `placement[c]` = (stage, virtual chunk), e.g. ZB-V's V) and holds counts[c] consecutive
+    layers (any per-chunk counts)."""
     v, lmax = len(counts) // p, max(counts)
     idx = np.full((p, v, lmax), -1, np.int64)
     start = np.cumsum((0,) + tuple(counts))
     for c, n in enumerate(counts):
-        idx[c % p, c // p, :n] = np.arange(start[c], start[c] + n)
+        i, j = (c % p, c // p) if placement is None else placement[c]
+        idx[i, j, :n] = np.arange(start[c], start[c] + n)
     return idx
 
 
-def to_stage_layout(layers, counts, p: int):
-    """(L, ...) -> (p, v, Lmax, ...); counts: layers of each global chunk (sum L).
+def _standard(counts, p: int, placement) -> bool:
+    return placement is None or tuple(placement) == tuple(
+        (c % p, c // p) for c in range(len(counts)))
+
+
+def to_stage_layout(layers, counts, p: int, placement=None):
+    """(L, ...) -> (p, v, Lmax, ...); counts: layers of each global chunk (sum L); placement:
+    (stage, virtual chunk) of each global chunk (None: chunk c on stage c % p).
     Padding rows (a chunk with fewer than Lmax layers) are zeros and never read."""
-    if len(set(counts)) == 1:                      # even split: a reshape, no gather
+    if len(set(counts)) == 1 and _standard(counts, p, placement):   # a reshape, no gather
         v = len(counts) // p
         return jax.tree.map(lambda x: jnp.swapaxes(
             x.reshape((v, p, counts[0]) + x.shape[1:]), 0, 1), layers)
-    idx = _layer_index(tuple(counts), p)
+    idx = _layer_index(tuple(counts), p, placement)
 
     def f(x):
         padded = jnp.concatenate([x, jnp.zeros((1,) + x.shape[1:], x.dtype)])
@@ -122,11 +130,11 @@ def to_stage_layout(layers, counts, p: int):
     return jax.tree.map(f, layers)
 
 
-def to_canonical_layout(layers, counts, p: int):
+def to_canonical_layout(layers, counts, p: int, placement=None):
     """Inverse of to_stage_layout: (p, v, Lmax, ...) -> (L, ...)."""
-    if len(set(counts)) == 1:
+    if len(set(counts)) == 1 and _standard(counts, p, placement):
         return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape((-1,) + x.shape[3:]), layers)
-    idx = _layer_index(tuple(counts), p)
+    idx = _layer_index(tuple(counts), p, placement)
     order = np.argsort(np.where(idx >= 0, idx, idx.size).reshape(-1), kind="stable")
     rows = order[: int((idx >= 0).sum())]          # flat (p*v*Lmax) row of each layer, in order
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[3:])[rows], layers)

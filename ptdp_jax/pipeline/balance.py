@@ -20,13 +20,16 @@ from __future__ import annotations
 
 from ptdp_jax.models.model import even_chunk_layers
 from ptdp_jax.pipeline.head import spread_over_pipe
+from ptdp_jax.pipeline.schedule import build_schedule
+from ptdp_jax.pipeline.schedule import chunk_placement as _placement
 
 BACKWARD_COST = {"none": 2.0, "selective": 2.5, "full": 3.0}
 CE_OVERHEAD = 1.15            # softmax / cross-entropy element-wise work on top of the logits GEMM
 
 
 def chunk_layers(cfg) -> tuple[int, ...]:
-    """Layers of each global model chunk (p * v entries, chunk c on stage c % p)."""
+    """Layers of each global model chunk (p * v entries, in chunk order; chunk c on stage
+    `chunk_placement(cfg)[c][0]`: c % p, or for ZB-V c or 2p-1-c)."""
     par, L = cfg.parallel, cfg.model.num_layers
     p, v = par.pipe, par.virtual_stages
     if par.stage_layers == "auto" and p * v > 1:
@@ -34,6 +37,12 @@ def chunk_layers(cfg) -> tuple[int, ...]:
     if par.stage_layers and par.stage_layers != "auto":
         return tuple(int(n) for n in par.stage_layers)
     return even_chunk_layers(L, p, v)
+
+
+def chunk_placement(cfg) -> tuple[tuple[int, int], ...]:
+    """(stage, virtual chunk) of each global model chunk under parallel.schedule."""
+    par = cfg.parallel
+    return _placement(par.schedule, par.pipe, par.virtual_stages)
 
 
 def op_costs(cfg) -> dict[str, float]:
@@ -77,7 +86,6 @@ def auto_chunk_layers(cfg) -> tuple[int, ...]:
     """Local search from the even split: move one layer between two chunks while the
     predicted lockstep step gets shorter. Every chunk keeps at least one layer (two where an
     even split has two or more, so every backward can still be split into halves)."""
-    from ptdp_jax.pipeline.schedule import build_schedule
     par, L = cfg.parallel, cfg.model.num_layers
     p, v = par.pipe, par.virtual_stages
     k = p * v

@@ -11,7 +11,8 @@ Each tick, on every stage:
               the W stash, the gradient accumulators, the send buffers
     head      (when the last chunk ran a forward anywhere) every stage takes 1/p of the
               vocabulary for the loss and its gradient (pipeline/head.py)
-    send      activations move one stage forward, gradients one stage back (`ppermute`)
+    send      one `ppermute` down (stage s -> s+1) and one up (s -> s-1): activations down
+              and gradients up, or for ZB-V's second leg the other way (pipeline/routing.py)
 
 There is one conditional per tick and no other: a buffer passes through exactly one branch,
 which either leaves it alone (no copy) or updates one slot of it in place. Branches are
@@ -23,23 +24,19 @@ Gradients accumulate in float32; the embedding gradient by scatter-add into its 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad, Probe, Taps, weight_grad
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
+from ptdp_jax.pipeline.routing import (  # noqa: F401  (re-exported)
+    MSG, MSG_SCATTERED, Branch, Router, TickControl, control_table)
 from ptdp_jax.sharding import vary
-
-MSG = ("batch", "act_seq", "embed")            # stage-to-stage message (b, s, h), a layer's output
-MSG_SCATTERED = ("batch", "act_seq", "embed_sg")  # split over 'tensor' (scatter/gather; under
-                                                  # sequence parallelism already split by act_seq)
 
 
 def schedule_for(cfg) -> S.Schedule:
@@ -48,74 +45,18 @@ def schedule_for(cfg) -> S.Schedule:
                             split_backward=min(chunk_layers(cfg)) >= 2)
 
 
-# ----------------------------------------------------------------------------- control table
-
-@dataclass(frozen=True)
-class Branch:
-    """One `lax.switch` branch: an op on one virtual chunk with a given layer count."""
-    op: int           # schedule.IDLE / FWD / BWD_UPPER / BWD_LOWER / BWD_FULL
-    vchunk: int = 0
-    n_layers: int = 0
-    first: bool = False   # global chunk 0: embedding in, embedding gradient out
-    last: bool = False    # last global chunk: head and loss
-
-
-class TickControl(NamedTuple):
-    """One tick's row for this stage (int32 scalars; slot -1 = the trash row)."""
-    branch: jax.Array
-    mb: jax.Array
-    first_layer: jax.Array      # global index of the chunk's first layer (dropout keys)
-    stash_slot: jax.Array
-    wstash_slot: jax.Array      # zero-bubble tables: B-to-W slot
-    fwd_in_slot: jax.Array
-    bwd_in_slot: jax.Array
-    loss_ct_slot: jax.Array
-    fwd_recv_slot: jax.Array
-    bwd_recv_slot: jax.Array
-    head_tick: jax.Array        # 1 where the last chunk runs a forward anywhere (same on all stages)
-    head_mb: jax.Array          # that forward's microbatch
-
-
-def control_table(sched: S.Schedule, counts) -> tuple[list[Branch], dict[str, np.ndarray]]:
-    """The branch list (0 = idle) and the (ticks, p) int32 arrays of TickControl."""
-    arr = sched.executor_arrays()
-    p, T = sched.p, sched.num_ticks
-    starts = np.cumsum((0,) + tuple(counts))
-    branches, index = [Branch(S.IDLE)], {Branch(S.IDLE): 0}
-    out = {k: np.zeros((T, p), np.int32) for k in ("branch", "first_layer", "head_tick", "head_mb")}
-    for t in range(T):
-        for s in range(p):
-            if arr["op"][t, s] == S.IDLE:
-                continue
-            c, op = int(arr["vchunk"][t, s]) * p + s, int(arr["op"][t, s])
-            # first / last only where the op uses them (one branch less to compile and to
-            # record into the tick's command buffer per distinction dropped)
-            first = bool(arr["is_first"][t, s]) and op in (S.FWD, S.BWD_LOWER, S.BWD_FULL,
-                                                             S.BWD_INPUT)
-            last = bool(arr["is_last"][t, s]) and op == S.FWD
-            br = Branch(op, int(arr["vchunk"][t, s]), int(counts[c]), first, last)
-            if br not in index:
-                index[br] = len(branches)
-                branches.append(br)
-            out["branch"][t, s], out["first_layer"][t, s] = index[br], starts[c]
-            if br.op == S.FWD and br.last:
-                out["head_tick"][t, :], out["head_mb"][t, :] = 1, arr["mb"][t, s]
-    for k in TickControl._fields:
-        if k not in out:
-            out[k] = arr[k]
-    return branches, out
-
-
 # ----------------------------------------------------------------------------- state
 
 class PipeState(NamedTuple):
     """The scan carry. Receive buffers and the stash have a trash row at index [size]."""
     fwd_buf: jax.Array      # (TF+1, b, s, h) activations received, by slot
     bwd_buf: jax.Array      # (TB+1, b, s, h) gradients received and loss cotangents, by slot
-    recv_fwd: jax.Array     # (b, s, h) last tick's incoming activation
-    recv_bwd: jax.Array     # (b, s, h) last tick's incoming gradient
-    send_fwd: jax.Array     # (b, s, h) this tick's outgoing activation
-    send_bwd: jax.Array     # (b, s, h) this tick's outgoing gradient
+    recv_down: jax.Array    # (b, s, h) last tick's arrival from stage s-1 (an activation;
+                            #   ZB-V's second leg: a gradient)
+    recv_up: jax.Array      # (b, s, h) last tick's arrival from stage s+1 (a gradient; ZB-V's
+                            #   second leg and turn: an activation)
+    send_down: jax.Array    # (b, s, h) this tick's message to stage s+1 (routing.py)
+    send_up: jax.Array      # (b, s, h) this tick's message to stage s-1
     mid: jax.Array          # (b, s, h) cotangent between the two backward halves
     head_y: jax.Array       # (b, s, h) the last chunk's output, for the head of this tick
     stash: tuple            # [Lmax][leaf] (S+1, ...) forward residuals of layer l, by slot
@@ -177,7 +118,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     mc, dtype, manual = cfg.model, M.DTYPES[cfg.train.dtype], tuple(sh.manual)
     lmax = max(counts)
     stage = jax.lax.axis_index("pipe")
-    sg = cfg.parallel.scatter_gather and cfg.parallel.tensor > 1
+    router = Router(sched, sh, cfg.parallel.scatter_gather and cfg.parallel.tensor > 1)
 
     b, s, h = batch_rs1.shape[0] // m, mc.seq_len, mc.hidden_size
     mbs = batch_rs1.reshape((m, b, s + 1))
@@ -236,7 +177,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     f32 = lambda t: jax.tree.map(lambda a: zeros(a.shape, jnp.float32), t)
     state = PipeState(
         fwd_buf=zeros((TF + 1, b, s, h), dtype), bwd_buf=zeros((TB + 1, b, s, h), dtype),
-        recv_fwd=msg0, recv_bwd=msg0, send_fwd=msg0, send_bwd=msg0, mid=msg0, head_y=msg0,
+        recv_down=msg0, recv_up=msg0, send_down=msg0, send_up=msg0, mid=msg0, head_y=msg0,
         stash=tuple(tuple(zeros((TS + 1,) + a.shape, a.dtype) for a in res_abs)
                     for _ in range(lmax)),
         g_layers=tuple(tuple(f32(_grads_of(W[j][l])) for l in range(lmax)) for j in range(v)),
@@ -261,7 +202,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
             st = st._replace(stash=tuple(stash))
             if br.last:
                 return st._replace(head_y=x.astype(dtype)) if spread else head(st, x, c)
-            return st._replace(send_fwd=x.astype(dtype))
+            return st._replace(**{router.send_field(br): x.astype(dtype)})
         return run
 
     def backward(br, part):
@@ -289,7 +230,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
                 return st._replace(mid=ct.astype(dtype))
             if br.first:
                 return st._replace(g_embed=embed_grad(st.g_embed, ct, c.mb))
-            return st._replace(send_bwd=ct.astype(dtype))
+            return st._replace(**{router.send_field(br): ct.astype(dtype)})
         return run
 
     def head(st: PipeState, y, c: TickControl) -> PipeState:
@@ -313,8 +254,9 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
     def head_spread(st: PipeState, c: TickControl) -> PipeState:
         """The head of this tick's last-chunk forward, every stage taking 1/p of the
-        vocabulary; the loss is counted on the last stage, dy lands in its loss slot."""
-        last = stage == p - 1
+        vocabulary; the loss is counted on the last chunk's stage (p - 1; ZB-V: 0), dy lands
+        in its loss slot."""
+        last = stage == sched.stage_of(sched.last_chunk)
         loss, g, dy = head_over_pipe(cfg, sh, head_w, slices, stage, st.head_y, last,
                                      mbs[c.head_mb, :, 1:])
         return st._replace(loss=st.loss + jnp.where(last, loss, 0.0),
@@ -341,32 +283,21 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
                     else backward(br, br.op) for br in branches[1:]]
 
     # ------------------------------------------------------------------ one tick
-    fwd_perm = [(i, (i + 1) % p) for i in range(p)] if v > 1 else [(i, i + 1) for i in range(p - 1)]
-    bwd_perm = [(i, (i - 1) % p) for i in range(p)] if v > 1 else [(i + 1, i) for i in range(p - 1)]
-
-    def move(msg, perm):
-        if sg:   # scatter/gather: each tensor rank sends 1/t of the message, all-gather on arrival
-            msg = sh.constrain(msg, MSG_SCATTERED)
-            out = jax.lax.ppermute(msg, "pipe", perm)
-            return sh.constrain(sh.constrain(out, MSG_SCATTERED), MSG)
-        return jax.lax.ppermute(msg, "pipe", perm)
-
     def trash_if_none(c: TickControl) -> TickControl:
         sizes = {"stash_slot": TS, "wstash_slot": sched.num_wstash_slots, "fwd_in_slot": TF,
                  "fwd_recv_slot": TF,
-                 "bwd_in_slot": TB, "loss_ct_slot": TB, "bwd_recv_slot": TB}
+                 "bwd_in_slot": TB, "loss_ct_slot": TB, "bwd_recv_slot": TB,
+                 "fwd_recv_up_slot": TF, "bwd_recv_down_slot": TB}
         return c._replace(**{k: jnp.where(getattr(c, k) >= 0, getattr(c, k), n)
-                             for k, n in sizes.items()})
+                             for k, n in sizes.items() if getattr(c, k) is not None})
 
     def tick(st: PipeState, row):
         c = trash_if_none(TickControl(**{k: a[stage] for k, a in row.items()}))
-        st = st._replace(fwd_buf=st.fwd_buf.at[c.fwd_recv_slot].set(st.recv_fwd),
-                         bwd_buf=st.bwd_buf.at[c.bwd_recv_slot].set(st.recv_bwd))
+        st = router.receive(st, c)
         st = jax.lax.switch(c.branch, ops, st, c)
         if spread:     # the same predicate on every stage: collectives inside are fine
             st = jax.lax.cond(c.head_tick == 1, head_spread, idle, st, c)
-        return st._replace(recv_fwd=move(st.send_fwd, fwd_perm),
-                           recv_bwd=move(st.send_bwd, bwd_perm)), None
+        return router.send(st, stage), None
 
     rows = {k: jnp.asarray(a) for k, a in ctl.items()}
     state, _ = jax.lax.scan(tick, state, rows)

@@ -6,6 +6,8 @@ runs a forward. Instead, in such a tick every stage takes 1/p of the vocabulary:
 chunk's output y is broadcast over 'pipe' (a psum of 1 message), each stage computes its
 slice of the logits, the softmax statistics are reduced over 'pipe' (a few (b, s) values),
 and the gradient with respect to y is summed over 'pipe' (1 message) back to the last stage.
+"The last stage" is the last chunk's stage throughout: p - 1, or stage 0 under ZB-V, whose V
+brings the last chunk back to the first stage (the caller says which, `is_last`).
 
 The vocabulary slice of stage i is laid out to match 'tensor' sharding of the vocabulary:
 viewing a (V, ...) table as (t, p, V/(t p), ...), stage i holds [:, i], so each device keeps
@@ -77,7 +79,7 @@ def head_over_pipe(cfg, sh, groups, slices: VocabSlices, stage, y_bsh, is_last, 
     """Loss and gradients of one microbatch's head, every stage taking its vocabulary slice.
 
     groups: {'embed', 'head'} compute-dtype params cut by `slices.take`; y_bsh: the last
-    chunk's output, valid on the last stage (`is_last`). Returns (loss, grads of groups
+    chunk's output, valid on the last chunk's stage (`is_last`). Returns (loss, grads of groups
     (this stage's share), dy (the full gradient of y, on every stage))."""
     y = jax.lax.psum(jnp.where(is_last, y_bsh, jnp.zeros_like(y_bsh)), "pipe")
     ids = slices.ids(stage)

@@ -8,7 +8,7 @@ divided by v per chunk): a tick is as wide as its most expensive op, and each op
 own cost. Rows are stages (stage 0 on top). Microbatch numbers are 1-BASED, like the paper.
 Forward cells are blue, backward cells green (zero-bubble schedules: input gradients B green,
 weight gradients W orange); the first model chunk of a stage is dark, the
-other chunks (v > 1) are lighter. A split backward (upper half, then lower half at the next tick)
+other chunks (v > 1; ZB-V: the way back up the V) are lighter. A split backward (upper half, then lower half at the next tick)
 is drawn as one cell with a dotted line between the halves.
 """
 from __future__ import annotations
@@ -58,12 +58,12 @@ def draw_schedule(schedule: Schedule, path: str, t_f: float = 1.0, t_b: float = 
             x, width, span = starts[tick], float(s.op_cost(op, t_f, t_b)), 1
             if op.half == "upper":                             # merge with the lower half
                 width, span = width + float(s.op_cost(s.table[tick + 1][stage], t_f, t_b)), 2
-            ax.add_patch(Rectangle((x, y), width, 1, facecolor=_colour(op.kind, op.chunk // s.p),
+            ax.add_patch(Rectangle((x, y), width, 1, facecolor=_colour(op.kind, s.local_of(op.chunk)),
                                    edgecolor="black", linewidth=0.6))
             if span == 2:
                 for y0, y1 in ((y + 0.05, y + 0.25), (y + 0.75, y + 0.95)):
                     ax.plot([starts[tick + 1]] * 2, [y0, y1], ":", color="black", lw=0.6)
-            dark = op.chunk // s.p == 0
+            dark = s.local_of(op.chunk) == 0
             ax.text(x + width / 2, y + 0.5, str(op.microbatch + 1), ha="center", va="center",
                     fontsize=font, color="white" if dark else "black")
             tick += span
@@ -98,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
     parser.add_argument("--p", type=int, default=4, help="pipeline stages")
     parser.add_argument("--v", type=int, default=None,
-                        help="model chunks per stage (default 1, or 2 for interleaved)")
+                        help="model chunks per stage (default 1, or 2 for interleaved and zb-v)")
     parser.add_argument("--m", type=int, default=8, help="microbatches")
     parser.add_argument("--out", default=None, help="PNG path (default schedule_<name>_p_v_m.png)")
     parser.add_argument("--no-split-backward", action="store_true",
                         help="one backward op of cost t_b per chunk instead of two halves")
     parser.add_argument("--no-grid", action="store_true", help="do not print the ASCII grid")
     args = parser.parse_args(argv)
-    v = args.v if args.v is not None else (2 if args.schedule == "interleaved" else 1)
+    v = args.v if args.v is not None else (2 if args.schedule in ("interleaved", "zb-v") else 1)
     try:
         sched = build_schedule(args.schedule, args.p, args.m, v,
                                split_backward=not args.no_split_backward)

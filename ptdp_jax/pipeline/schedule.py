@@ -7,10 +7,12 @@ Vocabulary (Megatron-LM):
 
 * ``p`` pipeline stages (pipeline ranks), ``m`` microbatches, ``v`` virtual stages (model
   chunks per stage). There are ``p * v`` model chunks; global chunk ``c`` lives on stage
-  ``c % p`` with local (virtual) index ``c // p``: stage ``i`` holds chunks ``i, i+p, i+2p...``.
+  ``c % p`` with local (virtual) index ``c // p``: stage ``i`` holds chunks ``i, i+p, i+2p...``
+  (ZB-V: stage ``i`` holds chunks ``i`` and ``2p-1-i``; ``chunk_placement`` and
+  ``Schedule.stage_of`` / ``local_of`` give the placement of any schedule).
 * Forward of (mb, c) needs forward of (mb, c-1); backward of (mb, c) needs backward of
   (mb, c+1); backward of the last chunk needs its own forward (the loss gradient is computed
-  inside the last chunk's forward). Chunk ``c``'s output goes to stage ``(c+1) % p``.
+  inside the last chunk's forward). Chunk ``c``'s output goes to the stage of chunk ``c+1``.
 
 Lockstep execution: at each tick every stage runs at most one op; then activations move one
 stage forward and gradients one stage back. A message produced at tick T is usable from T+1.
@@ -37,18 +39,28 @@ import numpy as np
 
 from ptdp_jax.pipeline.ops import (  # noqa: F401  (re-exported: op codes by name)
     _OP_CODE, BWD_FULL, BWD_INPUT, BWD_LOWER, BWD_UPPER, BWD_WEIGHT, FWD, IDLE, Op)
-from ptdp_jax.pipeline.zero_bubble import zb_h1_table
+from ptdp_jax.pipeline.zero_bubble import v_placement, zb_h1_table, zb_v_table
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+
+
+def chunk_placement(name: str, p: int, v: int) -> tuple[tuple[int, int], ...]:
+    """(stage, local chunk) of each global chunk: ``(c % p, c // p)`` (Megatron's), or for
+    ZB-V the V of ``zero_bubble.v_placement``."""
+    if name == "zb-v":
+        return v_placement(p)
+    return tuple((c % p, c // p) for c in range(p * v))
 
 
 def bubble_fraction_theory(name: str, p: int, m: int, v: int = 1) -> Fraction:
     """The papers' bubble fraction: (p-1)/m, or (p-1)/(v m) for the interleaved schedule;
     ZB-H1 (Qi et al.): (p-1)(t_F + t_B - t_W) / (m (t_F + t_B + t_W)) = (p-1)/(3m) with
-    t_B = t_W = t_b/2 = t_F."""
+    t_B = t_W = t_b/2 = t_F; ZB-V: 0 (with t_F = t_B = t_W per chunk)."""
     _validate(name, p, m, v)
     if name == "zb-h1":
         return Fraction(p - 1, 3 * m)
+    if name == "zb-v":
+        return Fraction(0)
     return Fraction(p - 1, m * v if name == "interleaved" else m)
 
 
@@ -60,6 +72,8 @@ def _validate(name: str, p: int, m: int, v: int) -> None:
             raise ValueError(f"{key} must be an integer >= 1, got {key}={val!r}")
     if name in ("gpipe", "1f1b", "zb-h1") and v != 1:
         raise ValueError(f"schedule {name!r} needs v=1 (one model chunk per stage), got v={v}")
+    if name == "zb-v" and v != 2:
+        raise ValueError(f"schedule 'zb-v' needs v=2 (two model chunks per stage, in a V), got v={v}")
     if name == "interleaved":
         if v < 2:
             raise ValueError(f"interleaved schedule needs v >= 2 model chunks per stage, got v={v}")
@@ -103,6 +117,8 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, split_backward: bool =
     _validate(name, p, m, v)
     if name == "zb-h1":
         return Schedule(name, p, 1, m, True, zb_h1_table(p, m))
+    if name == "zb-v":
+        return Schedule(name, p, 2, m, True, zb_v_table(p, m))
     last = p * v - 1
     halves = ("upper", "lower") if split_backward else ("full",)
     queues = []
@@ -180,6 +196,21 @@ class Schedule:
     def last_chunk(self) -> int:
         return self.p * self.v - 1
 
+    @functools.cached_property
+    def placement(self) -> tuple[tuple[int, int], ...]:
+        """(stage, local chunk) of each global chunk."""
+        return chunk_placement(self.name, self.p, self.v)
+
+    def stage_of(self, chunk: int) -> int:
+        return self.placement[chunk][0]
+
+    def local_of(self, chunk: int) -> int:
+        return self.placement[chunk][1]
+
+    def chunk_at(self, stage: int, local: int) -> int:
+        """The global chunk of local chunk ``local`` on ``stage``."""
+        return self.placement.index((stage, local))
+
     # ---- cost model -------------------------------------------------------------------------
     def op_cost(self, op: Op | None, t_f=1, t_b=2) -> Fraction:
         """F costs t_f/v, a split backward half t_b/(2v) (so do a zero-bubble B and W), an
@@ -246,7 +277,7 @@ class Schedule:
         T, p, last = self.num_ticks, self.p, self.last_chunk
         arr = {k: np.zeros((T, p), np.int32) for k in ("op", "mb", "vchunk", "is_first", "is_last")}
         for k in ("stash_slot", "wstash_slot", "fwd_in_slot", "bwd_in_slot", "loss_ct_slot",
-                  "fwd_recv_slot", "bwd_recv_slot"):
+                  "fwd_recv_slot", "bwd_recv_slot", "fwd_recv_up_slot", "bwd_recv_down_slot"):
             arr[k] = np.full((T, p), -1, np.int32)
         where: dict[Op, tuple[int, int]] = {}
         for t, row in enumerate(self.table):
@@ -254,7 +285,7 @@ class Schedule:
                 if op is not None:
                     where[op] = (t, s)
                     arr["op"][t, s] = _OP_CODE[op.kind, op.half]
-                    arr["mb"][t, s], arr["vchunk"][t, s] = op.microbatch, op.chunk // p
+                    arr["mb"][t, s], arr["vchunk"][t, s] = op.microbatch, self.local_of(op.chunk)
                     arr["is_first"][t, s], arr["is_last"][t, s] = op.chunk == 0, op.chunk == last
         if self.has_weight_ops:
             first_b = final_b = "input"
@@ -297,11 +328,16 @@ class Schedule:
                 arr["loss_ct_slot"][t, s] = bwd_slot[key]
             if op.kind == "B" and op.half == first_b:
                 arr["bwd_in_slot"][t, s] = bwd_slot[key]
-        for msgs, slots, name in ((fwd_msgs, fwd_slot, "fwd_recv_slot"),
-                                  (bwd_msgs, bwd_slot, "bwd_recv_slot")):
-            for t0, _, s, key in msgs:
+        # Arrival channels: activations come down (from stage s-1) and gradients up (from s+1),
+        # cyclically for v > 1; ZB-V's chunks p..2p-1 send activations up and gradients down,
+        # and the turn (chunk p-1 -> p on stage p-1) arrives on the up channel of stage p-1.
+        for msgs, slots, step in ((fwd_msgs, fwd_slot, 1), (bwd_msgs, bwd_slot, -1)):
+            for t0, _, s, (mb, c) in msgs:
+                down = step == 1 if self.name != "zb-v" else s == self.stage_of(c - step) + 1
+                name = {(1, True): "fwd_recv_slot", (1, False): "fwd_recv_up_slot",
+                        (-1, False): "bwd_recv_slot", (-1, True): "bwd_recv_down_slot"}[step, down]
                 assert arr[name][t0, s] == -1, "two messages arrive at one stage in one tick"
-                arr[name][t0, s] = slots[key]
+                arr[name][t0, s] = slots[mb, c]
         return arr, n_fwd, n_bwd, n_w
 
     def executor_arrays(self) -> dict[str, np.ndarray]:
@@ -309,7 +345,10 @@ class Schedule:
 
         'op' (0 idle, 1 F, 2 B upper, 3 B lower, 4 B full, 5 B input, 6 W), 'mb', 'vchunk',
         'is_first', 'is_last', 'stash_slot', 'wstash_slot', 'fwd_in_slot', 'bwd_in_slot',
-        'loss_ct_slot', 'fwd_recv_slot', 'bwd_recv_slot' (-1 where not applicable).
+        'loss_ct_slot', 'fwd_recv_slot' (activation from the stage before), 'bwd_recv_slot'
+        (gradient from the stage after), and for ZB-V 'fwd_recv_up_slot' (activation from the
+        stage after, or the turn's local handoff), 'bwd_recv_down_slot' (gradient from the
+        stage before) (-1 where not applicable).
         """
         return {k: a.copy() for k, a in self._arrays[0].items()}
 
@@ -334,7 +373,7 @@ class Schedule:
             if op is None:
                 return "."
             text = ("b" if op.half == "upper" else op.kind) + str(op.microbatch)
-            return text + (f":{op.chunk // self.p}" if self.v > 1 else "")
+            return text + (f":{self.local_of(op.chunk)}" if self.v > 1 else "")
         cells = [[cell(row[s]) for row in self.table] for s in range(self.p)]
         width = max(len(c) for line in cells for c in line)
         return "\n".join(f"stage {s}: " + " ".join(c.ljust(width) for c in line)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ptdp_jax.memory import MemoryEstimate, estimate_memory
 from ptdp_jax.metrics import SECONDS_PER_DAY, model_flops_per_iteration
-from ptdp_jax.pipeline.balance import chunk_layers
+from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.pipeline.head import spread_over_pipe
 from ptdp_jax.plan.cost import (dp_allreduce_seconds, op_costs, optimizer_seconds,
                                 pipe_allreduce_seconds)
@@ -59,7 +59,9 @@ def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, floa
     counts = tuple(chunk_layers(cfg))
     last = p * v - 1
     head = c.head_fwd + c.head_bwd
-    stage_layers = max(sum(counts[s::p]) for s in range(p))   # the busiest stage's layers
+    place = chunk_placement(cfg)
+    stage_layers = max(sum(n for n, (i, _) in zip(counts, place) if i == s)
+                       for s in range(p))                      # the busiest stage's layers
     if gpu.execution == "lockstep":
         spread = spread_over_pipe(cfg)
         split = min(counts) >= 2

@@ -169,6 +169,8 @@ def _schedules(p: int, L: int, fixed: dict, schedules):
             vs = [fixed["parallel.virtual_stages"]] if "parallel.virtual_stages" in fixed else [
                 v for v in range(2, MAX_VIRTUAL_STAGES + 1) if L % (p * v) == 0]
             out += [(name, v) for v in vs]
+        elif name == "zb-v":                    # two chunks per stage, in a V
+            out.append((name, 2))
         else:
             out.append((name, 1))
     return out

@@ -1,0 +1,142 @@
+"""The executor's per-tick control and message routing: which `lax.switch` branch each stage
+runs at each tick (`control_table`), and where messages go (`Router`).
+
+Two channels, one `ppermute` each per tick, each carrying one (b, s, h) message:
+
+    down   stage s -> s+1: activations (and, in ZB-V's second leg, gradients)
+    up     stage s -> s-1: gradients (and, in ZB-V's second leg, activations)
+
+Megatron's placement (chunk c on stage c % p) sends every activation down and every gradient
+up; with v > 1 both rings are cyclic (the last stage's chunk output goes to stage 0), with
+v = 1 they are not. ZB-V (chunk c < p on stage c, chunk c >= p on stage 2p-1-c) sends the
+first leg's activations down and its gradients up, the second leg's the other way, on
+non-cyclic rings; at the turn (stage p-1: chunk p-1 -> p forward, p -> p-1 backward) the
+message stays on the stage: what it put in its down buffer comes back to it on the up
+channel, the tick after, like any message. The receiving side's control columns say for
+each channel whether the arrival is an activation (-> a forward receive slot) or a gradient
+(-> a backward receive slot).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ptdp_jax.pipeline import schedule as S
+
+MSG = ("batch", "act_seq", "embed")            # stage-to-stage message (b, s, h), a layer's output
+MSG_SCATTERED = ("batch", "act_seq", "embed_sg")  # split over 'tensor' (scatter/gather; under
+                                                  # sequence parallelism already split by act_seq)
+
+TWO_WAY = ("fwd_recv_up_slot", "bwd_recv_down_slot")   # control columns of ZB-V only
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One `lax.switch` branch: an op on one virtual chunk with a given layer count."""
+    op: int           # schedule.IDLE / FWD / BWD_UPPER / BWD_LOWER / BWD_FULL / BWD_INPUT / ...
+    vchunk: int = 0
+    n_layers: int = 0
+    first: bool = False   # global chunk 0: embedding in, embedding gradient out
+    last: bool = False    # last global chunk: head and loss
+
+
+class TickControl(NamedTuple):
+    """One tick's row for this stage (int32 scalars; slot -1 = the trash row)."""
+    branch: jax.Array
+    mb: jax.Array
+    first_layer: jax.Array      # global index of the chunk's first layer (dropout keys)
+    stash_slot: jax.Array
+    wstash_slot: jax.Array      # zero-bubble tables: B-to-W slot
+    fwd_in_slot: jax.Array
+    bwd_in_slot: jax.Array
+    loss_ct_slot: jax.Array
+    fwd_recv_slot: jax.Array    # the down channel's arrival (an activation) -> this slot
+    bwd_recv_slot: jax.Array    # the up channel's arrival (a gradient) -> this slot
+    head_tick: jax.Array        # 1 where the last chunk runs a forward anywhere (same on all stages)
+    head_mb: jax.Array          # that forward's microbatch
+    fwd_recv_up_slot: jax.Array | None = None    # ZB-V: the up channel's arrival, an activation
+    bwd_recv_down_slot: jax.Array | None = None  # ZB-V: the down channel's arrival, a gradient
+
+
+def two_way(sched: S.Schedule) -> bool:
+    """Whether both channels carry activations and gradients (ZB-V's V placement)."""
+    return sched.name == "zb-v"
+
+
+def control_table(sched: S.Schedule, counts) -> tuple[list[Branch], dict[str, np.ndarray]]:
+    """The branch list (0 = idle) and the (ticks, p) int32 arrays of TickControl."""
+    arr = sched.executor_arrays()
+    p, T = sched.p, sched.num_ticks
+    starts = np.cumsum((0,) + tuple(counts))
+    branches, index = [Branch(S.IDLE)], {Branch(S.IDLE): 0}
+    out = {k: np.zeros((T, p), np.int32) for k in ("branch", "first_layer", "head_tick", "head_mb")}
+    for t in range(T):
+        for s in range(p):
+            if arr["op"][t, s] == S.IDLE:
+                continue
+            c, op = sched.chunk_at(s, int(arr["vchunk"][t, s])), int(arr["op"][t, s])
+            # first / last only where the op uses them (one branch less to compile and to
+            # record into the tick's command buffer per distinction dropped)
+            first = bool(arr["is_first"][t, s]) and op in (S.FWD, S.BWD_LOWER, S.BWD_FULL,
+                                                             S.BWD_INPUT)
+            last = bool(arr["is_last"][t, s]) and op == S.FWD
+            br = Branch(op, int(arr["vchunk"][t, s]), int(counts[c]), first, last)
+            if br not in index:
+                index[br] = len(branches)
+                branches.append(br)
+            out["branch"][t, s], out["first_layer"][t, s] = index[br], starts[c]
+            if br.op == S.FWD and br.last:
+                out["head_tick"][t, :], out["head_mb"][t, :] = 1, arr["mb"][t, s]
+    for k in TickControl._fields:
+        if k not in out and (k not in TWO_WAY or two_way(sched)):
+            out[k] = arr[k]
+    return branches, out
+
+
+class Router:
+    """The two channels of one tick: `receive` files last tick's arrivals into their slots,
+    `send` moves this tick's send buffers (state fields recv_down / recv_up / send_down /
+    send_up / fwd_buf / bwd_buf)."""
+
+    def __init__(self, sched: S.Schedule, sh, scatter_gather: bool):
+        p = sched.p
+        self.two_way, self.turn, self.sh, self.sg = two_way(sched), p - 1, sh, scatter_gather
+        if sched.v > 1 and not self.two_way:
+            self.down_perm = [(i, (i + 1) % p) for i in range(p)]
+            self.up_perm = [(i, (i - 1) % p) for i in range(p)]
+        else:
+            self.down_perm = [(i, i + 1) for i in range(p - 1)]
+            self.up_perm = [(i + 1, i) for i in range(p - 1)]
+
+    def send_field(self, br: Branch) -> str:
+        """The send buffer of a branch's output: activations down, gradients up (ZB-V's
+        second leg, local chunk 1, the other way round)."""
+        up = (br.op != S.FWD) != (self.two_way and br.vchunk == 1)
+        return "send_up" if up else "send_down"
+
+    def receive(self, st, c: TickControl):
+        fwd_buf = st.fwd_buf.at[c.fwd_recv_slot].set(st.recv_down)
+        bwd_buf = st.bwd_buf.at[c.bwd_recv_slot].set(st.recv_up)
+        if self.two_way:
+            fwd_buf = fwd_buf.at[c.fwd_recv_up_slot].set(st.recv_up)
+            bwd_buf = bwd_buf.at[c.bwd_recv_down_slot].set(st.recv_down)
+        return st._replace(fwd_buf=fwd_buf, bwd_buf=bwd_buf)
+
+    def _move(self, msg, perm):
+        sh = self.sh
+        if self.sg:   # scatter/gather: each tensor rank sends 1/t of the message, all-gather on arrival
+            msg = sh.constrain(msg, MSG_SCATTERED)
+            out = jax.lax.ppermute(msg, "pipe", perm)
+            return sh.constrain(sh.constrain(out, MSG_SCATTERED), MSG)
+        return jax.lax.ppermute(msg, "pipe", perm)
+
+    def send(self, st, stage):
+        down = self._move(st.send_down, self.down_perm)
+        up = self._move(st.send_up, self.up_perm)
+        if self.two_way:    # the turn: stage p-1's down buffer comes back to it on the up channel
+            up = jnp.where(stage == self.turn, st.send_down, up)
+        return st._replace(recv_down=down, recv_up=up)
