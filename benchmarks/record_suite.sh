@@ -100,7 +100,7 @@ if [[ "${SUITE:-record}" == "next" ]]; then
   run dp2tp2-none-mb8 $ours $B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none
   run dp4-zero0 $ours $DP
   run dp4-zero0-nccl-simple env NCCL_PROTO=Simple $ours $DP
-  run 7.5b-pp4-zbv-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective $ZBV --steps 3
+  run 7.5b-pp4-zbv-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective $ZBV parallel.stage_layers=auto --steps 3
   echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
   exit 0
 fi
