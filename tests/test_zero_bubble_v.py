@@ -3,20 +3,11 @@
 peak activation memory, and a smaller bubble than ZB-H1 and 1F1B; its executor arrays."""
 import pytest
 
+from test_zero_bubble import _positions
 from ptdp_jax.pipeline.schedule import (BWD_INPUT, BWD_WEIGHT, FWD, Op, bubble_fraction_theory,
                                         build_schedule, chunk_placement)
 
 CASES = [(p, m) for p in (1, 2, 3, 4, 8) for m in sorted({1, p, 2 * p, 3 * p, 16})]
-
-
-def _positions(s):
-    pos = {}
-    for t, row in enumerate(s.table):
-        for stage, op in enumerate(row):
-            if op is not None:
-                assert op not in pos
-                pos[op] = (t, stage)
-    return pos
 
 
 def test_v_placement():
