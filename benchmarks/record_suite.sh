@@ -61,8 +61,9 @@ prof() {   # prof TAG TRACEDIR MESH [key=value ...]: kernel time by category int
 }
 
 if [[ "${SUITE:-record}" == "dp" ]]; then
-  # Issue 10: zero=0's all-reduce inside the backward (new) against after it (BASE, carried),
-  # each traced; zero=1; then the pipeline without recomputation and a dynamic-slice flag (8).
+  # Issue 10, an A/B: the working tree against BASE (carried), each traced; zero=1; then the
+  # pipeline without recomputation and a dynamic-slice flag (8). Session 9 ran it with zero=0's
+  # all-reduce inside the backward as the working tree (results/2026-11-26-s9/).
   export CASE_TIMEOUT=${CASE_TIMEOUT:-150}
   base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
   DP="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none"
