@@ -4,15 +4,16 @@ import os
 # that tests start inherit it).
 # --xla_backend_optimization_level=0: XLA's CPU compiles of the tiny test models take
 # about a third of the time (every comparison in the tests is between runs with the same flags).
-# The collective timeouts: the fake devices share one thread pool, and on a loaded 2-core
-# machine a collective's participants can take longer than XLA's default to meet; XLA then
-# aborts the process ("Fatal Python error: Aborted", seen in CI; reproduced here by setting
-# the terminate timeout to 0). Ten minutes instead: a slow test, not a dead worker.
+# The collective timeouts: when a collective's participants do not all arrive, XLA:CPU aborts
+# the process ("Fatal Python error: Aborted", seen in CI; reproduced by a terminate timeout of
+# 0). The CI hangs were deadlocks, not slowness (a hung worker: no CPU used, its device threads
+# parked in two different collectives); the pipeline now orders its collectives on CPU
+# (pipeline/routing.py). A deadlock left anywhere fails after 60 s, and `make test` runs a
+# crashed worker's test once more.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
                                    "--xla_backend_optimization_level=0 "
-                                   "--xla_cpu_collective_call_warn_stuck_timeout_seconds=120 "
-                                   "--xla_cpu_collective_call_terminate_timeout_seconds=600 "
-                                   "--xla_cpu_collective_timeout_seconds=600")
+                                   "--xla_cpu_collective_call_warn_stuck_timeout_seconds=20 "
+                                   "--xla_cpu_collective_call_terminate_timeout_seconds=60")
 
 import pytest  # noqa: E402
 

@@ -100,11 +100,19 @@ def control_table(sched: S.Schedule, counts) -> tuple[list[Branch], dict[str, np
 class Router:
     """The two channels of one tick: `receive` files last tick's arrivals into their slots,
     `send` moves this tick's send buffers (state fields recv_down / recv_up / send_down /
-    send_up / fwd_buf / bwd_buf)."""
+    send_up / fwd_buf / bwd_buf).
+
+    On CPU devices the sends are ordered: after the tick's head (its collectives run in a
+    conditional) and the up channel after the down one. XLA:CPU runs independent operations
+    concurrently, so without an order one device can enter a permute while another enters the
+    head's all-reduce, and both wait for ever (seen in CI: a worker idle, its 8 device threads
+    parked in CollectivePermute and AllReduce rendezvous). GPUs run every device's collectives
+    in the one order of the compiled schedule, so their program is left as it is."""
 
     def __init__(self, sched: S.Schedule, sh, scatter_gather: bool):
         p = sched.p
         self.two_way, self.turn, self.sh, self.sg = two_way(sched), p - 1, sh, scatter_gather
+        self.ordered = sh.mesh is not None and sh.mesh.devices.flat[0].platform == "cpu"
         if sched.v > 1 and not self.two_way:
             self.down_perm = [(i, (i + 1) % p) for i in range(p)]
             self.up_perm = [(i, (i - 1) % p) for i in range(p)]
@@ -135,8 +143,13 @@ class Router:
         return jax.lax.ppermute(msg, "pipe", perm)
 
     def send(self, st, stage):
-        down = self._move(st.send_down, self.down_perm)
-        up = self._move(st.send_up, self.up_perm)
+        send_down, send_up = st.send_down, st.send_up
+        if self.ordered:      # after the head (it updates the loss), the up channel after down
+            (send_down, send_up), _ = jax.lax.optimization_barrier(((send_down, send_up), st.loss))
+        down = self._move(send_down, self.down_perm)
+        if self.ordered:
+            send_up, _ = jax.lax.optimization_barrier((send_up, down))
+        up = self._move(send_up, self.up_perm)
         if self.two_way:    # the turn: stage p-1's down buffer comes back to it on the up channel
-            up = jnp.where(stage == self.turn, st.send_down, up)
+            up = jnp.where(stage == self.turn, send_down, up)
         return st._replace(recv_down=down, recv_up=up)
