@@ -185,6 +185,29 @@ def test_async_player_closed_form_and_extrapolation(monkeypatch):
         assert extra[1][0] == pytest.approx(whole[1][0])
 
 
+def test_async_player_zero_bubble():
+    """Zero-bubble tables played asynchronously (Megatron-style GPUs, e.g. --gpu a100): W
+    after its B, no message; with t_F = t_B = t_W (a whole backward 2 t_F) the step is between
+    the paper's 3m units and 1F1B's 3(m + p - 1), ZB-V (half-size chunks) the closest to 3m."""
+    p, m = 4, 16
+    fb = {(k, c): 1.0 for k in "FBW" for c in range(p)}
+    one_f_one_b, _ = play.async_seconds("1f1b", p, m, 1, {**fb, **{("B", c): 2.0
+                                                                  for c in range(p)}}, 0.0)
+    h1, ops = play.async_seconds("zb-h1", p, m, 1, fb, 0.0)
+    v, _ = play.async_seconds("zb-v", p, m, 2, {(k, c): 0.5 for k in "FBW"
+                                                for c in range(2 * p)}, 0.0)
+    assert one_f_one_b == pytest.approx(3 * (m + p - 1)) and ops == 3 * m * p
+    assert 3 * m <= v < h1 < one_f_one_b
+    assert h1 <= 3 * m + p + 2 and v <= 3 * m + p
+
+
+def test_plan_prices_zero_bubble_layouts_on_async_gpus(capsys):
+    """ptdp-plan with a zero-bubble schedule on an async GPU kind: a table, no crash."""
+    assert plan_main(["--gpus", "8", "--gpu", "a100", "parallel.schedule=zb-h1",
+                      "model.num_layers=8"]) == 0
+    assert "zb-h1" in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------- CLI, auto, bad input
 
 def test_cli_json_recommended_first(capsys):

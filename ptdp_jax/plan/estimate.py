@@ -78,10 +78,16 @@ def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, floa
         ideal_ops = m * (stage_layers * (c.layer_fwd + c.layer_bwd) + (0.0 if spread else head))
         return (played + m * head_tick, ideal_ops + m * head_tick, ops / ideal_ops - 1, ticks)
     op_s = {}
+    zero_bubble = par.schedule in ("zb-h1", "zb-v")   # backward split: B (input), W (weights)
     for chunk, n in enumerate(counts):
+        head_bwd = c.head_bwd if chunk == last else 0.0
+        embed_bwd = c.embed_bwd if chunk == 0 else 0.0
         op_s["F", chunk] = n * c.layer_fwd + (c.head_fwd if chunk == last else 0.0)
-        op_s["B", chunk] = (n * c.layer_bwd + (c.head_bwd if chunk == last else 0.0)
-                            + (c.embed_bwd if chunk == 0 else 0.0))
+        if zero_bubble:     # a layer's input and weight gradients: half its backward each
+            op_s["B", chunk] = n * c.layer_bwd / 2 + head_bwd
+            op_s["W", chunk] = n * c.layer_bwd / 2 + embed_bwd
+        else:
+            op_s["B", chunk] = n * c.layer_bwd + head_bwd + embed_bwd
     played, ops = async_seconds(par.schedule, p, m, v, op_s, c.message)
     ideal = m * (stage_layers * (c.layer_fwd + c.layer_bwd) + head)
     return played, ideal, played / ideal - 1, ops

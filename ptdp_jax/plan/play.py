@@ -73,7 +73,9 @@ def lockstep_seconds(name: str, p: int, m: int, v: int, split: bool, counts: tup
 
 @lru_cache(maxsize=256)
 def _async_program(name: str, p: int, m: int, v: int):
-    """Ops in table order as (stage, kind, half, chunk, dependency index or -1, cross-stage)."""
+    """Ops in table order as (stage, kind, chunk, dependency index or -1, cross-stage input,
+    sends a message). Kinds: 'F', 'B' (the whole backward; zero-bubble tables: the input
+    gradient) and 'W' (zero-bubble tables: the weight gradient, after its B, sends nothing)."""
     sched = build_schedule(name, p, m, v, split_backward=False)
     last = p * v - 1
     index, ops = {}, []
@@ -81,31 +83,35 @@ def _async_program(name: str, p: int, m: int, v: int):
         for stage, op in enumerate(row):
             if op is None:
                 continue
+            mb, c = op.microbatch, op.chunk
             if op.kind == "F":
-                dep = None if op.chunk == 0 else ("F", op.microbatch, op.chunk - 1)
+                dep = None if c == 0 else ("F", mb, c - 1)
+                sends = c < last and sched.stage_of(c + 1) != stage
+            elif op.kind == "B":
+                dep = ("F", mb, c) if c == last else ("B", mb, c + 1)
+                sends = c > 0 and sched.stage_of(c - 1) != stage
             else:
-                dep = (("F", op.microbatch, op.chunk) if op.chunk == last
-                       else ("B", op.microbatch, op.chunk + 1))
+                dep, sends = ("B", mb, c), False
             dep_i = -1 if dep is None else index[dep]
             cross = dep is not None and ops[dep_i][0] != stage
-            index[(op.kind, op.microbatch, op.chunk)] = len(ops)
-            ops.append((stage, op.kind, op.chunk, dep_i, cross))
+            index[(op.kind, mb, c)] = len(ops)
+            ops.append((stage, op.kind, c, dep_i, cross, sends))
     return tuple(ops)
 
 
 def async_seconds(name: str, p: int, m: int, v: int, op_s: dict, send_s: float
                   ) -> tuple[float, float]:
     """(step seconds, ops) of the table run asynchronously. op_s[(kind, chunk)]: seconds of the
-    forward 'F' or whole backward 'B' of a chunk; send_s: one stage-to-stage message."""
+    forward 'F' or backward 'B' of a chunk (zero-bubble tables: 'B' the input gradient and 'W'
+    the weight gradient); send_s: one stage-to-stage message."""
     def f(mm):
         prog = _async_program(name, p, mm, v)
         free = [0.0] * p
         end = [0.0] * len(prog)
-        for i, (stage, kind, chunk, dep, cross) in enumerate(prog):
+        for i, (stage, kind, chunk, dep, cross, sends) in enumerate(prog):
             ready = 0.0 if dep < 0 else end[dep] + (send_s if cross else 0.0)
             start = max(free[stage], ready)
             end[i] = start + op_s[kind, chunk]
-            sends = (kind == "F" and chunk < p * v - 1) or (kind == "B" and chunk > 0)
             free[stage] = end[i] + (send_s if sends else 0.0)
         return max(free), float(len(prog))
     return _extrapolated(f, name, p, m, v)
