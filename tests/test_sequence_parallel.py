@@ -27,6 +27,8 @@ CASES = [
                         "parallel.scatter_gather": True}),
     ("llama", (2, 2, 2), {**I2, "train.micro_batch_size": 2}),
     ("gpt", (2, 2, 2), {**I2, "train.micro_batch_size": 2, "train.recompute": "selective"}),
+    ("gpt", (1, 2, 4), {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2,
+                        "train.micro_batch_size": 2, "model.dropout": 0.1}),
 ]
 
 

@@ -15,6 +15,7 @@ from test_hlo import _while_bodies
 
 F1 = {"parallel.schedule": "1f1b", "train.micro_batch_size": 2}               # (2,2,2): m = 2
 I2 = {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2, "train.micro_batch_size": 2}
+ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2, "train.micro_batch_size": 2}
 
 CASES = [
     # (arch, mesh, zero, overrides); m = 8 / (micro batch x d)
@@ -26,6 +27,7 @@ CASES = [
     ("llama", (2, 2, 2), 1, F1),
     ("gpt", (2, 2, 2), 1, I2),
     ("llama", (2, 2, 2), 3, I2),
+    ("gpt", (2, 2, 2), 1, ZV),                                 # the V placement's stage weights
 ]
 
 
