@@ -103,7 +103,7 @@ class ParallelConfig:
     data: int = 1
     pipe: int = 1
     tensor: int = 1
-    schedule: str = "1f1b"               # gpipe | 1f1b | interleaved | zb-h1 | zb-v (zero bubble)
+    schedule: str = "1f1b"               # gpipe | 1f1b | 1f1b-phased | interleaved | zb-h1 | zb-v
     virtual_stages: int = 1
     scatter_gather: bool = False
     sequence_parallel: bool = False      # split norms, dropout, residual stream by sequence over
@@ -172,7 +172,7 @@ CHOICES = {
     "model.attention": ("auto", "xla", "cudnn"),
     "train.dtype": ("float32", "bfloat16"),
     "train.recompute": ("none", "selective", "full"),
-    "parallel.schedule": ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"),
+    "parallel.schedule": ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v"),
     "parallel.layout": ("manual", "auto"),
     "parallel.zero": (0, 1, 3),
     "parallel.grad_reduce_dtype": ("float32", "bfloat16"),

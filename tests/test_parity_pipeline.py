@@ -18,6 +18,7 @@ GP = {"parallel.schedule": "gpipe"}
 F1 = {"parallel.schedule": "1f1b"}
 ZB = {"parallel.schedule": "zb-h1"}
 ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
+PH = {"parallel.schedule": "1f1b-phased"}
 FULL = {"train.recompute": "full"}
 SEL = {"train.recompute": "selective"}
 SG = {"parallel.scatter_gather": True}
@@ -75,6 +76,11 @@ CASES = [
     ("llama", (2, 2, 1), {**ZV, **mb(2, 2), "parallel.stage_layers": (3, 1, 2, 2)}),
     ("gpt", (1, 3, 1), {**ZV, **mb(4), "parallel.stage_layers": (2, 1, 1, 1, 1, 2),
                         "model.vocab_size": 100}),       # the head unspread, on stage 0
+    # 1F1B in forward and backward phases (whole backwards)
+    ("gpt", (1, 4, 1), {**PH, **mb(8)}),
+    ("gpt", (2, 2, 2), {**PH, **mb(2, 2), **SEL, **SG}),
+    ("llama", (1, 2, 4), {**PH, **mb(4), **FULL}),
+    ("llama", (2, 4, 1), {**PH, **mb(4, 2), "parallel.stage_layers": "auto"}),
     # a padded vocabulary (128) that 3 stages cannot share: the head stays on the last stage
     ("gpt", (1, 3, 1), {**F1, **mb(4), "parallel.stage_layers": (3, 3, 2), "model.vocab_size": 100}),
     ("llama", (2, 3, 1), {**F1, **mb(2, 2), "parallel.stage_layers": "auto",

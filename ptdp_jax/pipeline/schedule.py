@@ -1,4 +1,5 @@
-"""Pipeline schedules (GPipe, 1F1B / PipeDream-Flush, interleaved 1F1B) as lockstep tick tables.
+"""Pipeline schedules (GPipe, 1F1B / PipeDream-Flush, interleaved 1F1B) as lockstep tick tables
+(1F1B in forward and backward phases: phased.py; zero bubble: zero_bubble.py).
 
 Pure Python + numpy (no jax): the executor turns ``Schedule.executor_arrays()`` into the
 per-tick control of a ``lax.scan``.
@@ -39,9 +40,10 @@ import numpy as np
 
 from ptdp_jax.pipeline.ops import (  # noqa: F401  (re-exported: op codes by name)
     _OP_CODE, BWD_FULL, BWD_INPUT, BWD_LOWER, BWD_UPPER, BWD_WEIGHT, FWD, IDLE, Op)
+from ptdp_jax.pipeline.phased import phased_1f1b_table
 from ptdp_jax.pipeline.zero_bubble import v_placement, zb_h1_table, zb_v_table
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v")
+SCHEDULES = ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v")
 
 
 def chunk_placement(name: str, p: int, v: int) -> tuple[tuple[int, int], ...]:
@@ -70,7 +72,7 @@ def _validate(name: str, p: int, m: int, v: int) -> None:
     for key, val in (("p", p), ("m", m), ("v", v)):
         if not isinstance(val, (int, np.integer)) or val < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {key}={val!r}")
-    if name in ("gpipe", "1f1b", "zb-h1") and v != 1:
+    if name in ("gpipe", "1f1b", "1f1b-phased", "zb-h1") and v != 1:
         raise ValueError(f"schedule {name!r} needs v=1 (one model chunk per stage), got v={v}")
     if name == "zb-v" and v != 2:
         raise ValueError(f"schedule 'zb-v' needs v=2 (two model chunks per stage, in a V), got v={v}")
@@ -119,6 +121,8 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, split_backward: bool =
         return Schedule(name, p, 1, m, True, zb_h1_table(p, m))
     if name == "zb-v":
         return Schedule(name, p, 2, m, True, zb_v_table(p, m))
+    if name == "1f1b-phased":      # whole backwards: every op of a tick of one kind (phased.py)
+        return Schedule(name, p, 1, m, False, phased_1f1b_table(p, m))
     last = p * v - 1
     halves = ("upper", "lower") if split_backward else ("full",)
     queues = []
