@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=phased | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=phased | phased2 | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -123,6 +123,22 @@ if [[ "${SUITE:-record}" == "phased" ]]; then
   run pp4-phased-sel-m32 $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.global_batch_size=32 $PH
   run pp2tp2-phased-sel $ours $B13 --mesh 1,2,2 train.micro_batch_size=1 $PH
   run pp2tp2-1f1b-sel $ours $B13 --mesh 1,2,2 train.micro_batch_size=1
+  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
+  exit 0
+fi
+
+if [[ "${SUITE:-record}" == "phased2" ]]; then
+  # The same A/B on 2 GPUs (when no 4-GPU machine is lent): (1,2,1), m 16.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-150}
+  PP="$B13 --mesh 1,2,1 train.micro_batch_size=1"
+  PH="parallel.schedule=1f1b-phased"
+  peer2="torchrun --standalone --nproc-per-node 2 $3/torch_ptd.py"
+  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  run pp2-1f1b-sel $ours $PP --trace-dir /tmp/p0; prof pp2-1f1b-sel /tmp/p0 1,2,1 train.micro_batch_size=1
+  run pp2-phased-sel $ours $PP $PH --trace-dir /tmp/p1; prof pp2-phased-sel /tmp/p1 1,2,1 train.micro_batch_size=1 $PH
+  run peer-pp2-1f1b $peer2 --dp 1 --pp 2 --tp 1 --schedule 1f1b $P13
+  run pp2-phased-none $ours $PP $PH train.recompute=none
+  run pp2-1f1b-none $ours $PP train.recompute=none
   echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
   exit 0
 fi
