@@ -132,7 +132,7 @@ if [[ "${SUITE:-record}" == "phased2" ]]; then
   export CASE_TIMEOUT=${CASE_TIMEOUT:-150}
   PP="$B13 --mesh 1,2,1 train.micro_batch_size=1"
   PH="parallel.schedule=1f1b-phased"
-  peer2="torchrun --standalone --nproc-per-node 2 $3/torch_ptd.py"
+  peer2="torchrun --standalone --nproc-per-node 2 ${3:-.peer}/torch_ptd.py"
   run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
   run pp2-1f1b-sel $ours $PP --trace-dir /tmp/p0; prof pp2-1f1b-sel /tmp/p0 1,2,1 train.micro_batch_size=1
   run pp2-phased-sel $ours $PP $PH --trace-dir /tmp/p1; prof pp2-phased-sel /tmp/p1 1,2,1 train.micro_batch_size=1 $PH
