@@ -30,7 +30,7 @@ LAYOUT_KEYS = ("parallel.data", "parallel.pipe", "parallel.tensor", "train.micro
                "parallel.scatter_gather")
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)      # tried where they divide the batch of a replica
 RECOMPUTES = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "interleaved")       # gpipe is never faster than 1f1b and holds m slots
+SCHEDULES = ("1f1b", "1f1b-phased", "interleaved")   # gpipe: never faster than 1f1b, m slots
 MAX_VIRTUAL_STAGES = 8
 DEFAULT_TOKENS = 300e9                    # the paper's GPT-3 example
 
