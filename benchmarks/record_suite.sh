@@ -57,6 +57,7 @@ prof() {   # prof TAG TRACEDIR MESH [key=value ...]: kernel time by category int
   local f; f=$(ls -t $(find "$dir" -name 'perfetto_trace.json.gz' 2>/dev/null) 2>/dev/null | head -1)
   [[ -n "$f" ]] && python3 benchmarks/profile_step.py $B13 --mesh "$mesh" --trace "$f" "$@" \
     > "$out/prof_$tag.md" 2>&1
+  [[ -n "$f" ]] && python3 benchmarks/idle_gaps.py "$f" --top 12 >> "$out/prof_$tag.md" 2>&1
   rm -rf "$dir"
 }
 

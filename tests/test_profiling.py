@@ -275,3 +275,21 @@ def test_host_time_sums_host_events_and_gpu_idle():
                        host_events=3)
     assert H.host_events(trace) == {"host": (3, 3e6)}
     assert H.gpu_busy(trace) == {0: (50.0, 25.0)}
+
+
+def test_idle_gaps_grouped_by_the_kernels_around_them(tmp_path, capsys):
+    """benchmarks/idle_gaps.py: a gap is time with no kernel running (overlaps merged), named
+    by the kernel that ended last before it and the one after; short gaps are left out."""
+    G = _load("benchmarks/idle_gaps.py", "idle_gaps")
+    ks = kernels({0: [k("a", 0.0, 10.0), k("b", 5.0, 20.0, tid=2), k("MemcpyD2H", 60.0, 5.0),
+                      k("c", 165.0, 10.0), k("a", 180.0, 10.0), k("MemcpyD2H", 290.0, 5.0),
+                      k("c", 395.0, 1.0)]})[0]
+    gs = G.gaps(ks, min_us=20.0)
+    assert gs == [(35.0, "b", "MemcpyD2H"), (100.0, "MemcpyD2H", "c"),
+                  (100.0, "a", "MemcpyD2H"), (100.0, "MemcpyD2H", "c")]
+    assert G.grouped(gs)[0] == (200.0, 2, "MemcpyD2H", "c")
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(make_trace({0: [k("a", 0.0, 10.0), k("c", 100.0, 10.0)]})))
+    assert G.main([str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "1 gaps" in out and "| 0.09 | 1 | 90 | a | c |" in out
