@@ -81,6 +81,8 @@ CASES = [
     ("gpt", (2, 2, 2), {**PH, **mb(2, 2), **SEL, **SG}),
     ("llama", (1, 2, 4), {**PH, **mb(4), **FULL}),
     ("llama", (2, 4, 1), {**PH, **mb(4, 2), "parallel.stage_layers": "auto"}),
+    ("gpt", (1, 3, 1), {**PH, **mb(4), "parallel.stage_layers": (3, 3, 2),
+                        "model.vocab_size": 100}),     # the head unspread, in the last stage's F
     # a padded vocabulary (128) that 3 stages cannot share: the head stays on the last stage
     ("gpt", (1, 3, 1), {**F1, **mb(4), "parallel.stage_layers": (3, 3, 2), "model.vocab_size": 100}),
     ("llama", (2, 3, 1), {**F1, **mb(2, 2), "parallel.stage_layers": "auto",

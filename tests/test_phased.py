@@ -29,16 +29,20 @@ def test_every_op_once_on_its_stage_after_its_inputs():
                 assert pos[pre][0] < t, (p, m, op)
 
 
-def test_every_tick_runs_one_kind_of_op():
+def test_rows_alternate_forward_and_backward_phases():
+    """Row 2k holds forwards only, row 2k + 1 backwards only (the executor runs them as pairs,
+    the head after the forward row); a phase with no op stays; 2 (m + p - 1) rows are busy."""
     for p, m in CONFIGS:
         s = build_schedule("1f1b-phased", p, m)
+        assert s.num_ticks == 2 * (m + 2 * p - 2), (p, m)
         for t, row in enumerate(s.table):
-            kinds = {op.kind for op in row if op is not None}
-            assert len(kinds) == 1, (p, m, t, row)         # never mixed, never all idle
-        # the phases alternate while both kinds remain
-        kinds = [next(op.kind for op in row if op is not None) for row in s.table]
-        assert kinds[0] == "F" and kinds[-1] == "B"
-        assert s.num_ticks == 2 * (m + p - 1)
+            assert {op.kind for op in row if op is not None} <= {"FB"[t % 2]}, (p, m, t, row)
+        busy = sum(any(op is not None for op in row) for row in s.table)
+        assert busy == 2 * (m + p - 1), (p, m)
+        # the all-idle phases: the backward ones of warm-up and the forward ones of cool-down
+        idle = [t for t, row in enumerate(s.table) if all(op is None for op in row)]
+        assert idle == [2 * T + 1 for T in range(min(p - 1, m + 2 * p - 2))
+                        if T < p - 1] + [2 * T for T in range(m + p - 1, m + 2 * p - 2)], (p, m)
 
 
 @pytest.mark.parametrize("t_b", [Fraction(1), Fraction(2), Fraction(14, 5), Fraction(3)])
@@ -81,5 +85,25 @@ def test_cli_draws_it(tmp_path, capsys):
     out = tmp_path / "phased.png"
     assert main(["--schedule", "1f1b-phased", "--p", "4", "--m", "8", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "ticks: 22" in printed and "0.375000" in printed
+    assert "ticks: 28" in printed and "0.375000" in printed
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_head_runs_in_the_tick_loop_without_a_conditional():
+    """The spread head's collectives sit in the loop body itself (1f1b-phased: after every
+    forward row), not in a conditional whose predicate goes to the host each tick (1f1b)."""
+    from compiled import compile_grad_fn
+    from parity import tiny_config
+    from test_hlo import _while_bodies
+
+    def tick_body(schedule):
+        hlo = compile_grad_fn(tiny_config("gpt", (1, 2, 1), **{
+            "parallel.schedule": schedule, "train.micro_batch_size": 2})).as_text()
+        bodies = [b for b in _while_bodies(hlo).values() if "collective-permute" in b]
+        assert len(bodies) == 1
+        return bodies[0]
+
+    phased, halves = tick_body("1f1b-phased"), tick_body("1f1b")
+    assert "all-reduce(" in phased and "all-reduce(" not in halves
+    assert phased.count(" conditional(") == 2          # the forward and the backward switch
+    assert halves.count(" conditional(") == 2          # the switch and the head's conditional

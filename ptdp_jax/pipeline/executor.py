@@ -28,6 +28,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad, Probe, Taps, weight_grad
@@ -102,6 +103,17 @@ def _grads_of(tree):
 
 def _f32_add(acc, g):
     return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g)
+
+
+def _phase(ctl: dict, ops: list, k: int):
+    """1f1b-phased: the rows k, k + 2, ... (k = 0: forward phases, 1: backward phases) and the
+    switch branches they use, renumbered (idle stays 0), so that each phase's switch holds only
+    its own ops."""
+    used = sorted(set(np.unique(ctl["branch"][k::2]).tolist()) | {0})
+    local = np.zeros(len(ops), np.int32)
+    local[used] = np.arange(len(used), dtype=np.int32)
+    rows = {n: jnp.asarray(local[a[k::2]] if n == "branch" else a[k::2]) for n, a in ctl.items()}
+    return [ops[i] for i in used], rows
 
 
 # ----------------------------------------------------------------------------- the executor
@@ -252,13 +264,17 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         (g,) = pull(dx.astype(jnp.float32))
         return jax.tree.map(jnp.add, g_embed, g)
 
-    def head_spread(st: PipeState, c: TickControl) -> PipeState:
+    def head_spread(st: PipeState, c: TickControl, valid=None) -> PipeState:
         """The head of this tick's last-chunk forward, every stage taking 1/p of the
         vocabulary; the loss is counted on the last chunk's stage (p - 1; ZB-V: 0), dy lands
-        in its loss slot."""
+        in its loss slot. valid: run unconditionally, counting only where valid (1f1b-phased;
+        dy then goes to the trash row, whose slot is -1 where no head is due)."""
         last = stage == sched.stage_of(sched.last_chunk)
         loss, g, dy = head_over_pipe(cfg, sh, head_w, slices, stage, st.head_y, last,
                                      mbs[c.head_mb, :, 1:])
+        if valid is not None:
+            last = jnp.logical_and(last, valid)
+            g = jax.tree.map(lambda a: jnp.where(valid, a, jnp.zeros_like(a)), g)
         return st._replace(loss=st.loss + jnp.where(last, loss, 0.0),
                            g_vocab=_f32_add(st.g_vocab, g),
                            bwd_buf=st.bwd_buf.at[c.loss_ct_slot].set(dy.astype(dtype)))
@@ -291,16 +307,25 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         return c._replace(**{k: jnp.where(getattr(c, k) >= 0, getattr(c, k), n)
                              for k, n in sizes.items() if getattr(c, k) is not None})
 
-    def tick(st: PipeState, row):
+    def tick(st: PipeState, row, branch_ops=ops, head="cond"):
         c = trash_if_none(TickControl(**{k: a[stage] for k, a in row.items()}))
         st = router.receive(st, c)
-        st = jax.lax.switch(c.branch, ops, st, c)
-        if spread:     # the same predicate on every stage: collectives inside are fine
+        st = jax.lax.switch(c.branch, branch_ops, st, c)
+        if spread and head == "cond":   # the same predicate on every stage: collectives inside are fine
             st = jax.lax.cond(c.head_tick == 1, head_spread, idle, st, c)
+        elif spread and head == "always":
+            st = head_spread(st, c, valid=c.head_tick == 1)
         return router.send(st, stage), None
 
-    rows = {k: jnp.asarray(a) for k, a in ctl.items()}
-    state, _ = jax.lax.scan(tick, state, rows)
+    if sched.name == "1f1b-phased":   # (forward row, backward row) pairs, the head static
+        (f_ops, f_rows), (b_ops, b_rows) = (_phase(ctl, ops, k) for k in (0, 1))
+
+        def pair(st: PipeState, rows):
+            st, _ = tick(st, rows[0], f_ops, head="always")
+            return tick(st, rows[1], b_ops, head="none")
+        state, _ = jax.lax.scan(pair, state, (f_rows, b_rows))
+    else:
+        state, _ = jax.lax.scan(tick, state, {k: jnp.asarray(a) for k, a in ctl.items()})
     g_layers = jax.tree.map(lambda *ls: jnp.stack(ls), *[jax.tree.map(
         lambda *x: jnp.stack(x), *state.g_layers[j]) for j in range(v)])
     grads = {"embed": state.g_embed, "layers": jax.tree.map(lambda a: a[None], g_layers),

@@ -16,9 +16,12 @@ The table, for macro tick T = 0 .. m + 2p - 3 (stage s, p stages, m microbatches
 
 A forward sent in one phase is used in the next forward phase; the last stage runs B(i) in
 the backward phase right after its F(i) (the loss gradient is made with the forward); a
-gradient sent in one backward phase is used in the next. Phases in which every stage idles
-(the backward phases of the first p - 1 macro ticks, the forward phases of the last p - 1)
-are left out. The round trip of a microbatch takes two ticks per stage, so stage s holds
+gradient sent in one backward phase is used in the next. Rows strictly alternate, forward
+first, so a phase in which every stage idles (the backward phases of the first p - 1 macro
+ticks, the forward phases of the last p - 1) stays in the table: the executor runs the table
+as (forward row, backward row) pairs, with the head at its static place after the forward
+row and no conditional around it (a conditional holding collectives costs a host round trip
+per tick). The round trip of a microbatch takes two ticks per stage, so stage s holds
 2 (p - 1 - s) + 1 microbatches in flight (stage 0: 2p - 1, against p for the halves-1F1B):
 the price of uniform ticks is activation memory, still independent of m.
 """
@@ -34,5 +37,5 @@ def phased_1f1b_table(p: int, m: int) -> tuple[tuple[Op | None, ...], ...]:
         fwd = tuple(Op("F", T - s, s, "full") if 0 <= T - s < m else None for s in range(p))
         bwd = tuple(Op("B", T - 2 * (p - 1) + s, s, "full") if 0 <= T - 2 * (p - 1) + s < m
                     else None for s in range(p))
-        rows += [row for row in (fwd, bwd) if any(op is not None for op in row)]
+        rows += [fwd, bwd]
     return tuple(rows)
