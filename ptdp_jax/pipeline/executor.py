@@ -14,8 +14,10 @@ Each tick, on every stage:
     send      one `ppermute` down (stage s -> s+1) and one up (s -> s-1): activations down
               and gradients up, or for ZB-V's second leg the other way (pipeline/routing.py)
 
-There is one conditional per tick and no other: a buffer passes through exactly one branch,
-which either leaves it alone (no copy) or updates one slot of it in place. Branches are
+1f1b-phased tables run as (forward row, backward row) pairs, the head unconditional after the
+forward row (no conditional holding collectives, so no host round trip per tick). There is
+one switch per tick and no other conditional but the head's: a buffer passes through exactly
+one branch, which either leaves it alone (no copy) or updates one slot of it in place. Branches are
 specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk's layers
 are unrolled with their weights as loop constants: no per-tick weight slicing, no scan
 inside a tick. Backward uses `jax.vjp` per layer; its residuals live in a stash of
@@ -311,7 +313,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         c = trash_if_none(TickControl(**{k: a[stage] for k, a in row.items()}))
         st = router.receive(st, c)
         st = jax.lax.switch(c.branch, branch_ops, st, c)
-        if spread and head == "cond":   # the same predicate on every stage: collectives inside are fine
+        if spread and head == "cond":   # one predicate on every stage: collectives inside are fine
             st = jax.lax.cond(c.head_tick == 1, head_spread, idle, st, c)
         elif spread and head == "always":
             st = head_spread(st, c, valid=c.head_tick == 1)
