@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from ptdp_jax.pipeline.schedule import Op, bubble_fraction_theory, build_schedule
-from test_schedule import _positions, _simulate_executor
+from test_schedule import _positions, _simulate_executor, draw
 
 CONFIGS = [(p, m) for p in range(1, 9) for m in sorted({1, max(1, p - 1), p, 2 * p, 3 * p, 32})]
 
@@ -80,13 +80,8 @@ def test_needs_one_chunk_per_stage():
 
 
 def test_cli_draws_it(tmp_path, capsys):
-    from ptdp_jax.pipeline.plot import main
-
-    out = tmp_path / "phased.png"
-    assert main(["--schedule", "1f1b-phased", "--p", "4", "--m", "8", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed = draw(tmp_path, capsys, "--schedule", "1f1b-phased", "--p", "4", "--m", "8")
     assert "ticks: 28" in printed and "0.375000" in printed
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_head_runs_in_the_tick_loop_without_a_conditional():

@@ -225,15 +225,22 @@ def test_render_text():
     assert text.count("\n") == 1 and "F0:0" in text and "b1:1" in text and "B1:0" in text
 
 
-def test_cli_writes_png(tmp_path, capsys):
+def draw(tmp_path, capsys, *args) -> str:
+    """`ptdp-schedule ARGS --out tmp/sched.png`: check it wrote a PNG; return what it printed."""
     from ptdp_jax.pipeline.plot import main
 
     out = tmp_path / "sched.png"
-    assert main(["--schedule", "interleaved", "--p", "4", "--v", "2", "--m", "8",
-                 "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "bubble fraction" in printed and "0.187500" in printed and "ticks: 57" in printed
+    assert main([*args, "--out", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return capsys.readouterr().out
+
+
+def test_cli_writes_png(tmp_path, capsys):
+    from ptdp_jax.pipeline.plot import main
+
+    printed = draw(tmp_path, capsys, "--schedule", "interleaved", "--p", "4", "--v", "2",
+                   "--m", "8")
+    assert "bubble fraction" in printed and "0.187500" in printed and "ticks: 57" in printed
     out2 = tmp_path / "unsplit.png"
     main(["--schedule", "1f1b", "--p", "2", "--m", "3", "--out", str(out2), "--no-split-backward"])
     assert out2.exists()

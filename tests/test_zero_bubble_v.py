@@ -3,6 +3,7 @@
 peak activation memory, and a smaller bubble than ZB-H1 and 1F1B; its executor arrays."""
 import pytest
 
+from test_schedule import draw
 from test_zero_bubble import _positions
 from ptdp_jax.pipeline.schedule import (BWD_INPUT, BWD_WEIGHT, FWD, Op, bubble_fraction_theory,
                                         build_schedule, chunk_placement)
@@ -103,13 +104,8 @@ def test_zb_v_executor_arrays():
 
 
 def test_cli_draws_zb_v(tmp_path, capsys):
-    from ptdp_jax.pipeline.plot import main
-
-    out = tmp_path / "zbv.png"
-    assert main(["--schedule", "zb-v", "--p", "4", "--m", "8", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    printed = draw(tmp_path, capsys, "--schedule", "zb-v", "--p", "4", "--m", "8")
     assert "ticks: 51" in printed and "v=2" in printed
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize("over,words", [
