@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=phased | phased2 | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=phased | phased2 | stash2 | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -140,6 +140,24 @@ if [[ "${SUITE:-record}" == "phased2" ]]; then
   run peer-pp2-1f1b $peer2 --dp 1 --pp 2 --tp 1 --schedule 1f1b $P13
   run pp2-phased-none $ours $PP $PH train.recompute=none
   run pp2-1f1b-none $ours $PP train.recompute=none
+  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
+  exit 0
+fi
+
+if [[ "${SUITE:-record}" == "stash2" ]]; then
+  # The residual stash, a buffer per slot (parallel.static_stash) against one stacked buffer
+  # indexed per tick, on (1,2,1) m 16 (2 GPUs); copies in the optimized HLO (hlo_copies.py).
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
+  PP="$B13 --mesh 1,2,1 train.micro_batch_size=1"
+  PH="parallel.schedule=1f1b-phased"; ST="parallel.static_stash=true"
+  hlo() { python3 benchmarks/hlo_copies.py /tmp/h_$1/step_after_optimizations.txt > "$out/hlo_$1.md" 2>&1; rm -rf /tmp/h_$1; }
+  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  run pp2-phased-sel $ours $PP $PH --hlo-dir /tmp/h_a --trace-dir /tmp/p0; hlo a; prof pp2-phased-sel /tmp/p0 1,2,1 train.micro_batch_size=1 $PH
+  run pp2-phased-sel-static $ours $PP $PH $ST --hlo-dir /tmp/h_b --trace-dir /tmp/p1; hlo b; prof pp2-phased-sel-static /tmp/p1 1,2,1 train.micro_batch_size=1 $PH $ST
+  run pp2-phased-none $ours $PP $PH train.recompute=none
+  run pp2-phased-none-static $ours $PP $PH $ST train.recompute=none
+  run pp2-1f1b-sel $ours $PP
+  run pp2-1f1b-sel-static $ours $PP $ST
   echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
   exit 0
 fi

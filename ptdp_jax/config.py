@@ -119,6 +119,9 @@ class ParallelConfig:
                                          # (fp32 master weights and AdamW moments split over 'data');
                                          # 3: also the weights gathered layer by layer (ZeRO-3, FSDP)
     grad_reduce_dtype: str = "float32"   # float32 | bfloat16: the data-parallel gradient reduction
+    static_stash: bool = False           # pipelines: a switch branch per (op, residual stash slot),
+                                         # so layers write and read residuals in place (no
+                                         # per-tick stash copies; more branches to compile)
 
     @property
     def mesh_shape(self) -> tuple[int, int, int]:

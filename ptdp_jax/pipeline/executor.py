@@ -62,7 +62,8 @@ class PipeState(NamedTuple):
     send_up: jax.Array      # (b, s, h) this tick's message to stage s-1
     mid: jax.Array          # (b, s, h) cotangent between the two backward halves
     head_y: jax.Array       # (b, s, h) the last chunk's output, for the head of this tick
-    stash: tuple            # [Lmax][leaf] (S+1, ...) forward residuals of layer l, by slot
+    stash: tuple            # [Lmax][leaf] (S+1, ...) forward residuals of layer l, by slot;
+                            #   parallel.static_stash: [S][Lmax][leaf] (...), a buffer per slot
     wstash: tuple           # [Lmax] {GEMM weight: (x (SW+1, b, s, ...), dy (SW+1, b, s, ...))}
                             #   what W needs, from B (zero-bubble tables; empty otherwise)
     g_layers: tuple         # [v][Lmax] {name: float32 (...)} layer gradients
@@ -107,6 +108,11 @@ def _f32_add(acc, g):
     return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g)
 
 
+def _set(tup: tuple, i: int, value) -> tuple:
+    """tup with item i replaced."""
+    return tup[:i] + (value,) + tup[i + 1:]
+
+
 def _phase(ctl: dict, ops: list, k: int):
     """1f1b-phased: the rows k, k + 2, ... (k = 0: forward phases, 1: backward phases) and the
     switch branches they use, renumbered (idle stays 0), so that each phase's switch holds only
@@ -127,7 +133,8 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     batch_rs1: this replica's rows (B/d, s+1). Returns (loss_sum, grads) with the structure
     of params; embed/head gradients still to be psum'd over 'pipe'."""
     sched, counts = schedule_for(cfg), chunk_layers(cfg)
-    branches, ctl = control_table(sched, counts)
+    static = cfg.parallel.static_stash
+    branches, ctl = control_table(sched, counts, static_stash=static)
     p, v, m = sched.p, sched.v, sched.m
     mc, dtype, manual = cfg.model, M.DTYPES[cfg.train.dtype], tuple(sh.manual)
     lmax = max(counts)
@@ -192,14 +199,33 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     state = PipeState(
         fwd_buf=zeros((TF + 1, b, s, h), dtype), bwd_buf=zeros((TB + 1, b, s, h), dtype),
         recv_down=msg0, recv_up=msg0, send_down=msg0, send_up=msg0, mid=msg0, head_y=msg0,
-        stash=tuple(tuple(zeros((TS + 1,) + a.shape, a.dtype) for a in res_abs)
-                    for _ in range(lmax)),
+        stash=(tuple(tuple(tuple(zeros(a.shape, a.dtype) for a in res_abs) for _ in range(lmax))
+                     for _ in range(TS)) if static else
+               tuple(tuple(zeros((TS + 1,) + a.shape, a.dtype) for a in res_abs)
+                     for _ in range(lmax))),
         g_layers=tuple(tuple(f32(_grads_of(W[j][l])) for l in range(lmax)) for j in range(v)),
         wstash=tuple({k: tuple(zeros((sched.num_wstash_slots + 1,) + sh_, dtype)
                                for sh_ in gemm_shapes[k]) for k in dense} if zb else {}
                      for _ in range(lmax)),
         g_embed=f32(params["embed"]), g_head=f32(params["head"]), g_vocab=f32(head_w),
         loss=zeros((), jnp.float32))
+
+    # ------------------------------------------------------------------ the stash
+    # Dynamic: a (TS+1, ...) buffer per residual, the slot a tick-control value (the producer
+    # writes a temporary that a dynamic-update-slice copies in, the consumers read a copy).
+    # Static: a buffer per slot and the slot fixed in the branch, so the layer's kernels
+    # write and read the residuals in place.
+    def stash_put(stash, br, c, l, leaves):
+        leaves = tuple(vary(a, manual) for a in leaves)
+        if not static:
+            return _set(stash, l, tuple(buf.at[c.stash_slot].set(a)
+                                        for buf, a in zip(stash[l], leaves)))
+        return _set(stash, br.stash_slot, _set(stash[br.stash_slot], l, leaves))
+
+    def stash_get(stash, br, c, l):
+        if not static:
+            return [buf[c.stash_slot] for buf in stash[l]]
+        return list(stash[br.stash_slot][l])
 
     # ------------------------------------------------------------------ the ops
     def forward(br):
@@ -208,12 +234,11 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
                 x = M.embed(mc, sh, w["embed"], mbs[c.mb, :, :-1], key_rows(c.mb))
             else:
                 x = st.fwd_buf[c.fwd_in_slot]
-            stash = list(st.stash)
+            stash = st.stash
             for l in range(br.n_layers):
                 x, leaves = layer_fwd(W[br.vchunk][l], x, c.first_layer + l, c.mb)
-                stash[l] = tuple(buf.at[c.stash_slot].set(vary(a, manual))
-                                 for buf, a in zip(stash[l], leaves))
-            st = st._replace(stash=tuple(stash))
+                stash = stash_put(stash, br, c, l, leaves)
+            st = st._replace(stash=stash)
             if br.last:
                 return st._replace(head_y=x.astype(dtype)) if spread else head(st, x, c)
             return st._replace(**{router.send_field(br): x.astype(dtype)})
@@ -229,7 +254,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
             g, wstash = list(st.g_layers[br.vchunk]), list(st.wstash)
             for l in reversed(range(lo, hi)):
                 wl = vjp_weights(W[br.vchunk][l])
-                pull = res.join([buf[c.stash_slot] for buf in st.stash[l]], wl)
+                pull = res.join(stash_get(st.stash, br, c, l), wl)
                 g_w, ct = pull(ct)
                 if zb:          # B: GEMM inputs and output gradients to the W stash
                     wstash[l] = {k: tuple(buf.at[c.wstash_slot].set(vary(a, manual))

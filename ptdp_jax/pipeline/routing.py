@@ -42,6 +42,8 @@ class Branch:
     n_layers: int = 0
     first: bool = False   # global chunk 0: embedding in, embedding gradient out
     last: bool = False    # last global chunk: head and loss
+    stash_slot: int = -1  # parallel.static_stash: the residual stash slot this branch writes
+                          #   (forward) or reads (backward), fixed at trace time; -1: dynamic
 
 
 class TickControl(NamedTuple):
@@ -67,8 +69,13 @@ def two_way(sched: S.Schedule) -> bool:
     return sched.name == "zb-v"
 
 
-def control_table(sched: S.Schedule, counts) -> tuple[list[Branch], dict[str, np.ndarray]]:
-    """The branch list (0 = idle) and the (ticks, p) int32 arrays of TickControl."""
+STASH_OPS = (S.FWD, S.BWD_UPPER, S.BWD_LOWER, S.BWD_FULL, S.BWD_INPUT)   # write / read the stash
+
+
+def control_table(sched: S.Schedule, counts, static_stash: bool = False
+                  ) -> tuple[list[Branch], dict[str, np.ndarray]]:
+    """The branch list (0 = idle) and the (ticks, p) int32 arrays of TickControl.
+    static_stash: one branch per (op, stash slot), so that the slot is a trace-time constant."""
     arr = sched.executor_arrays()
     p, T = sched.p, sched.num_ticks
     starts = np.cumsum((0,) + tuple(counts))
@@ -84,7 +91,8 @@ def control_table(sched: S.Schedule, counts) -> tuple[list[Branch], dict[str, np
             first = bool(arr["is_first"][t, s]) and op in (S.FWD, S.BWD_LOWER, S.BWD_FULL,
                                                              S.BWD_INPUT)
             last = bool(arr["is_last"][t, s]) and op == S.FWD
-            br = Branch(op, int(arr["vchunk"][t, s]), int(counts[c]), first, last)
+            slot = int(arr["stash_slot"][t, s]) if static_stash and op in STASH_OPS else -1
+            br = Branch(op, int(arr["vchunk"][t, s]), int(counts[c]), first, last, slot)
             if br not in index:
                 index[br] = len(branches)
                 branches.append(br)
