@@ -291,20 +291,23 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         (g,) = pull(dx.astype(jnp.float32))
         return jax.tree.map(jnp.add, g_embed, g)
 
-    def head_spread(st: PipeState, c: TickControl, valid=None) -> PipeState:
-        """The head of this tick's last-chunk forward, every stage taking 1/p of the
+    def head_spread(out: tuple, head_y, c: TickControl, valid=None) -> tuple:
+        """out = (loss (), g_vocab {float32}, bwd_buf (TB+1, b, s, h)), what the head updates.
+        The head of this tick's last-chunk forward, every stage taking 1/p of the
         vocabulary; the loss is counted on the last chunk's stage (p - 1; ZB-V: 0), dy lands
         in its loss slot. valid: run unconditionally, counting only where valid (1f1b-phased;
-        dy then goes to the trash row, whose slot is -1 where no head is due)."""
+        dy then goes to the trash row, whose slot is -1 where no head is due). It takes and
+        returns only the state it updates, so that no other buffer passes through its
+        conditional."""
+        loss_sum, g_vocab, bwd_buf = out
         last = stage == sched.stage_of(sched.last_chunk)
-        loss, g, dy = head_over_pipe(cfg, sh, head_w, slices, stage, st.head_y, last,
+        loss, g, dy = head_over_pipe(cfg, sh, head_w, slices, stage, head_y, last,
                                      mbs[c.head_mb, :, 1:])
         if valid is not None:
             last = jnp.logical_and(last, valid)
             g = jax.tree.map(lambda a: jnp.where(valid, a, jnp.zeros_like(a)), g)
-        return st._replace(loss=st.loss + jnp.where(last, loss, 0.0),
-                           g_vocab=_f32_add(st.g_vocab, g),
-                           bwd_buf=st.bwd_buf.at[c.loss_ct_slot].set(dy.astype(dtype)))
+        return (loss_sum + jnp.where(last, loss, 0.0), _f32_add(g_vocab, g),
+                bwd_buf.at[c.loss_ct_slot].set(dy.astype(dtype)))
 
     def idle(st, c):
         return st
@@ -338,10 +341,14 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         c = trash_if_none(TickControl(**{k: a[stage] for k, a in row.items()}))
         st = router.receive(st, c)
         st = jax.lax.switch(c.branch, branch_ops, st, c)
-        if spread and head == "cond":   # one predicate on every stage: collectives inside are fine
-            st = jax.lax.cond(c.head_tick == 1, head_spread, idle, st, c)
-        elif spread and head == "always":
-            st = head_spread(st, c, valid=c.head_tick == 1)
+        if spread and head != "none":
+            out = (st.loss, st.g_vocab, st.bwd_buf)
+            if head == "cond":   # one predicate on every stage: collectives inside are fine
+                out = jax.lax.cond(c.head_tick == 1, head_spread, lambda o, y, c_: o,
+                                   out, st.head_y, c)
+            else:
+                out = head_spread(out, st.head_y, c, valid=c.head_tick == 1)
+            st = st._replace(loss=out[0], g_vocab=out[1], bwd_buf=out[2])
         return router.send(st, stage), None
 
     if sched.name == "1f1b-phased":   # (forward row, backward row) pairs, the head static
