@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=phased | phased2 | stash2 | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -158,6 +158,22 @@ if [[ "${SUITE:-record}" == "stash2" ]]; then
   run pp2-phased-none-static $ours $PP $PH $ST train.recompute=none
   run pp2-1f1b-sel $ours $PP
   run pp2-1f1b-sel-static $ours $PP $ST
+  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
+  exit 0
+fi
+
+if [[ "${SUITE:-record}" == "stash2b" ]]; then
+  # parallel.static_stash on the other schedules, (1,2,1) m 16, each against the dynamic stash.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
+  PP="$B13 --mesh 1,2,1 train.micro_batch_size=1"; ST="parallel.static_stash=true"
+  I2="parallel.schedule=interleaved parallel.virtual_stages=2"
+  ZV="parallel.schedule=zb-v parallel.virtual_stages=2"
+  run pp2-1f1b-sel $ours $PP
+  run pp2-1f1b-sel-static $ours $PP $ST
+  run pp2-i2-sel $ours $PP $I2
+  run pp2-i2-sel-static $ours $PP $I2 $ST
+  run pp2-zbv-sel $ours $PP $ZV
+  run pp2-zbv-sel-static $ours $PP $ZV $ST
   echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
   exit 0
 fi
