@@ -119,9 +119,10 @@ class ParallelConfig:
                                          # (fp32 master weights and AdamW moments split over 'data');
                                          # 3: also the weights gathered layer by layer (ZeRO-3, FSDP)
     grad_reduce_dtype: str = "float32"   # float32 | bfloat16: the data-parallel gradient reduction
-    static_stash: bool = False           # pipelines: a switch branch per (op, residual stash slot),
+    static_stash: bool = True            # pipelines: a switch branch per (op, residual stash slot),
                                          # so layers write and read residuals in place (no
-                                         # per-tick stash copies; more branches to compile)
+                                         # per-tick stash copies: 1-16% faster steps on 2x H100,
+                                         # less memory; the compile takes 1.3-3.4x as long)
 
     @property
     def mesh_shape(self) -> tuple[int, int, int]:

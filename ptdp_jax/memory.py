@@ -38,7 +38,8 @@ The model (bytes per device; the most loaded device of the layout):
   (layer input, norms, dropout; the gathered GEMM inputs are gathered again in the backward)
   are split by sequence, as in the compiled step (tests/test_sequence_parallel.py);
   times the layers of the largest model chunk times the stash slots of the schedule
-  (`Schedule.num_stash_slots` + the executor's trash slot; one microbatch without pipelining),
+  (`Schedule.num_stash_slots`, + the executor's trash slot unless parallel.static_stash;
+  one microbatch without pipelining),
   plus the executor's stage-to-stage message buffers (split by sequence too under sequence
   parallelism), plus the float32 logits of one microbatch on the last stage, b s V / t x 4
   bytes (V / (t p) when the head is spread over the pipeline stages, `pipeline/head.py`;
@@ -173,13 +174,14 @@ def _sequence_parallel(cfg) -> bool:
 
 def stash_slots(cfg) -> int:
     """Microbatch-chunk residual sets held at once on the busiest stage: the schedule's
-    in-flight bound plus the executor's trash slot; 1 without pipelining."""
+    in-flight bound, plus the executor's trash slot for a dynamically indexed stash
+    (parallel.static_stash=false); 1 without pipelining."""
     par = cfg.parallel
     if par.pipe == 1:
         return 1
     from ptdp_jax.pipeline.balance import chunk_layers
     return _stash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
-                        min(chunk_layers(cfg)) >= 2) + 1
+                        min(chunk_layers(cfg)) >= 2) + (0 if par.static_stash else 1)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 B13, B75 = str(ROOT / "configs/bench-1.3b.yaml"), str(ROOT / "configs/gpt-7.5b.yaml")
 MB1 = {"train.micro_batch_size": 1}
 INT = {"parallel.schedule": "interleaved"}
+DYN = {"parallel.static_stash": False}      # the pipeline peaks measured before the static stash
+PH = {"parallel.schedule": "1f1b-phased"}
 B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
 
 # (config, (d, p, t), overrides, measured peak GiB per GPU, tolerance): RESULTS.md, 2026-11-26
@@ -20,14 +22,19 @@ B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
 MEASURED = [
     (B13, (1, 1, 1), {"train.micro_batch_size": 8}, 36.91, 0.05),      # unrolled, fused head
     (B13, (1, 1, 1), {"train.micro_batch_size": 8, "train.recompute": "none"}, 53.43, 0.05),
-    (B13, (1, 4, 1), MB1, 9.71, 0.05),
-    (B13, (1, 4, 1), {**MB1, "train.recompute": "none"}, 16.72, 0.05),
-    (B13, (1, 4, 1), {**MB1, **INT, "parallel.virtual_stages": 2}, 10.01, 0.05),
-    (B13, (1, 4, 1), {**MB1, **INT, "parallel.virtual_stages": 2,
+    (B13, (1, 4, 1), {**MB1, **DYN}, 9.71, 0.05),
+    (B13, (1, 4, 1), {**MB1, **DYN, "train.recompute": "none"}, 16.72, 0.05),
+    (B13, (1, 4, 1), {**MB1, **DYN, **INT, "parallel.virtual_stages": 2}, 10.01, 0.05),
+    (B13, (1, 4, 1), {**MB1, **DYN, **INT, "parallel.virtual_stages": 2,
                       "parallel.stage_layers": "auto"}, 11.98, 0.10),
-    (B13, (1, 2, 2), MB1, 8.57, 0.05),
-    (B75, (1, 4, 1), B75_32, 42.27, 0.05),
-    (B75, (1, 4, 1), {**B75_32, **INT, "parallel.virtual_stages": 3}, 41.96, 0.05),
+    (B13, (1, 2, 2), {**MB1, **DYN}, 8.57, 0.05),
+    (B75, (1, 4, 1), {**B75_32, **DYN}, 42.27, 0.05),
+    (B75, (1, 4, 1), {**B75_32, **DYN, **INT, "parallel.virtual_stages": 3}, 41.96, 0.05),
+    # session 11, 2x H100, the static stash (results/2026-11-26-s11/2gpu)
+    (B13, (1, 2, 1), MB1, 14.82, 0.05),
+    (B13, (1, 2, 1), {**MB1, **PH}, 16.41, 0.06),
+    (B13, (1, 2, 1), {**MB1, **PH, "train.recompute": "none"}, 23.96, 0.05),
+    (B13, (1, 2, 1), {**MB1, **INT, "parallel.virtual_stages": 2}, 14.88, 0.05),
 ]
 
 

@@ -1,0 +1,93 @@
+"""parallel.static_stash (the default): a switch branch per (op, residual stash slot), so the
+slot is a trace-time constant and the layers write and read their residuals in place.
+Parity of both stash layouts against the one-device model is in test_parity_pipeline.py."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from ptdp_jax.pipeline import schedule as S
+from ptdp_jax.pipeline.routing import STASH_OPS, control_table
+
+
+@pytest.mark.parametrize("name,p,m,v", [("1f1b", 4, 8, 1), ("1f1b-phased", 4, 8, 1),
+                                        ("interleaved", 2, 8, 2), ("zb-v", 3, 6, 2),
+                                        ("zb-h1", 4, 8, 1)])
+def test_each_stash_branch_has_the_slot_of_its_ticks(name, p, m, v):
+    sched = S.build_schedule(name, p, m, v)
+    counts = [2] * (p * v)
+    dyn, dyn_ctl = control_table(sched, counts)
+    sta, ctl = control_table(sched, counts, static_stash=True)
+    assert all(br.stash_slot == -1 for br in dyn)
+    used = set()
+    for t in range(sched.num_ticks):
+        for s in range(p):
+            br = sta[ctl["branch"][t, s]]
+            if br.op in STASH_OPS:
+                assert br.stash_slot == ctl["stash_slot"][t, s] >= 0
+                used.add(ctl["branch"][t, s])
+            else:
+                assert br.stash_slot == -1
+            # the same op as the dynamic table's, only the slot added
+            d = dyn[dyn_ctl["branch"][t, s]]
+            assert (br.op, br.vchunk, br.n_layers, br.first, br.last) == (
+                d.op, d.vchunk, d.n_layers, d.first, d.last)
+    # every stash branch is used
+    assert used == {i for i, br in enumerate(sta) if br.op in STASH_OPS}
+    assert max(br.stash_slot for br in sta) == sched.num_stash_slots - 1
+
+
+def _indexed_accesses(layers: int, static: bool) -> tuple[int, int]:
+    """(indexed writes, indexed reads) in the lowered program of a (1,2,1) 1f1b-phased step."""
+    from compiled import _lowered
+    from parity import tiny_config
+    text = _lowered(tiny_config("gpt", (1, 2, 1), **{
+        "parallel.schedule": "1f1b-phased", "train.micro_batch_size": 2,
+        "model.num_layers": layers, "parallel.static_stash": static})).as_text()
+    lines = text.splitlines()
+    writes = sum("stablehlo.dynamic_update_slice" in ln or "stablehlo.scatter" in ln
+                 for ln in lines)
+    reads = sum("stablehlo.dynamic_slice" in ln for ln in lines)
+    return writes, reads
+
+
+def test_static_stash_indexes_no_residual():
+    """With the dynamic stash every layer's residuals are written into and read from their
+    slot by index, so the indexed accesses grow with the layer count; with the static stash
+    the only indexed accesses left are the receive buffers' and the head's, the same for 4
+    and 8 layers."""
+    dyn4, dyn8 = _indexed_accesses(4, False), _indexed_accesses(8, False)
+    sta4, sta8 = _indexed_accesses(4, True), _indexed_accesses(8, True)
+    assert dyn8[0] > dyn4[0] and dyn8[1] > dyn4[1]
+    assert sta8 == sta4
+    assert sta8[0] < dyn4[0] and sta8[1] < dyn4[1]
+
+
+def test_gpu_compiles_static_stash_with_region_analysis():
+    """Without region-based live-range analysis XLA:GPU copies every stash buffer through
+    every branch of the 1f1b switch (benchmarks/NOTES.md); the step asks for it on GPU."""
+    from parity import tiny_config
+    from ptdp_jax.step import compiler_options
+
+    def mesh(platform):
+        return types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform=platform)]))
+
+    cfg = tiny_config("gpt", (1, 2, 1))
+    assert compiler_options(cfg, mesh("gpu")) == {
+        "xla_gpu_copy_insertion_use_region_analysis": True}
+    assert compiler_options(cfg, mesh("cpu")) == {}
+    off = tiny_config("gpt", (1, 2, 1), **{"parallel.static_stash": False})
+    assert compiler_options(off, mesh("gpu")) == {}
+    assert compiler_options(tiny_config("gpt", (2, 1, 1)), mesh("gpu")) == {}
+
+
+def test_memory_estimate_counts_no_trash_slot():
+    from parity import tiny_config
+    from ptdp_jax.memory import stash_slots
+    o = {"parallel.schedule": "1f1b-phased", "train.micro_batch_size": 1}
+    static = stash_slots(tiny_config("gpt", (1, 4, 1), **o))
+    dynamic = stash_slots(tiny_config("gpt", (1, 4, 1), **o, **{"parallel.static_stash": False}))
+    assert static == S.build_schedule("1f1b-phased", 4, 8).num_stash_slots == 7
+    assert dynamic == static + 1
