@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=s11 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -124,6 +124,24 @@ if [[ "${SUITE:-record}" == "phased" ]]; then
   run pp4-phased-sel-m32 $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.global_batch_size=32 $PH
   run pp2tp2-phased-sel $ours $B13 --mesh 1,2,2 train.micro_batch_size=1 $PH
   run pp4-phased-sel-m8 $ours $B13 --mesh 1,4,1 train.micro_batch_size=2 $PH
+  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
+  exit 0
+fi
+
+if [[ "${SUITE:-record}" == "s11" ]]; then
+  # Issue 8, session 11, 4 GPUs: the static stash (now the default) at p = 4 with the peer and
+  # the 7.5B against the peer's pp4 1f1b in the same lease (target 3). Carry .peer. Priority order.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
+  PP="$B13 --mesh 1,4,1 train.micro_batch_size=1"
+  PH="parallel.schedule=1f1b-phased"
+  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  run pp4-phased-sel $ours $PP $PH
+  run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
+  run 7.5b-pp4-phased-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective $PH --steps 3
+  run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+  run pp4-phased-none $ours $PP $PH train.recompute=none
+  run pp4-1f1b-sel $ours $PP
+  run pp4-phased-sel-dyn $ours $PP $PH parallel.static_stash=false
   echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
   exit 0
 fi
