@@ -181,7 +181,7 @@ def stash_slots(cfg) -> int:
         return 1
     from ptdp_jax.pipeline.balance import chunk_layers
     return _stash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
-                        min(chunk_layers(cfg)) >= 2) + (0 if par.static_stash else 1)
+                        min(chunk_layers(cfg)) >= 2) + (0 if par.static_stash_on else 1)
 
 
 @functools.lru_cache(maxsize=1024)

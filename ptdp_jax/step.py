@@ -167,7 +167,7 @@ def compiler_options(cfg, mesh) -> dict:
     the 1f1b switch copies every stash buffer through every branch each tick (1.3B (1,2,1) on
     2x H100: 0.542 s a step against 0.416 s with it; benchmarks/NOTES.md)."""
     if (mesh.devices.flat[0].platform != "gpu" or cfg.parallel.pipe == 1
-            or not cfg.parallel.static_stash):
+            or not cfg.parallel.static_stash_on):
         return {}
     return {"xla_gpu_copy_insertion_use_region_analysis": True}
 

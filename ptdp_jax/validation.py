@@ -69,6 +69,8 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
     need(m.padded_vocab_size % tp == 0,
          f"padded vocabulary {m.padded_vocab_size} (model.vocab_size={m.vocab_size} rounded up to "
          f"a multiple of 128) is not divisible by parallel.tensor={tp}")
+    need(p.static_stash in (True, False, "auto"),
+         f"parallel.static_stash must be true, false or auto, got {p.static_stash!r}")
     v = p.virtual_stages
     if p.schedule == "interleaved":
         need(v >= 2, f"parallel.schedule=interleaved needs parallel.virtual_stages >= 2, got {v}")

@@ -5,7 +5,7 @@ Mixed meshes matter: pipe rings replicated over data or tensor are where XLA's
 collective-permute handling has gone wrong before. The matrix below covers each
 schedule on (1,2,1), (1,4,1), (2,2,2), (1,2,4), (2,4,1), (1,4,2); v = 2 and 4 (and
 ZB-V's V placement);
-m = p, 2p, 3p; the residual stash static (default) and indexed per tick; recompute none, selective and full; scatter/gather on and off;
+m = p, 2p, 3p; the residual stash static and indexed per tick; recompute none, selective and full; scatter/gather on and off;
 split and unsplit backward (1 layer per chunk); and uneven layers per chunk
 (parallel.stage_layers, explicit and auto); grouped-query attention."""
 import pytest
@@ -22,7 +22,8 @@ PH = {"parallel.schedule": "1f1b-phased"}
 FULL = {"train.recompute": "full"}
 SEL = {"train.recompute": "selective"}
 SG = {"parallel.scatter_gather": True}
-DYN = {"parallel.static_stash": False}    # the residual stash indexed per tick (default: static)
+DYN = {"parallel.static_stash": False}    # the residual stash indexed per tick
+STAT = {"parallel.static_stash": True}    # a buffer per slot (auto: only for 1f1b, 1f1b-phased)
 M3P = {"train.global_batch_size": 6, "train.micro_batch_size": 1}   # m = 6 = 3p for p = 2
 
 
@@ -84,12 +85,15 @@ CASES = [
     ("llama", (2, 4, 1), {**PH, **mb(4, 2), "parallel.stage_layers": "auto"}),
     ("gpt", (1, 3, 1), {**PH, **mb(4), "parallel.stage_layers": (3, 3, 2),
                         "model.vocab_size": 100}),     # the head unspread, in the last stage's F
-    # the dynamically indexed residual stash (parallel.static_stash=false)
+    # the residual stash the other way round from parallel.static_stash=auto: indexed per tick
+    # for 1f1b and 1f1b-phased, a buffer per slot for the others
     ("gpt", (1, 4, 1), {**F1, **mb(8), **DYN}),
     ("gpt", (2, 2, 2), {**PH, **mb(2, 2), **SEL, **SG, **DYN}),
-    ("gpt", (1, 2, 4), {**I4, **mb(4), **SG, **DYN}),
-    ("llama", (2, 4, 1), {**ZB, **mb(4, 2), **SEL, **DYN}),
-    ("llama", (2, 2, 1), {**ZV, **mb(2, 2), "parallel.stage_layers": (3, 1, 2, 2), **DYN}),
+    ("gpt", (1, 2, 1), {**GP, **mb(4), **STAT}),
+    ("gpt", (1, 2, 4), {**I4, **mb(4), **SG, **STAT}),
+    ("gpt", (2, 2, 2), {**I2, **mb(2, 2), **SEL, **STAT}),
+    ("llama", (2, 4, 1), {**ZB, **mb(4, 2), **SEL, **STAT}),
+    ("llama", (2, 2, 1), {**ZV, **mb(2, 2), "parallel.stage_layers": (3, 1, 2, 2), **STAT}),
     # a padded vocabulary (128) that 3 stages cannot share: the head stays on the last stage
     ("gpt", (1, 3, 1), {**F1, **mb(4), "parallel.stage_layers": (3, 3, 2), "model.vocab_size": 100}),
     ("llama", (2, 3, 1), {**F1, **mb(2, 2), "parallel.stage_layers": "auto",
@@ -116,8 +120,8 @@ def _id(case):
         tags.append(o["train.recompute"])
     if o.get("parallel.scatter_gather"):
         tags.append("sg")
-    if o.get("parallel.static_stash") is False:
-        tags.append("dyn")
+    if "parallel.static_stash" in o:
+        tags.append("static" if o["parallel.static_stash"] else "dyn")
     if "parallel.stage_layers" in o:
         sl = o["parallel.stage_layers"]
         tags.append("layers-" + (sl if isinstance(sl, str) else "".join(map(str, sl))))

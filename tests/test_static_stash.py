@@ -1,4 +1,4 @@
-"""parallel.static_stash (the default): a switch branch per (op, residual stash slot), so the
+"""parallel.static_stash (auto: on for 1f1b and 1f1b-phased): a switch branch per (op, residual stash slot), so the
 slot is a trace-time constant and the layers write and read their residuals in place.
 Parity of both stash layouts against the one-device model is in test_parity_pipeline.py."""
 from __future__ import annotations
@@ -91,3 +91,30 @@ def test_memory_estimate_counts_no_trash_slot():
     dynamic = stash_slots(tiny_config("gpt", (1, 4, 1), **o, **{"parallel.static_stash": False}))
     assert static == S.build_schedule("1f1b-phased", 4, 8).num_stash_slots == 7
     assert dynamic == static + 1
+
+
+def test_auto_is_on_where_the_branches_stay_few():
+    """auto: static for 1f1b and 1f1b-phased, whose branches stay few (p = 4: 20 and 26);
+    indexed for gpipe (slots = m, so branches would grow with m), interleaved and zb-v
+    (branches x v x slots)."""
+    from parity import tiny_config
+    got = {}
+    for name, v in (("1f1b", 1), ("1f1b-phased", 1), ("gpipe", 1), ("interleaved", 2),
+                    ("zb-h1", 1), ("zb-v", 2)):
+        cfg = tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": name,
+                                               "parallel.virtual_stages": v})
+        got[name] = cfg.parallel.static_stash_on
+    assert got == {"1f1b": True, "1f1b-phased": True, "gpipe": False, "interleaved": False,
+                   "zb-h1": False, "zb-v": False}
+    forced = tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "gpipe",
+                                              "parallel.static_stash": True})
+    assert forced.parallel.static_stash_on
+    assert S.build_schedule("gpipe", 2, 16).num_stash_slots == 16      # why not gpipe
+
+
+def test_bad_value_is_refused_before_compiling():
+    from parity import tiny_config
+    from ptdp_jax.config import ConfigError
+    with pytest.raises(ConfigError, match="parallel.static_stash must be true, false or auto, "
+                                          "got 'yes please'"):
+        tiny_config("gpt", (1, 2, 1), **{"parallel.static_stash": "yes please"})

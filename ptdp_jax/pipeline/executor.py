@@ -22,7 +22,7 @@ specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk
 are unrolled with their weights as loop constants: no per-tick weight slicing, no scan
 inside a tick. Backward uses `jax.vjp` per layer; its residuals live in a stash of
 `schedule.num_stash_slots` slots (the schedule's in-flight bound, not m), without the weights:
-with parallel.static_stash (the default) a buffer per slot and a branch per (op, slot), so that
+with parallel.static_stash (auto: for 1f1b and 1f1b-phased) a buffer per slot and a branch per (op, slot), so that
 the layers' kernels write and read the residuals in place; otherwise one stacked buffer per
 residual, indexed by the tick's stash_slot.
 Gradients accumulate in float32; the embedding gradient by scatter-add into its accumulator.
@@ -136,7 +136,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     batch_rs1: this replica's rows (B/d, s+1). Returns (loss_sum, grads) with the structure
     of params; embed/head gradients still to be psum'd over 'pipe'."""
     sched, counts = schedule_for(cfg), chunk_layers(cfg)
-    static = cfg.parallel.static_stash
+    static = cfg.parallel.static_stash_on
     branches, ctl = control_table(sched, counts, static_stash=static)
     p, v, m = sched.p, sched.v, sched.m
     mc, dtype, manual = cfg.model, M.DTYPES[cfg.train.dtype], tuple(sh.manual)
