@@ -133,12 +133,13 @@ def test_interleaved_ahead_at_small_batch_behind_without_scatter_gather_at_large
 
 B13 = dict(train__micro_batch_size=1)
 # (config, overrides, measured step s on 4x H100 80GB HBM3, 2026-11-26, benchmarks/RESULTS.md)
+DYN = dict(parallel__static_stash=False)     # measured before the static stash
 H100_MEASURED = [
     ("bench-1.3b", dict(train__micro_batch_size=8), 0.6236),
-    ("bench-1.3b", dict(B13, parallel__pipe=4), 0.2446),
-    ("bench-1.3b", dict(B13, parallel__pipe=4, parallel__schedule="interleaved",
+    ("bench-1.3b", dict(**B13, **DYN, parallel__pipe=4), 0.2446),
+    ("bench-1.3b", dict(**B13, **DYN, parallel__pipe=4, parallel__schedule="interleaved",
                         parallel__virtual_stages=2), 0.2882),
-    ("gpt-7.5b", dict(B13, parallel__pipe=4, parallel__data=1, parallel__tensor=1,
+    ("gpt-7.5b", dict(**B13, **DYN, parallel__pipe=4, parallel__data=1, parallel__tensor=1,
                       train__global_batch_size=32, train__recompute="selective"), 1.908),
 ]
 
@@ -148,6 +149,27 @@ H100_MEASURED = [
 def test_our_h100_measurements(name, overrides, measured_s):
     est = estimate_step(config(name, **overrides), H100, 8)
     assert est.step_time_s == pytest.approx(measured_s, rel=0.15)
+
+
+# (1,2,1) m 16 on 2x H100, session 11 (RESULTS.md), the residual stash both ways
+PH = dict(B13, parallel__pipe=2, parallel__schedule="1f1b-phased")
+STASH_MEASURED = [
+    (dict(PH, parallel__static_stash=False), 0.4009),
+    (PH, 0.3759),
+    (dict(PH, train__recompute="none", parallel__static_stash=False), 0.4739),
+    (dict(PH, train__recompute="none"), 0.3981),
+    (dict(B13, parallel__pipe=2, parallel__static_stash=False), 0.4205),
+    (dict(B13, parallel__pipe=2), 0.4172),
+]
+
+
+@pytest.mark.parametrize("overrides,measured_s", STASH_MEASURED,
+                         ids=["phased-dyn", "phased-static", "phased-none-dyn",
+                              "phased-none-static", "1f1b-dyn", "1f1b-static"])
+def test_static_stash_measurements(overrides, measured_s):
+    """The static stash leaves static_stash_copy_share of the indexed stash's copy passes."""
+    est = estimate_step(config("bench-1.3b", **overrides), H100, 8)
+    assert est.step_time_s == pytest.approx(measured_s, rel=0.08)
 
 
 # ----------------------------------------------------------------------------- players

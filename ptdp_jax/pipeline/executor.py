@@ -22,9 +22,9 @@ specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk
 are unrolled with their weights as loop constants: no per-tick weight slicing, no scan
 inside a tick. Backward uses `jax.vjp` per layer; its residuals live in a stash of
 `schedule.num_stash_slots` slots (the schedule's in-flight bound, not m), without the weights:
-with parallel.static_stash (auto: for 1f1b and 1f1b-phased) a buffer per slot and a branch per (op, slot), so that
-the layers' kernels write and read the residuals in place; otherwise one stacked buffer per
-residual, indexed by the tick's stash_slot.
+with parallel.static_stash (auto: for 1f1b and 1f1b-phased) a buffer per slot and a branch
+per (op, slot), so that the layers' kernels write and read the residuals in place; otherwise
+one stacked buffer per residual, indexed by the tick's stash_slot.
 Gradients accumulate in float32; the embedding gradient by scatter-add into its accumulator.
 """
 from __future__ import annotations

@@ -13,7 +13,8 @@ Compute, per layer and microbatch of b sequences (T = b s tokens), on one of t t
     element-   elementwise_bytes x T x h in memory (norms, GeLU, bias, dropout, residual), 10/34
     wise       of it replicated over t and 24/34 split (Korthikanti et al.'s activation split),
                plus stash copies: passes x the layer's stashed residuals (ptdp_jax's executor
-               writes them into a slot in the forward and reads them in the backward).
+               with parallel.static_stash off writes them into a slot in the forward and reads
+               them in the backward; with it on, a fitted share of those passes is left).
     recompute  none: nothing; selective: attention and element-wise again in the backward;
                full: the whole forward again, tensor all-reduces included.
 
@@ -136,9 +137,11 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     split = REPLICATED_SHARE + (1 - REPLICATED_SHARE) / t
     elem_fwd = _memory_seconds(gpu.elementwise_bytes_fwd * T * h * split, gpu)
     elem_bwd = _memory_seconds(gpu.elementwise_bytes_bwd * T * h * split, gpu)
-    # the pipelined executor copies residuals into and out of stash slots (across its switch);
-    # without pipelining the scan's producers write them in place
+    # the pipelined executor with an indexed stash (parallel.static_stash off) copies residuals
+    # into and out of their slots; a static stash writes them in place (what is left of the
+    # passes: static_stash_copy_share); without pipelining the producers write them in place
     stash = layer_activation_bytes_per_token(cfg) * T if p > 1 else 0.0
+    stash *= gpu.static_stash_copy_share if par.static_stash_on else 1.0
     copy_fwd = _memory_seconds(gpu.stash_copy_passes_fwd * stash, gpu)
     copy_bwd = _memory_seconds(gpu.stash_copy_passes_bwd * stash, gpu)
     bw, lat = group_link(gpu, 1, t, gpus_per_host)

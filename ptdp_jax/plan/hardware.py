@@ -58,6 +58,8 @@ class GpuKind:
     elementwise_bytes_bwd: float         # ... backward (without the recomputed forward)
     stash_copy_passes_fwd: float         # passes over a layer's stashed residuals, forward
     stash_copy_passes_bwd: float         # ... backward
+    static_stash_copy_share: float       # of those passes, the share left with parallel.static_stash
+                                         # (the transposes and slices they also absorbed)
     head_ce_passes: float                # passes over the float32 logits (cross-entropy, both ways)
     tick_overhead_s: float               # lockstep: host gap per pipeline tick
     step_overhead_s: float               # per step: launch, loss, host
@@ -108,6 +110,7 @@ GPU_KINDS: dict[str, GpuKind] = {
         softmax_bytes_bwd=0.0,
         elementwise_bytes_fwd=41.5, elementwise_bytes_bwd=182.0,
         stash_copy_passes_fwd=4.0, stash_copy_passes_bwd=5.2, head_ce_passes=8.0,
+        static_stash_copy_share=0.5,      # fitted: (1,2,1) 1f1b-phased on 2x H100, session 11
         tick_overhead_s=0.39e-3, step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,
         grad_bytes=4, activation_bytes=2,
         source="ptdp_jax on 4x H100 80GB HBM3 (2026-11-26 traces and RESULTS.md)"),
@@ -122,6 +125,7 @@ GPU_KINDS: dict[str, GpuKind] = {
         softmax_bytes_bwd=14.0,
         elementwise_bytes_fwd=40.0, elementwise_bytes_bwd=80.0,
         stash_copy_passes_fwd=0.0, stash_copy_passes_bwd=0.0, head_ce_passes=6.0,
+        static_stash_copy_share=0.0,
         tick_overhead_s=0.0, step_overhead_s=20e-3, optimizer_bytes_per_param=40.0,
         grad_bytes=4, activation_bytes=2,
         source="Megatron-LM on DGX A100 80GB as in the paper (Table 1 fitted)"),
