@@ -110,7 +110,10 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     feed.use_mesh(mesh)
     tx, lr = make_optimizer(cfg)
     compiled = compile_all(cfg, mesh, tx)
+    t0 = time.perf_counter()
+    log("ptdp_jax: compiling the train step ...")           # minutes for deep pipelines
     train_step = _compile_step(cfg, compiled, tx)            # and XLA's own memory analysis
+    log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s")
     state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
     runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
     runlog.header()

@@ -75,6 +75,7 @@ def test_cli_trains_writes_metrics_and_samples(tmp_path, capsys):
     assert rc == 0
     out = capsys.readouterr().out
     assert "mesh (data, pipe, tensor) = (1, 2, 1)" in out and "--- sample (greedy) ---" in out
+    assert out.index("compiling the train step") < out.index("compiled in") < out.index("mesh (")
     lines = [json.loads(l) for l in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2, 3]
     for key in ("loss", "lr", "grad_norm", "tokens_per_s", "tflops_per_device", "step_time_s"):
