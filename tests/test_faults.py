@@ -187,8 +187,15 @@ def _shardings(ov, mesh=(1, 1, 1)):
 
 def test_disk_full_on_a_real_small_filesystem(tmp_path, data_cache):
     """A tmpfs with room for one checkpoint and a half: the second save fails with
-    ENOSPC from the real write path; the first stays intact and restorable."""
-    ov = H.tiny(tmp_path, data_cache, **{"model.num_layers": 2})
+    ENOSPC from the real write path; the first stays intact and restorable.
+
+    tmpfs counts whole pages, and orbax packs the same state into a varying number of files
+    (16 to 19 for the 187 KB of a hidden-32 model), so a checkpoint whose page rounding is a
+    third of its bytes could fit twice (the likely cause of a CI run whose second save
+    succeeded). With hidden 128 the data
+    (~5 MB) outweighs the rounding: room = 1.5 x its bytes + 2 pages per entry holds one
+    checkpoint and never two."""
+    ov = H.tiny(tmp_path, data_cache, **{"model.num_layers": 2, "model.hidden_size": 128})
     cfg = resolve_config(None, (1, 1, 1), ov)
     compiled = compile_all(cfg, make_mesh((1, 1, 1)), make_optimizer(cfg)[0])
     state = compiled.init()
@@ -197,7 +204,8 @@ def test_disk_full_on_a_real_small_filesystem(tmp_path, data_cache):
         m.save(2, dict(state, step=jnp.int32(2)))
     size = sum(f.stat().st_size for f in probe.rglob("*") if f.is_file())
     files = sum(1 for _ in probe.rglob("*"))
-    room = int((size + files * 4096) * 1.5) // 4096 * 4096
+    room = int(size * 1.5 + files * 2 * 4096) // 4096 * 4096
+    assert size + files * 4096 <= room < 2 * size          # one fits, two do not
     mnt = tmp_path / "small_fs"
     mnt.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={room}", "tmpfs", str(mnt)],
