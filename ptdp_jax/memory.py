@@ -40,6 +40,8 @@ The model (bytes per device; the most loaded device of the layout):
   times the layers of the largest model chunk times the stash slots of the schedule
   (`Schedule.num_stash_slots`, + the executor's trash slot unless parallel.static_stash;
   one microbatch without pipelining),
+  plus, for zero-bubble tables, the W stash (each GEMM's input and output gradient kept from
+  B to W, `wstash_bytes`),
   plus the executor's stage-to-stage message buffers (split by sequence too under sequence
   parallelism), plus the float32 logits of one microbatch on the last stage, b s V / t x 4
   bytes (V / (t p) when the head is spread over the pipeline stages, `pipeline/head.py`;
@@ -185,6 +187,27 @@ def stash_slots(cfg) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
+def _wstash_slots(schedule: str, p: int, m: int, v: int) -> int:
+    """Schedule.num_wstash_slots (zero-bubble tables: B-to-W sets held at once)."""
+    from ptdp_jax.pipeline.schedule import build_schedule
+    return build_schedule(schedule, p, m, v).num_wstash_slots
+
+
+def wstash_bytes(cfg) -> float:
+    """Zero-bubble tables: the W stash of the most loaded device, each GEMM's input and output
+    gradient (b s (K + N) in the compute dtype) from B to W, for the layers of the largest
+    chunk, in num_wstash_slots + 1 slots (the executor's trash slot); 0 otherwise."""
+    par = cfg.parallel
+    if par.pipe == 1 or par.schedule not in ("zb-h1", "zb-v"):
+        return 0.0
+    from ptdp_jax.pipeline.balance import chunk_layers
+    dtype_bytes = 4 if cfg.train.dtype == "float32" else 2
+    per_layer = sum(M * (K + N) for M, K, N in layer_gemms(cfg)) * dtype_bytes
+    slots = _wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages) + 1
+    return slots * max(chunk_layers(cfg)) * per_layer
+
+
+@functools.lru_cache(maxsize=1024)
 def _stash_slots(schedule: str, p: int, m: int, v: int, split: bool) -> int:
     """Schedule.num_stash_slots. 1F1B and interleaved stop growing once m reaches a few rounds
     of p (their bound is about p, Megatron's warm-up), so a bigger m is counted at m = 4p."""
@@ -192,6 +215,19 @@ def _stash_slots(schedule: str, p: int, m: int, v: int, split: bool) -> int:
     if schedule in ("1f1b", "interleaved") and m > 4 * p:
         m = 4 * p
     return build_schedule(schedule, p, m, v, split_backward=split).num_stash_slots
+
+
+def layer_gemms(cfg) -> list[tuple[int, int, int]]:
+    """(M, K, N) of a layer's forward GEMMs on one tensor rank, M = b s tokens."""
+    m, t = cfg.model, cfg.parallel.tensor
+    h, f = m.hidden_size, m.ffn
+    T = cfg.train.micro_batch_size * m.seq_len
+    if m.arch == "llama":       # K and V narrower under grouped-query attention (kv_heads)
+        kv = getattr(m, "kv_heads", None) or m.num_heads
+        kv_width = kv * (h // m.num_heads) // t
+        return ([(T, h, h // t), (T, h, kv_width), (T, h, kv_width), (T, h // t, h)]
+                + [(T, h, f // t)] * 2 + [(T, f // t, h)])
+    return [(T, h, 3 * h // t), (T, h // t, h), (T, h, f // t), (T, f // t, h)]
 
 
 def _head_spread(cfg) -> bool:
@@ -219,7 +255,7 @@ def activation_bytes(cfg) -> float:
     if not _head_spread(cfg):        # the fused head loss: one chunk of the sequence at a time
         from ptdp_jax.models.fused_loss import num_chunks
         logits /= num_chunks(tr.micro_batch_size, m.seq_len, m.padded_vocab_size)
-    return stash + buffers + logits
+    return stash + wstash_bytes(cfg) + buffers + logits
 
 
 # ----------------------------------------------------------------------------- the estimate

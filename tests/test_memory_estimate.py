@@ -15,6 +15,7 @@ MB1 = {"train.micro_batch_size": 1}
 INT = {"parallel.schedule": "interleaved"}
 DYN = {"parallel.static_stash": False}      # the peaks measured before the static stash
 PH = {"parallel.schedule": "1f1b-phased"}
+ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
 
 # (config, (d, p, t), overrides, measured peak GiB per GPU, tolerance): RESULTS.md, 2026-11-26
@@ -36,6 +37,10 @@ MEASURED = [
     (B13, (1, 2, 1), {**MB1, **PH, "train.recompute": "none"}, 23.96, 0.05),
     (B13, (1, 2, 1), {**MB1, **INT, "parallel.virtual_stages": 2,
                       "parallel.static_stash": True}, 14.88, 0.05),
+    # zero-bubble: the W stash counted (4x H100 session 10; 2x H100 session 11)
+    (B13, (1, 4, 1), {**MB1, **ZV}, 12.21, 0.05),
+    (B13, (1, 4, 1), {**MB1, **ZV, "train.recompute": "none"}, 18.43, 0.05),
+    (B13, (1, 2, 1), {**MB1, **ZV, "parallel.static_stash": True}, 17.07, 0.05),
 ]
 
 

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ptdp_jax.memory import layer_activation_bytes_per_token, params_per_device
+from ptdp_jax.memory import (  # noqa: F401  (layer_gemms re-exported)
+    layer_activation_bytes_per_token, layer_gemms, params_per_device)
 from ptdp_jax.plan.hardware import GpuKind
 
 REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every tensor rank repeats
@@ -81,19 +82,6 @@ def group_link(gpu: GpuKind, stride: int, size: int, gpus_per_host: int) -> tupl
 
 
 # ----------------------------------------------------------------------------- per-op costs
-
-def layer_gemms(cfg) -> list[tuple[int, int, int]]:
-    """(M, K, N) of a layer's forward GEMMs on one tensor rank, M = b s tokens."""
-    m, t = cfg.model, cfg.parallel.tensor
-    h, f = m.hidden_size, m.ffn
-    T = cfg.train.micro_batch_size * m.seq_len
-    if m.arch == "llama":       # K and V narrower under grouped-query attention (kv_heads)
-        kv = getattr(m, "kv_heads", None) or m.num_heads
-        kv_width = kv * (h // m.num_heads) // t
-        return ([(T, h, h // t), (T, h, kv_width), (T, h, kv_width), (T, h // t, h)]
-                + [(T, h, f // t)] * 2 + [(T, f // t, h)])
-    return [(T, h, 3 * h // t), (T, h // t, h), (T, h, f // t), (T, f // t, h)]
-
 
 def _memory_seconds(nbytes: float, gpu: GpuKind) -> float:
     return nbytes / gpu.memory_bound_bytes_per_s
