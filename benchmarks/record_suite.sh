@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=s11 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=s11 | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -158,6 +158,18 @@ if [[ "${SUITE:-record}" == "phased2" ]]; then
   run peer-pp2-1f1b $peer2 --dp 1 --pp 2 --tp 1 --schedule 1f1b $P13
   run pp2-phased-none $ours $PP $PH train.recompute=none
   run pp2-1f1b-none $ours $PP train.recompute=none
+  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
+  exit 0
+fi
+
+if [[ "${SUITE:-record}" == "peer2" ]]; then
+  # 2 GPUs: our default 1f1b-phased (static stash) against the peer's pp2 1f1b, with the one-GPU
+  # baseline, (1,2,1) m 16. Carry .peer.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-150}
+  peer2="torchrun --standalone --nproc-per-node 2 ${3:-.peer}/torch_ptd.py"
+  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  run pp2-phased-sel $ours $B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased
+  run peer-pp2-1f1b $peer2 --dp 1 --pp 2 --tp 1 --schedule 1f1b $P13
   echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
   exit 0
 fi
