@@ -293,3 +293,49 @@ def test_idle_gaps_grouped_by_the_kernels_around_them(tmp_path, capsys):
     assert G.main([str(f)]) == 0
     out = capsys.readouterr().out
     assert "1 gaps" in out and "| 0.09 | 1 | 90 | a | c |" in out
+
+
+HLO = """HloModule m
+
+%branch_0 (param.1: (bf16[2,1024,1024])) -> (bf16[2,1024,1024]) {
+  %param.1 = (bf16[2,1024,1024]{2,1,0}) parameter(0)
+  %gte.1 = bf16[2,1024,1024]{2,1,0} get-tuple-element(%param.1), index=0
+  %copy.1 = bf16[2,1024,1024]{2,1,0} copy(%gte.1)
+  ROOT %t = (bf16[2,1024,1024]{2,1,0}) tuple(%copy.1)
+}
+
+%body (p: (bf16[2,1024,1024], f32[4,256,256], s32[])) -> (bf16[2,1024,1024], f32[4,256,256], s32[]) {
+  %p = (bf16[2,1024,1024]{2,1,0}, f32[4,256,256]{2,1,0}, s32[]) parameter(0)
+  %c = (bf16[2,1024,1024]{2,1,0}) conditional(%i, %tp), branch_computations={%branch_0, %branch_1}
+  %loop_dynamic_update_slice_fusion.3 = f32[4,256,256]{2,1,0} fusion(%a, %b), kind=kLoop, calls=%f
+  %small = f32[4]{0} copy(%z)
+  %dynamic_slice_fusion.7 = f32[256,256]{1,0} fusion(%a), kind=kCustom, calls=%address_computation
+}
+
+ENTRY %main (a: bf16[2,1024,1024]) -> bf16[2,1024,1024] {
+  %a = bf16[2,1024,1024]{2,1,0} parameter(0)
+  %w = (bf16[2,1024,1024]{2,1,0}) while(%t0), condition=%cond, body=%body
+  ROOT %copy.9 = bf16[2,1024,1024]{2,1,0} copy(%a)
+}
+"""
+
+
+def test_hlo_copies_groups_moves_and_finds_their_computations(tmp_path, capsys):
+    """benchmarks/hlo_copies.py: copies, dynamic-(update-)slice fusions and transposes of at
+    least --min-mb, by (kind, dtype, shape); --where names the computations and their callers."""
+    H = _load("benchmarks/hlo_copies.py", "hlo_copies")
+    groups = H.scan(HLO, min_mb=1.0)
+    assert groups[("copy", "bf16", "2,1024,1024")][:2] == (2, pytest.approx(4.194304))
+    assert groups[("copy", "bf16", "2,1024,1024")][2] == {"%branch_0", "%main"}
+    assert groups[("dynamic-update-slice", "f32", "4,256,256")][0] == 1
+    assert not any(k[2] == "4" for k in groups)                    # under --min-mb
+    assert not any(k[2] == "256,256" for k in groups)     # a custom (cuBLAS) fusion: not a move
+    text = H.where(HLO, "bf16[2,1024,1024]")
+    assert "- %branch_0: 1 moves, called from ['%body (conditional)']" in text
+    assert "- %main: 1 moves" in text and "copy(%gte.1)" in text
+    f = tmp_path / "m.txt"
+    f.write_text(HLO)
+    H.main([str(f)])
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("| kind | dtype[shape] | count | MB each |")
+    assert "| copy | bf16[2,1024,1024] | 2 | 4.2 | 2 |" in out
