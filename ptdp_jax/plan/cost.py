@@ -36,8 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ptdp_jax.memory import (  # noqa: F401  (layer_gemms re-exported)
-    layer_activation_bytes_per_token, layer_gemms, params_per_device)
+from ptdp_jax.memory import layer_activation_bytes_per_token, layer_gemms, params_per_device
 from ptdp_jax.plan.hardware import GpuKind
 
 REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every tensor rank repeats
