@@ -118,3 +118,18 @@ def test_bad_value_is_refused_before_compiling():
     with pytest.raises(ConfigError, match="parallel.static_stash must be true, false or auto, "
                                           "got 'yes please'"):
         tiny_config("gpt", (1, 2, 1), **{"parallel.static_stash": "yes please"})
+
+
+def test_static_stash_needs_less_memory():
+    """No trash slot and no temporaries for the indexed writes: XLA's memory analysis of the
+    compiled step (CPU) is lower with the static stash (on 2x H100: 16.41 against 17.45 GiB)."""
+    from compiled import compile_grad_fn
+    from parity import tiny_config
+
+    def temp_bytes(static):
+        cfg = tiny_config("gpt", (1, 2, 1), **{
+            "parallel.schedule": "1f1b-phased", "train.micro_batch_size": 1,
+            "model.hidden_size": 128, "model.seq_len": 64, "parallel.static_stash": static})
+        return compile_grad_fn(cfg).memory_analysis().temp_size_in_bytes
+
+    assert temp_bytes(True) < temp_bytes(False)
