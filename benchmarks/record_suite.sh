@@ -40,6 +40,10 @@ ours="python3 benchmarks/capture_step.py"                      # commands, not f
 peer="torchrun --standalone --nproc-per-node 4 $peer/torch_ptd.py"  # `timeout` runs them
 
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tee -a "$out/record.log"
+one_gpu() {   # the one-GPU baseline of every ideal: 1.3B, micro 8, no recomputation
+  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+}
+finish() { echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"; exit 0; }
 step_of() { python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     r = json.loads(l)
@@ -68,7 +72,7 @@ if [[ "${SUITE:-record}" == "dp" ]]; then
   export CASE_TIMEOUT=${CASE_TIMEOUT:-150}
   base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
   DP="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none"
-  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  one_gpu
   run base-dp4-zero0 $base $DP --trace-dir /tmp/d1; prof base-dp4-zero0 /tmp/d1 4,1,1
   run dp4-zero0 $ours $DP --trace-dir /tmp/d2; prof dp4-zero0 /tmp/d2 4,1,1
   run dp4-zero0-bf16 $ours $DP parallel.grad_reduce_dtype=bfloat16
@@ -78,8 +82,7 @@ if [[ "${SUITE:-record}" == "dp" ]]; then
   run pp4-1f1b-none $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.recompute=none --trace-dir /tmp/d4
   prof pp4-1f1b-none /tmp/d4 1,4,1 train.micro_batch_size=1 train.recompute=none
   run pp4-1f1b-sel-dsf env XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true $ours $B13 --mesh 1,4,1 train.micro_batch_size=1
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "next" ]]; then
@@ -91,7 +94,7 @@ if [[ "${SUITE:-record}" == "next" ]]; then
   PP="$B13 --mesh 1,4,1 train.micro_batch_size=1"
   ZBV="parallel.schedule=zb-v parallel.virtual_stages=2"
   DP="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none"
-  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  one_gpu
   run pp4-1f1b-sel $ours $PP
   run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
   run pp4-zbv-sel $ours $PP $ZBV --trace-dir /tmp/n1; prof pp4-zbv-sel /tmp/n1 1,4,1 train.micro_batch_size=1 $ZBV
@@ -103,8 +106,7 @@ if [[ "${SUITE:-record}" == "next" ]]; then
   run dp4-zero0 $ours $DP
   run dp4-zero0-nccl-simple env NCCL_PROTO=Simple $ours $DP
   run 7.5b-pp4-zbv-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective $ZBV parallel.stage_layers=auto --steps 3
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "phased" ]]; then
@@ -114,7 +116,7 @@ if [[ "${SUITE:-record}" == "phased" ]]; then
   export CASE_TIMEOUT=${CASE_TIMEOUT:-150}
   PP="$B13 --mesh 1,4,1 train.micro_batch_size=1"
   PH="parallel.schedule=1f1b-phased"
-  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  one_gpu
   run pp4-1f1b-sel $ours $PP
   run pp4-phased-sel $ours $PP $PH
   run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
@@ -124,8 +126,7 @@ if [[ "${SUITE:-record}" == "phased" ]]; then
   run pp4-phased-sel-m32 $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.global_batch_size=32 $PH
   run pp2tp2-phased-sel $ours $B13 --mesh 1,2,2 train.micro_batch_size=1 $PH
   run pp4-phased-sel-m8 $ours $B13 --mesh 1,4,1 train.micro_batch_size=2 $PH
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "s11" ]]; then
@@ -134,7 +135,7 @@ if [[ "${SUITE:-record}" == "s11" ]]; then
   export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
   PP="$B13 --mesh 1,4,1 train.micro_batch_size=1"
   PH="parallel.schedule=1f1b-phased"
-  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  one_gpu
   run pp4-phased-sel $ours $PP $PH
   run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
   run 7.5b-pp4-phased-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective $PH --steps 3
@@ -142,8 +143,7 @@ if [[ "${SUITE:-record}" == "s11" ]]; then
   run pp4-phased-none $ours $PP $PH train.recompute=none
   run pp4-1f1b-sel $ours $PP
   run pp4-phased-sel-dyn $ours $PP $PH parallel.static_stash=false
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "phased2" ]]; then
@@ -152,14 +152,13 @@ if [[ "${SUITE:-record}" == "phased2" ]]; then
   PP="$B13 --mesh 1,2,1 train.micro_batch_size=1"
   PH="parallel.schedule=1f1b-phased"
   peer2="torchrun --standalone --nproc-per-node 2 ${3:-.peer}/torch_ptd.py"
-  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  one_gpu
   run pp2-1f1b-sel $ours $PP --trace-dir /tmp/p0; prof pp2-1f1b-sel /tmp/p0 1,2,1 train.micro_batch_size=1
   run pp2-phased-sel $ours $PP $PH --trace-dir /tmp/p1; prof pp2-phased-sel /tmp/p1 1,2,1 train.micro_batch_size=1 $PH
   run peer-pp2-1f1b $peer2 --dp 1 --pp 2 --tp 1 --schedule 1f1b $P13
   run pp2-phased-none $ours $PP $PH train.recompute=none
   run pp2-1f1b-none $ours $PP train.recompute=none
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "peer2" ]]; then
@@ -167,11 +166,10 @@ if [[ "${SUITE:-record}" == "peer2" ]]; then
   # baseline, (1,2,1) m 16. Carry .peer.
   export CASE_TIMEOUT=${CASE_TIMEOUT:-150}
   peer2="torchrun --standalone --nproc-per-node 2 ${3:-.peer}/torch_ptd.py"
-  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  one_gpu
   run pp2-phased-sel $ours $B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased
   run peer-pp2-1f1b $peer2 --dp 1 --pp 2 --tp 1 --schedule 1f1b $P13
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "stash2" ]]; then
@@ -181,15 +179,14 @@ if [[ "${SUITE:-record}" == "stash2" ]]; then
   PP="$B13 --mesh 1,2,1 train.micro_batch_size=1"
   PH="parallel.schedule=1f1b-phased"; ST="parallel.static_stash=true"
   hlo() { python3 benchmarks/hlo_copies.py /tmp/h_$1/step_after_optimizations.txt > "$out/hlo_$1.md" 2>&1; rm -rf /tmp/h_$1; }
-  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  one_gpu
   run pp2-phased-sel $ours $PP $PH --hlo-dir /tmp/h_a --trace-dir /tmp/p0; hlo a; prof pp2-phased-sel /tmp/p0 1,2,1 train.micro_batch_size=1 $PH
   run pp2-phased-sel-static $ours $PP $PH $ST --hlo-dir /tmp/h_b --trace-dir /tmp/p1; hlo b; prof pp2-phased-sel-static /tmp/p1 1,2,1 train.micro_batch_size=1 $PH $ST
   run pp2-phased-none $ours $PP $PH train.recompute=none
   run pp2-phased-none-static $ours $PP $PH $ST train.recompute=none
   run pp2-1f1b-sel $ours $PP
   run pp2-1f1b-sel-static $ours $PP $ST
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "stash2b" ]]; then
@@ -204,8 +201,7 @@ if [[ "${SUITE:-record}" == "stash2b" ]]; then
   run pp2-i2-sel-static $ours $PP $I2 $ST
   run pp2-zbv-sel $ours $PP $ZV
   run pp2-zbv-sel-static $ours $PP $ZV $ST
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "overlap" ]]; then
@@ -213,7 +209,7 @@ if [[ "${SUITE:-record}" == "overlap" ]]; then
   export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
   WE="--xla_gpu_threshold_for_windowed_einsum_mib=0 --xla_gpu_multi_streamed_windowed_einsum=true"
   AR="--xla_gpu_all_reduce_combine_threshold_bytes=67108864"
-  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  one_gpu
   run dp4-zero0-none-mb4 $ours $B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none
   run dp4-zero0-none-mb4-ar64m env XLA_FLAGS="$AR" $ours $B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none
   run 1.3b-tp4-sp-none-mb4 $ours $B13 --mesh 1,1,4 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true
@@ -221,15 +217,14 @@ if [[ "${SUITE:-record}" == "overlap" ]]; then
   run 7.5b-tp4-sp-sel-we env XLA_FLAGS="$WE" $ours $B75 --mesh 1,1,4 $L75 parallel.tensor=4 train.micro_batch_size=2 train.recompute=selective parallel.sequence_parallel=true --steps 3
   run 7.5b-tp4-sel-we env XLA_FLAGS="$WE" $ours $B75 --mesh 1,1,4 $L75 parallel.tensor=4 train.micro_batch_size=2 train.recompute=selective --steps 3
   run 7.5b-tp4-sp-sel $ours $B75 --mesh 1,1,4 $L75 parallel.tensor=4 train.micro_batch_size=2 train.recompute=selective parallel.sequence_parallel=true --steps 3
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "four" ]]; then
   # One lease for issues 10, 11 and 8: the one-GPU baseline, data parallelism with the state
   # split (zero), tensor parallelism with sequence parallelism, the pipeline, and the peer.
   export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
-  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  one_gpu
   run dp4-zero0-none-mb4 $ours $B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none
   run dp4-zero1-none-mb4 $ours $B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.zero=1
   run 7.5b-tp4-sp-sel $ours $B75 --mesh 1,1,4 $L75 parallel.tensor=4 train.micro_batch_size=2 train.recompute=selective parallel.sequence_parallel=true --steps 3
@@ -240,8 +235,7 @@ if [[ "${SUITE:-record}" == "four" ]]; then
   run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
   run pp4-zbh1-m16-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=zb-h1
   run 1.3b-tp4-sp-none-mb4 $ours $B13 --mesh 1,1,4 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "one" ]]; then
@@ -259,8 +253,7 @@ if [[ "${SUITE:-record}" == "one" ]]; then
   run llama8-none-mb2 $lla train.micro_batch_size=2 train.recompute=none
   run llama8-sel-mb4 $lla train.micro_batch_size=4 train.recompute=selective
   run llama8-sel-mb8 $lla train.micro_batch_size=8 train.recompute=selective
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "host" ]]; then
@@ -276,8 +269,7 @@ if [[ "${SUITE:-record}" == "host" ]]; then
   run new-pp4-int2 $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2 --trace-dir /tmp/t4; traced new-pp4-int2 /tmp/t4 105
   run new-7.5b-pp4-1f1b $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 4
   run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 if [[ "${SUITE:-record}" == "flags" ]]; then
@@ -297,8 +289,7 @@ if [[ "${SUITE:-record}" == "flags" ]]; then
   run pp2tp2-1f1b-best $ours $B13 --mesh 1,2,2 train.micro_batch_size=1
   run 7.5b-pp4-1f1b-best $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 4
   run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
-  echo "=== done in $(( $(date +%s) - start ))s" | tee -a "$out/record.log"
-  exit 0
+  finish
 fi
 
 run 1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8
