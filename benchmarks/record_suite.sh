@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=s11 | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=s11 | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -158,6 +158,24 @@ if [[ "${SUITE:-record}" == "phased2" ]]; then
   run peer-pp2-1f1b $peer2 --dp 1 --pp 2 --tp 1 --schedule 1f1b $P13
   run pp2-phased-none $ours $PP $PH train.recompute=none
   run pp2-1f1b-none $ours $PP train.recompute=none
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "attn" ]]; then
+  # 2 GPUs, A/B against BASE (carried): selective recomputation keeping the flash attention's
+  # outputs instead of running its forward again; (1,2,1) 1f1b-phased traced, the optimized HLO
+  # of the new step (for hlo_copies.py --where), and the one-GPU selective step.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
+  base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
+  PP2="$B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased"
+  one_gpu
+  run base-pp2-phased-sel $base $PP2 --trace-dir /tmp/a1; prof base-pp2-phased-sel /tmp/a1 1,2,1 parallel.schedule=1f1b-phased
+  run new-pp2-phased-sel $ours $PP2 --trace-dir /tmp/a2 --hlo-dir /tmp/h2
+  prof new-pp2-phased-sel /tmp/a2 1,2,1 parallel.schedule=1f1b-phased
+  gzip -c /tmp/h2/step_after_optimizations.txt > "$out/hlo_pp2_phased.txt.gz" 2>/dev/null
+  S1="$B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=selective"
+  run base-1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 $base $S1
+  run new-1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 $ours $S1
   finish
 fi
 

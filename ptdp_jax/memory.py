@@ -24,7 +24,9 @@ The model (bytes per device; the most loaded device of the layout):
   train.recompute (16-bit compute; for float32 compute twice that):
 
       selective  the 4 GEMM outputs and the layer input: 2 (3h + (3h + f)/t) bytes for GPT,
-                 2 (3h + (3h + 2f)/t) for LLaMA (= 20 h at t = 1, f = 4h);
+                 2 (3h + (3h + 2f)/t) for LLaMA (= 20 h at t = 1, f = 4h); plus, where the
+                 attention is cuDNN's flash kernel, its output and softmax statistics,
+                 (2 h + 4 n) / t (`flash_attention_bytes_per_token`);
       none       78 (10 h + 24 h / t) / 34 bytes: Korthikanti et al.'s 34 s b h with flash
                  attention (no 5 a s^2 b term), scaled to the 78 h bytes measured here at t = 1
                  in the pipeline (the executor's per-layer vjp keeps float32 LayerNorm and GeLU
@@ -162,11 +164,25 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
         kv = getattr(m, "kv_heads", None) or m.num_heads     # grouped-query K and V
         qkv = h + 2 * h * kv // m.num_heads
         sharded = qkv + (2 * f if m.arch == "llama" else f)
-        return 2.0 * (3 * h / sp + sharded / t) * scale
+        return 2.0 * (3 * h / sp + sharded / t) * scale + flash_attention_bytes_per_token(cfg)
     if mode == "none":
         per_h = NONE_BYTES_PER_H_AT_T1 if cfg.parallel.pipe > 1 else NONE_BYTES_PER_H_NO_PIPE
         return per_h * (10 * h / sp + 24 * h / t) / 34 * scale
     raise ValueError(f"train.recompute={mode!r} is not one of ['none', 'selective', 'full']")
+
+
+def flash_attention_bytes_per_token(cfg) -> float:
+    """What selective recomputation keeps of a fused (cuDNN flash) attention, per token and
+    layer: its output (h / t values in the compute dtype) and softmax statistics (n / t
+    float32), `models.model.FLASH_ATTENTION_FWD`. 0 where the attention is XLA's (float32,
+    model.attention=xla) or runs in the per-device region of t > 1 inside the pipeline or
+    with data parallelism, whose custom VJP keeps q, k, v and recomputes it."""
+    m, par = cfg.model, cfg.parallel
+    if m.attention == "xla" or cfg.train.dtype == "float32":
+        return 0.0
+    if par.tensor > 1 and (par.pipe > 1 or par.data > 1):
+        return 0.0
+    return (2.0 * m.hidden_size + 4.0 * m.num_heads) / par.tensor
 
 
 def _sequence_parallel(cfg) -> bool:
@@ -323,4 +339,4 @@ def gib(n_bytes: float) -> float:
 
 
 __all__ = ["MemoryEstimate", "estimate_memory", "device_memory_bytes", "params_per_device",
-           "layer_activation_bytes_per_token", "stash_slots", "activation_bytes", "GiB", "gib"]
+           "layer_activation_bytes_per_token", "flash_attention_bytes_per_token", "stash_slots", "activation_bytes", "GiB", "gib"]

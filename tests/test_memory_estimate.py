@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from ptdp_jax import memory
 from ptdp_jax.config import load_config
 from ptdp_jax.memory import (GiB, MemoryEstimate, device_memory_bytes, estimate_memory,
                              params_per_device)
@@ -14,6 +15,8 @@ B13, B75 = str(ROOT / "configs/bench-1.3b.yaml"), str(ROOT / "configs/gpt-7.5b.y
 MB1 = {"train.micro_batch_size": 1}
 INT = {"parallel.schedule": "interleaved"}
 DYN = {"parallel.static_stash": False}      # the peaks measured before the static stash
+OLD = {"_attention_recomputed": True}       # measured while selective recomputation still ran
+                                            # the flash attention forward again (before session 12)
 PH = {"parallel.schedule": "1f1b-phased"}
 ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
@@ -21,26 +24,29 @@ B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
 # (config, (d, p, t), overrides, measured peak GiB per GPU, tolerance): RESULTS.md, 2026-11-26
 # (the one-GPU rows: the afternoon leases, layers unrolled and the head loss fused).
 MEASURED = [
-    (B13, (1, 1, 1), {"train.micro_batch_size": 8}, 36.91, 0.05),      # unrolled, fused head
+    (B13, (1, 1, 1), {"train.micro_batch_size": 8, **OLD}, 36.91, 0.05),  # unrolled, fused head
     (B13, (1, 1, 1), {"train.micro_batch_size": 8, "train.recompute": "none"}, 53.43, 0.05),
-    (B13, (1, 4, 1), {**MB1, **DYN}, 9.71, 0.05),
+    (B13, (1, 4, 1), {**MB1, **DYN, **OLD}, 9.71, 0.05),
     (B13, (1, 4, 1), {**MB1, **DYN, "train.recompute": "none"}, 16.72, 0.05),
-    (B13, (1, 4, 1), {**MB1, **DYN, **INT, "parallel.virtual_stages": 2}, 10.01, 0.05),
-    (B13, (1, 4, 1), {**MB1, **DYN, **INT, "parallel.virtual_stages": 2,
+    (B13, (1, 4, 1), {**MB1, **DYN, **INT, **OLD, "parallel.virtual_stages": 2}, 10.01, 0.05),
+    (B13, (1, 4, 1), {**MB1, **DYN, **INT, **OLD, "parallel.virtual_stages": 2,
                       "parallel.stage_layers": "auto"}, 11.98, 0.10),
-    (B13, (1, 2, 2), {**MB1, **DYN}, 8.57, 0.05),
-    (B75, (1, 4, 1), {**B75_32, **DYN}, 42.27, 0.05),
-    (B75, (1, 4, 1), {**B75_32, **DYN, **INT, "parallel.virtual_stages": 3}, 41.96, 0.05),
+    (B13, (1, 2, 2), {**MB1, **DYN, **OLD}, 8.57, 0.05),
+    (B75, (1, 4, 1), {**B75_32, **DYN, **OLD}, 42.27, 0.05),
+    (B75, (1, 4, 1), {**B75_32, **DYN, **INT, **OLD, "parallel.virtual_stages": 3}, 41.96, 0.05),
     # session 11, 2x H100, the static stash (results/2026-11-26-s11/2gpu)
-    (B13, (1, 2, 1), MB1, 14.82, 0.05),
-    (B13, (1, 2, 1), {**MB1, **PH}, 16.41, 0.06),
+    (B13, (1, 2, 1), {**MB1, **OLD}, 14.82, 0.05),
+    (B13, (1, 2, 1), {**MB1, **PH, **OLD}, 16.41, 0.06),
     (B13, (1, 2, 1), {**MB1, **PH, "train.recompute": "none"}, 23.96, 0.05),
-    (B13, (1, 2, 1), {**MB1, **INT, "parallel.virtual_stages": 2,
+    (B13, (1, 2, 1), {**MB1, **INT, **OLD, "parallel.virtual_stages": 2,
                       "parallel.static_stash": True}, 14.88, 0.05),
     # zero-bubble: the W stash counted (4x H100 session 10; 2x H100 session 11)
-    (B13, (1, 4, 1), {**MB1, **ZV}, 12.21, 0.05),
+    (B13, (1, 4, 1), {**MB1, **ZV, **OLD}, 12.21, 0.05),
     (B13, (1, 4, 1), {**MB1, **ZV, "train.recompute": "none"}, 18.43, 0.05),
-    (B13, (1, 2, 1), {**MB1, **ZV, "parallel.static_stash": True}, 17.07, 0.05),
+    (B13, (1, 2, 1), {**MB1, **ZV, **OLD, "parallel.static_stash": True}, 17.07, 0.05),
+    # session 12, 2x H100: selective keeps the flash attention's output (results/2026-11-26-s12)
+    (B13, (1, 1, 1), {"train.micro_batch_size": 8}, 38.43, 0.05),
+    (B13, (1, 2, 1), {**MB1, **PH}, 16.60, 0.06),
 ]
 
 
@@ -52,7 +58,10 @@ def cfg_of(path, mesh, overrides):
 
 @pytest.mark.parametrize("path,mesh,overrides,measured_gib,tol", MEASURED,
                          ids=[f"{Path(r[0]).stem}-{r[1]}-{i}" for i, r in enumerate(MEASURED)])
-def test_estimate_matches_measured_peaks(path, mesh, overrides, measured_gib, tol):
+def test_estimate_matches_measured_peaks(path, mesh, overrides, measured_gib, tol, monkeypatch):
+    overrides = dict(overrides)
+    if overrides.pop("_attention_recomputed", False):     # the model of the code measured then
+        monkeypatch.setattr(memory, "flash_attention_bytes_per_token", lambda cfg: 0.0)
     est = estimate_memory(cfg_of(path, mesh, overrides))
     assert abs(est.total / GiB - measured_gib) <= tol * measured_gib, est.describe()
 
@@ -107,3 +116,35 @@ def test_no_jax_at_module_level():
     names = [a.name for n in top for a in n.names] + [n.module or "" for n in top
                                                       if isinstance(n, ast.ImportFrom)]
     assert not any(name.split(".")[0] in ("jax", "ptdp_jax") for name in names), names
+
+
+def test_selective_keeps_the_flash_attention_outputs():
+    """Selective recomputation keeps the cuDNN flash attention's output and statistics (the
+    policy saves its forward primitive's outputs), and the estimate counts them where that
+    kernel runs: not for XLA's attention, float32, or the per-device region of t > 1 with
+    pipelining or data parallelism (which recomputes it)."""
+    import jax._src.cudnn.fused_attention_stablehlo as cudnn_attention
+    from ptdp_jax.models import model
+
+    class Prim:
+        def __init__(self, name):
+            self.name = name
+
+    policy = model.REMAT_POLICIES["selective"]
+    fwd = cudnn_attention._dot_product_attention_fwd_p_wrapper.name    # renamed: this fails
+    assert policy(Prim(fwd)) and policy(Prim("name"), name="dense")
+    assert not policy(Prim("name"), name="other") and not policy(Prim("dot_general"))
+    assert not policy(Prim(cudnn_attention._dot_product_attention_bwd_p_wrapper.name))
+
+    h, n = 2048, 16
+    sel = {**MB1, "train.recompute": "selective"}
+    kept = memory.flash_attention_bytes_per_token
+    assert kept(cfg_of(B13, (1, 4, 1), sel)) == 2 * h + 4 * n
+    assert kept(cfg_of(B13, (1, 1, 4), sel)) == (2 * h + 4 * n) / 4
+    assert kept(cfg_of(B13, (1, 2, 2), sel)) == 0 == kept(cfg_of(B13, (2, 1, 2), sel))
+    assert kept(cfg_of(B13, (1, 4, 1), {**sel, "model.attention": "xla"})) == 0
+    assert kept(cfg_of(B13, (1, 4, 1), {**sel, "train.dtype": "float32"})) == 0
+    with_it = estimate_memory(cfg_of(B13, (1, 4, 1), sel)).activations
+    none_kept = estimate_memory(cfg_of(B13, (1, 4, 1), {**sel, "model.attention": "xla"}))
+    slots, layers, tokens = 4, 6, 2048             # 1F1B stage 0 (static stash), 24 / 4 layers
+    assert with_it - none_kept.activations == slots * layers * tokens * (2 * h + 4 * n)

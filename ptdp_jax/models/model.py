@@ -142,8 +142,24 @@ def to_canonical_layout(layers, counts, p: int, placement=None):
 
 # ----------------------------------------------------------------------------- forward pieces
 
+# The fused (cuDNN flash) attention's forward, by primitive name: its outputs are the attention
+# output and the softmax statistics, (b, s, h) and (b, n, s): as small as one GEMM output, so
+# selective recomputation keeps them instead of running the attention forward again in the
+# backward (the s^2 scores that Korthikanti et al. recompute never exist in a flash kernel).
+FLASH_ATTENTION_FWD = frozenset({"dot_product_attention_fwd_wrapper",
+                                 "dot_product_attention_fwd"})
+
+
+def _save_dense_and_flash(prim, *_, **params) -> bool:
+    """Selective recomputation: keep the GEMM outputs (named "dense") and the flash
+    attention's outputs; recompute norms, activations, dropout, bias adds."""
+    if prim.name == "name":
+        return params.get("name") == "dense"
+    return prim.name in FLASH_ATTENTION_FWD
+
+
 REMAT_POLICIES = {
-    "selective": jax.checkpoint_policies.save_only_these_names("dense"),     # keep GEMM outputs
+    "selective": _save_dense_and_flash,             # keep GEMM and flash-attention outputs
     "full": jax.checkpoint_policies.nothing_saveable,                          # keep layer inputs
 }
 WEIGHTS = "layer_weights"   # the name of the weights a `layer_fn(weights=...)` hook makes

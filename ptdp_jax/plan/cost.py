@@ -15,7 +15,8 @@ Compute, per layer and microbatch of b sequences (T = b s tokens), on one of t t
                plus stash copies: passes x the layer's stashed residuals (ptdp_jax's executor
                with parallel.static_stash off writes them into a slot in the forward and reads
                them in the backward; with it on, a fitted share of those passes is left).
-    recompute  none: nothing; selective: attention and element-wise again in the backward;
+    recompute  none: nothing; selective: element-wise again in the backward, and attention
+               unless it is a flash kernel (whose output selective keeps);
                full: the whole forward again, tensor all-reduces included.
 
 Communication (ring algorithms, NCCL bus bandwidths of the kind):
@@ -36,7 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ptdp_jax.memory import layer_activation_bytes_per_token, layer_gemms, params_per_device
+from ptdp_jax.memory import (flash_attention_bytes_per_token, layer_activation_bytes_per_token,
+                             layer_gemms, params_per_device)
 from ptdp_jax.plan.hardware import GpuKind
 
 REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every tensor rank repeats
@@ -137,8 +139,8 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
 
     fwd = gemm_fwd + attn_fwd + elem_fwd + 2 * tp_ar
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd + 2 * tp_ar
-    if tr.recompute == "selective":
-        bwd += attn_fwd + elem_fwd
+    if tr.recompute == "selective":     # a flash attention's outputs are kept, not recomputed
+        bwd += (0.0 if flash_attention_bytes_per_token(cfg) else attn_fwd) + elem_fwd
     elif tr.recompute == "full":
         bwd += fwd
     fwd += copy_fwd
