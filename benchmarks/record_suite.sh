@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=s11 | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=s11 | s12 | tp2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -20,6 +20,7 @@ B13="configs/bench-1.3b.yaml"; B75="configs/gpt-7.5b.yaml"
 P13="--layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 51200 --micro-batch 1 --global-batch 16 --steps 10 --warmup 3 --dtype bf16"
 P75="--layers 36 --hidden 4096 --heads 32 --seq 2048 --vocab 51200 --micro-batch 1 --global-batch 32 --steps 6 --warmup 2 --dtype bf16"
 L75="train.global_batch_size=32 train.micro_batch_size=1 parallel.data=1 parallel.tensor=1"
+PROF_PH="train.micro_batch_size=1 parallel.schedule=1f1b-phased"   # prof's overrides, phased m 16
 
 run() {   # run TAG COMMAND...: append the command's last JSON line, tagged, to record.jsonl
   local tag=$1; shift
@@ -161,6 +162,57 @@ if [[ "${SUITE:-record}" == "phased2" ]]; then
   finish
 fi
 
+if [[ "${SUITE:-record}" == "tp2" ]]; then
+  # 2 GPUs: (1,1,2) against BASE (carried: GPT's fused QKV), since q, k, v apart give the
+  # partitioned backward three (b, s, h) all-reduces where it had one; then the new default
+  # (1,2,1) 1f1b-phased traced, with its optimized HLO.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
+  base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
+  TP2="$B13 --mesh 1,1,2 train.micro_batch_size=4 train.recompute=none"
+  run base-tp2-none-mb4 $base $TP2
+  run new-tp2-none-mb4 $ours $TP2 --hlo-dir /tmp/h1
+  python3 benchmarks/hlo_copies.py /tmp/h1/step_after_optimizations.txt > "$out/hlo_tp2.md" 2>&1
+  grep -c "all-reduce-start\|all-reduce(" /tmp/h1/step_after_optimizations.txt >> "$out/hlo_tp2.md"
+  gzip -c /tmp/h1/step_after_optimizations.txt > "$out/hlo_tp2.txt.gz"
+  run new-pp2-phased-sel $ours $B13 --mesh 1,2,1 $PROF_PH --trace-dir /tmp/t2
+  prof new-pp2-phased-sel /tmp/t2 1,2,1 $PROF_PH
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s12" ]]; then
+  # 2 GPUs, session 12's defaults (flash attention kept, q, k, v apart, no dot merger) against
+  # BASE (carried: before q, k, v apart), with the one-GPU baseline both ways and the peer.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
+  base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
+  peer2="torchrun --standalone --nproc-per-node 2 ${3:-.peer}/torch_ptd.py"
+  PP2="$B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased"
+  S1="$B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none"
+  one_gpu
+  run base-1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 $base $S1
+  run new-pp2-phased-sel $ours $PP2
+  run base-pp2-phased-sel $base $PP2
+  run peer-pp2-1f1b $peer2 --dp 1 --pp 2 --tp 1 --schedule 1f1b $P13
+  run new-pp2-1f1b-sel $ours $B13 --mesh 1,2,1 train.micro_batch_size=1
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "qkv" ]]; then
+  # 2 GPUs, A/B against BASE (carried): GPT's q, k, v as three weights instead of one fused
+  # (h, 3, n, d); (1,2,1) 1f1b-phased traced both ways, the new one also without XLA's dot
+  # merger (which may fuse the three GEMMs back); the one-GPU baseline both ways.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
+  base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
+  PP2="$B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased"
+  S1="$B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none"
+  run base-pp2-phased-sel $base $PP2 --trace-dir /tmp/q1; prof base-pp2-phased-sel /tmp/q1 1,2,1 $PROF_PH
+  run new-pp2-phased-sel $ours $PP2 --trace-dir /tmp/q2 --hlo-dir /tmp/h2; prof new-pp2-phased-sel /tmp/q2 1,2,1 $PROF_PH
+  gzip -c /tmp/h2/step_after_optimizations.txt > "$out/hlo_pp2_phased.txt.gz" 2>/dev/null
+  run new-pp2-phased-sel-nomerge env XLA_FLAGS=--xla_gpu_dot_merger_threshold_mb=0 $ours $PP2
+  run base-1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 $base $S1
+  run new-1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 $ours $S1
+  finish
+fi
+
 if [[ "${SUITE:-record}" == "attn" ]]; then
   # 2 GPUs, A/B against BASE (carried): selective recomputation keeping the flash attention's
   # outputs instead of running its forward again; (1,2,1) 1f1b-phased traced, the optimized HLO
@@ -169,9 +221,9 @@ if [[ "${SUITE:-record}" == "attn" ]]; then
   base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
   PP2="$B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased"
   one_gpu
-  run base-pp2-phased-sel $base $PP2 --trace-dir /tmp/a1; prof base-pp2-phased-sel /tmp/a1 1,2,1 parallel.schedule=1f1b-phased
+  run base-pp2-phased-sel $base $PP2 --trace-dir /tmp/a1; prof base-pp2-phased-sel /tmp/a1 1,2,1 $PROF_PH
   run new-pp2-phased-sel $ours $PP2 --trace-dir /tmp/a2 --hlo-dir /tmp/h2
-  prof new-pp2-phased-sel /tmp/a2 1,2,1 parallel.schedule=1f1b-phased
+  prof new-pp2-phased-sel /tmp/a2 1,2,1 $PROF_PH
   gzip -c /tmp/h2/step_after_optimizations.txt > "$out/hlo_pp2_phased.txt.gz" 2>/dev/null
   S1="$B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=selective"
   run base-1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 $base $S1

@@ -51,6 +51,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from ptdp_jax import ckpt_upgrade
 from ptdp_jax.config import Config
 from ptdp_jax.data import data_state
 from ptdp_jax.pipeline.balance import chunk_layers
@@ -182,13 +183,17 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {where} is corrupt: its metadata says step "
                                   f"{meta['step']}")
         check_compatible(meta, self.cfg, str(where))
+        old = meta["version"] == 1          # GPT's fused QKV: restored fused, then split
+        abstract = ckpt_upgrade.v1_abstract(self._abstract) if old else self._abstract
         try:
             restored = self._manager().restore(step, args=ocp.args.Composite(**{
-                STATE_ITEM: ocp.args.StandardRestore(self._abstract)}))[STATE_ITEM]
+                STATE_ITEM: ocp.args.StandardRestore(abstract)}))[STATE_ITEM]
         except Exception as e:      # orbax/tensorstore raise many kinds; one clear error
             self.close()
             raise CheckpointError(f"checkpoint {where} is corrupt or incomplete: "
                                   f"{type(e).__name__}: {_short(e)}") from e
+        if old:
+            restored = ckpt_upgrade.from_v1(restored, like=self._abstract)
         if int(restored["step"]) != step:
             raise CheckpointError(f"checkpoint {where} is corrupt: its state says step "
                                   f"{int(restored['step'])}")

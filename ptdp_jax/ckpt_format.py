@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ptdp_jax import ckpt_upgrade
 from ptdp_jax.config import Config, ConfigError, flatten, load_config
 from ptdp_jax.models import model as M
 from ptdp_jax.state import (  # noqa: F401  (the train state's layouts live in ptdp_jax.state)
@@ -22,7 +23,8 @@ from ptdp_jax.state import (  # noqa: F401  (the train state's layouts live in p
 
 
 FORMAT = "ptdp_jax-checkpoint"
-VERSION = 1
+VERSION = 2          # 2: GPT's q, k, v weights apart; 1 (fused QKV) is read too (ckpt_upgrade)
+READABLE_VERSIONS = (1, 2)
 META_FILE = "ptdp_meta.json"
 STATE_ITEM, META_ITEM = "state", "meta"
 _TMP_MARK = ".orbax-checkpoint-tmp"
@@ -57,12 +59,14 @@ def read_meta(step_dir: str | os.PathLike) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise CheckpointError(f"{step_dir} is not a ptdp_jax checkpoint ({path.name} has no "
                               f"format {FORMAT!r})")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in READABLE_VERSIONS:
         raise CheckpointError(f"checkpoint {step_dir} has format version {meta.get('version')}, "
-                              f"this ptdp_jax reads version {VERSION}")
+                              f"this ptdp_jax reads versions {list(READABLE_VERSIONS)}")
     for key in ("step", "config", "param_shapes"):
         if key not in meta:
             raise CheckpointError(f"checkpoint {step_dir} is corrupt: {path.name} lacks {key!r}")
+    if meta["version"] == 1:        # compared with this version's shapes (check_compatible)
+        meta = {**meta, "param_shapes": ckpt_upgrade.v1_param_shapes(meta["param_shapes"])}
     return meta
 
 
@@ -174,13 +178,18 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[Config, dict, dict]:
                                             if _has_cpu() else jax.local_devices()[0])
     abstract = canonical_abstract_state(cfg, tx)
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), abstract)
+    if meta["version"] == 1:
+        target = ckpt_upgrade.v1_abstract(target)
     try:
         with ocp.StandardCheckpointer() as ckptr:
             state = ckptr.restore(step_dir / STATE_ITEM, target)
     except Exception as e:
         raise CheckpointError(f"checkpoint {step_dir} is corrupt or incomplete: "
                               f"{type(e).__name__}: {_short(e)}") from e
-    return cfg, jax.tree.map(np.asarray, state), meta
+    state = jax.tree.map(np.asarray, state)
+    if meta["version"] == 1:
+        state = ckpt_upgrade.from_v1(state)
+    return cfg, state, meta
 
 
 def load_params(path: str | os.PathLike) -> tuple[Config, dict]:
@@ -190,7 +199,7 @@ def load_params(path: str | os.PathLike) -> tuple[Config, dict]:
 
 
 def stored_shapes(step_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
-    """'params/layers/qkv_w' -> shape, for every array stored in a step directory
+    """'params/layers/q_w' -> shape, for every array stored in a step directory
     (from orbax's metadata; reads no array data)."""
     step_dir = Path(step_dir)
     with ocp.StandardCheckpointer() as ckptr:

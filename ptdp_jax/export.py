@@ -4,8 +4,8 @@ Writes ``config.json`` and ``model.safetensors`` (float32 unless --dtype says
 otherwise) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` loads:
 
 - GPT as ``GPT2LMHeadModel``: activation ``gelu_new`` (our tanh-approximated
-  GeLU), GPT-2's Conv1D weights are (in, out): ``qkv_w`` (h, 3, n, d) becomes
-  ``c_attn.weight`` (h, 3h), ``out_w`` (n, d, h) ``c_proj.weight`` (h, h); the
+  GeLU), GPT-2's Conv1D weights are (in, out): ``q_w``, ``k_w``, ``v_w`` (h, n, d)
+  become ``c_attn.weight`` (h, 3h), ``out_w`` (n, d, h) ``c_proj.weight`` (h, h); the
   output layer is tied to ``wte``.
 - LLaMA as ``LlamaForCausalLM``: ``wq`` (h, n, d) becomes ``q_proj.weight``
   (n*d, h) and so on (``wk``/``wv`` (h, kv, d) with grouped-query attention:
@@ -50,8 +50,9 @@ def gpt_to_hf(mcfg, params) -> tuple[dict, dict]:
         p = f"transformer.h.{i}."
         t[p + "ln_1.weight"] = L["ln1_scale"][i]
         t[p + "ln_1.bias"] = L["ln1_bias"][i]
-        t[p + "attn.c_attn.weight"] = L["qkv_w"][i].reshape(h, 3 * n * d)
-        t[p + "attn.c_attn.bias"] = L["qkv_b"][i].reshape(3 * n * d)
+        t[p + "attn.c_attn.weight"] = np.stack([L[f"{c}_w"][i] for c in "qkv"], 1).reshape(
+            h, 3 * n * d)
+        t[p + "attn.c_attn.bias"] = np.stack([L[f"{c}_b"][i] for c in "qkv"]).reshape(3 * n * d)
         t[p + "attn.c_proj.weight"] = L["out_w"][i].reshape(n * d, h)
         t[p + "attn.c_proj.bias"] = L["out_b"][i]
         t[p + "ln_2.weight"] = L["ln2_scale"][i]

@@ -75,8 +75,10 @@ def gpt_from_hf(conf: dict, t: dict) -> tuple[dict, dict]:
     stack = lambda fmt, fn=lambda x: x: np.stack([fn(g(fmt.format(i))) for i in range(L)])
     layers = {
         "ln1_scale": stack("h.{}.ln_1.weight"), "ln1_bias": stack("h.{}.ln_1.bias"),
-        "qkv_w": stack("h.{}.attn.c_attn.weight", lambda x: x.reshape(h, 3, n, d)),
-        "qkv_b": stack("h.{}.attn.c_attn.bias", lambda x: x.reshape(3, n, d)),
+        **{f"{c}_w": stack("h.{}.attn.c_attn.weight", lambda x, j=j: x.reshape(h, 3, n, d)[:, j])
+           for j, c in enumerate("qkv")},
+        **{f"{c}_b": stack("h.{}.attn.c_attn.bias", lambda x, j=j: x.reshape(3, n, d)[j])
+           for j, c in enumerate("qkv")},
         "out_w": stack("h.{}.attn.c_proj.weight", lambda x: x.reshape(n, d, h)),
         "out_b": stack("h.{}.attn.c_proj.bias"),
         "ln2_scale": stack("h.{}.ln_2.weight"), "ln2_bias": stack("h.{}.ln_2.bias"),

@@ -243,7 +243,7 @@ def layer_gemms(cfg) -> list[tuple[int, int, int]]:
         kv_width = kv * (h // m.num_heads) // t
         return ([(T, h, h // t), (T, h, kv_width), (T, h, kv_width), (T, h // t, h)]
                 + [(T, h, f // t)] * 2 + [(T, f // t, h)])
-    return [(T, h, 3 * h // t), (T, h // t, h), (T, h, f // t), (T, f // t, h)]
+    return [(T, h, h // t)] * 3 + [(T, h // t, h), (T, h, f // t), (T, f // t, h)]
 
 
 def _head_spread(cfg) -> bool:

@@ -39,7 +39,6 @@ LOGICAL_RULES: dict[str, str | None] = {
     "seq": None,           # sequence inside attention / MLP (each rank needs all of it)
     "act_seq": None,       # sequence of (b, s, h) activations: 'tensor' under sequence parallelism
     "head_dim": None,
-    "qkv": None,
     # The train state only: with parallel.zero >= 1 (ZeRO, Megatron's distributed optimizer)
     # one dim of each parameter, and of its AdamW moments, is split over 'data' (zero_axes).
     "zero": "data",

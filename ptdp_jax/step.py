@@ -162,14 +162,21 @@ class Compiled:
 
 
 def compiler_options(cfg, mesh) -> dict:
-    """XLA options of the train step. On GPU with a stash buffer per slot
-    (parallel.static_stash): region-based live-range analysis in copy insertion. Without it
-    the 1f1b switch copies every stash buffer through every branch each tick (1.3B (1,2,1) on
-    2x H100: 0.542 s a step against 0.416 s with it; benchmarks/NOTES.md)."""
-    if (mesh.devices.flat[0].platform != "gpu" or cfg.parallel.pipe == 1
-            or not cfg.parallel.static_stash_on):
+    """XLA options of the train step, on GPU (benchmarks/NOTES.md has the measurements):
+
+    - no dot merger: XLA would merge the GEMMs that share an input (GPT's q, k, v; their
+      weight gradients) into one, with slices and concatenations around it, which the three
+      separate weights exist to avoid (1.3B (1,2,1) on 2x H100: 0.370 s a step merged,
+      0.354 s not);
+    - with a stash buffer per slot (parallel.static_stash), region-based live-range analysis in
+      copy insertion: without it the 1f1b switch copies every stash buffer through every branch
+      each tick (0.542 s against 0.416 s)."""
+    if mesh.devices.flat[0].platform != "gpu":
         return {}
-    return {"xla_gpu_copy_insertion_use_region_analysis": True}
+    options = {"xla_gpu_dot_merger_threshold_mb": 0}
+    if cfg.parallel.pipe > 1 and cfg.parallel.static_stash_on:
+        options["xla_gpu_copy_insertion_use_region_analysis"] = True
+    return options
 
 
 def compile_all(cfg, mesh, tx):

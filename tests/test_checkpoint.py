@@ -87,9 +87,9 @@ def test_reshard_across_layouts(tmp_path, data_cache):
             # parameters and both AdamW moments, no per-stage pieces.
             shapes = CK.stored_shapes(step_dir)
             L = ov["model.num_layers"]
-            for name in ("params/layers/qkv_w", "opt/1/0/mu/layers/qkv_w",
-                         "opt/1/0/nu/layers/qkv_w"):
-                assert shapes[name] == (L, 32, 3, 4, 8), (name, shapes[name])
+            for name in ("params/layers/q_w", "opt/1/0/mu/layers/q_w",
+                         "opt/1/0/nu/layers/q_w"):
+                assert shapes[name] == (L, 32, 4, 8), (name, shapes[name])
             assert all(v[0] == L for k, v in shapes.items() if "/layers/" in k)
     np.testing.assert_allclose(losses, base.losses, rtol=2e-5, atol=0)
     for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(base.params)):
@@ -266,3 +266,55 @@ def test_fresh_run_keeps_old_checkpoints_unless_told(tmp_path, small, data_cache
     assert res.start_step == 0 and len(res.losses) == 2
     assert "(steps 8, 10) are removed at this run's first save" in log.text
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["2"]
+
+
+def _fused_qkv(tree):
+    """A version-2 train state (host arrays) in version 1's layout: GPT's q, k, v weights and
+    biases stacked into qkv_w (L, h, 3, n, d) and qkv_b (L, 3, n, d)."""
+    def fuse(g):
+        if not (isinstance(g, dict) and "q_w" in g):
+            return g
+        out = {k: v for k, v in g.items() if k[0] not in "qkv" or k[1:] not in ("_w", "_b")}
+        for s in ("_w", "_b"):
+            parts = [g[c + s] for c in "qkv"]
+            out["qkv" + s] = np.stack(parts, axis=parts[0].ndim - 2)
+        return out
+    return jax.tree.map(fuse, tree, is_leaf=lambda g: isinstance(g, dict) and "q_w" in g)
+
+
+def test_version_1_checkpoint_with_fused_qkv_is_restored(tmp_path, small):
+    """A checkpoint written before GPT's q, k, v weights were split (format version 1, a fused
+    (h, 3, n, d) weight) restores into the split layout, parameters and AdamW moments, on the
+    writing mesh and on a ZeRO-sharded (2,1,2) one; load_params reads it too."""
+    import orbax.checkpoint as ocp
+    cfg, compiled, state = small
+    _write(cfg, compiled, state, tmp_path)
+    _, v2_state, _ = CK.load_checkpoint(tmp_path)
+    step_dir = tmp_path / "2"
+    shutil.rmtree(step_dir / "state")
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(step_dir / "state", _fused_qkv(v2_state))
+    meta_file = step_dir / "meta" / "ptdp_meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["version"] = 1
+    layers = meta["param_shapes"]["layers"]
+    for s in ("_w", "_b"):
+        dims = [layers.pop(c + s) for c in "qkv"][0]
+        layers["qkv" + s] = dims[:-2] + [3] + dims[-2:]
+    meta_file.write_text(json.dumps(meta))
+    assert CK.stored_shapes(step_dir)["params/layers/qkv_w"] == (2, 32, 3, 4, 8)
+
+    m = CK.CheckpointManager(cfg, compiled.shardings, tmp_path)
+    restored, step = m.restore_latest()
+    m.close()
+    assert step == 2 and H.trees_equal(jax.device_get(restored), jax.device_get(state))
+    _, params = CK.load_params(tmp_path)
+    assert H.trees_equal(params, jax.device_get(canonical_params(cfg, state["params"])))
+
+    ov = H.tiny(tmp_path, tmp_path / "data", **{"model.num_layers": 2, "parallel.zero": 1,
+                                                "checkpoint.dir": str(tmp_path)})
+    zcfg = resolve_config(None, (2, 1, 2), ov)
+    m = CK.CheckpointManager(zcfg, _shardings(ov, (2, 1, 2)), tmp_path)
+    restored, _ = m.restore_latest()
+    m.close()
+    assert H.trees_equal(jax.device_get(restored["params"]), jax.device_get(state["params"]))

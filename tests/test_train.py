@@ -56,7 +56,7 @@ def test_result_params_are_canonical_numpy(single):
     got = jax.tree.map(lambda a: a.shape, single.params)
     assert got == shapes
     assert all(isinstance(a, np.ndarray) for a in jax.tree.leaves(single.params))
-    assert single.params["layers"]["qkv_w"].shape[0] == 4          # (L, ...)
+    assert single.params["layers"]["q_w"].shape[0] == 4          # (L, ...)
 
 
 def test_dropout_is_layout_independent(tmp_path):

@@ -167,8 +167,8 @@ def test_checkpoints_move_between_zero_values(tmp_path, data_cache):
         assert res.start_step == i and len(res.losses) == 1, (mesh, extra)
         losses += res.losses
         shapes = CK.stored_shapes(tmp_path / "ckpt" / str(i + 1))
-        for name in ("params/layers/qkv_w", "opt/1/0/mu/layers/qkv_w"):
-            assert shapes[name] == (ov["model.num_layers"], 32, 3, 4, 8), (name, shapes[name])
+        for name in ("params/layers/q_w", "opt/1/0/mu/layers/q_w"):
+            assert shapes[name] == (ov["model.num_layers"], 32, 4, 8), (name, shapes[name])
     np.testing.assert_allclose(losses, base.losses, rtol=2e-5, atol=0)
     for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(base.params)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
@@ -184,7 +184,7 @@ def test_zero_dim_rule():
                                      (32, 8, 4), 4)) == \
         jax.sharding.PartitionSpec("pipe", None, None, "data", "tensor", None)
     assert zero_axes(("seq", "embed"), (16, 32), 8) == ("seq", "zero")       # the larger one
-    assert zero_axes(("qkv", "heads", "head_dim"), (3, 8, 4), 8) == ("qkv", "heads", "head_dim")
+    assert zero_axes(("heads", "head_dim"), (8, 4), 8) == ("heads", "head_dim")  # a q bias
     assert zero_axes(("embed",), (36,), 8) == ("embed",)                     # 8 does not divide 36
     assert zero_axes(("embed",), (32,), 1) == ("embed",)
 

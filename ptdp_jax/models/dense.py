@@ -4,7 +4,8 @@ Convention: x and y lead with (batch, seq); w's dimensions are x's trailing dime
 contracted followed by y's trailing ones ("bsh,hf->bsf", "bsnd,ndh->bsh"), so the weight
 gradient is always x contracted with dy over (batch, seq).
 
-The output is named "dense" for the selective-recomputation policy (keep GEMM outputs). The
+The output (with the bias, if any) is named "dense" for the selective-recomputation policy (keep
+GEMM outputs). The
 weight argument chooses how the backward treats the weight:
 
     w (an array)            plain autodiff
@@ -43,17 +44,20 @@ class Probe(NamedTuple):
     record: dict           # name -> (x shape, y shape), filled while tracing
 
 
-def dense(spec: str, x, w):
+def dense(spec: str, x, w, b=None):
+    """x @ w (+ b), named "dense": selective recomputation keeps it with the bias added, so
+    the backward does not add the bias again (the GEMM's epilogue adds it)."""
     if isinstance(w, MasterGrad):
         y = _master_grad(spec, x, w.w, w.master)
     elif isinstance(w, Taps):
         y = _taps(spec, x, w.w, w.x_tap, w.g_tap)
+    elif isinstance(w, Probe):
+        y = jnp.einsum(spec, x, w.w)
+        w.record[w.name] = (x.shape, y.shape)
     else:
-        if isinstance(w, Probe):
-            y = jnp.einsum(spec, x, w.w)
-            w.record[w.name] = (x.shape, y.shape)
-            return checkpoint_name(y, "dense")
         y = jnp.einsum(spec, x, w)
+    if b is not None:
+        y = y + b
     return checkpoint_name(y, "dense")
 
 

@@ -9,7 +9,7 @@ from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, HEADS, attention_impl, c
                                     column_parallel, dense, dropout, fold_rows, gather_seq,
                                     layer_norm)
 
-DENSE_WEIGHTS = ("qkv_w", "out_w", "fc1_w", "fc2_w")     # layer weights used through dense()
+DENSE_WEIGHTS = ("q_w", "k_w", "v_w", "out_w", "fc1_w", "fc2_w")   # layer weights used through dense()
 
 
 def param_specs(cfg):
@@ -24,8 +24,10 @@ def param_specs(cfg):
         "layer": {
             "ln1_scale": ((h,), ("embed",), "ones"),
             "ln1_bias": ((h,), ("embed",), "zeros"),
-            "qkv_w": ((h, 3, n, d), ("embed", "qkv", "heads", "head_dim"), "normal"),
-            "qkv_b": ((3, n, d), ("qkv", "heads", "head_dim"), "zeros"),
+            # q, k, v as three GEMMs (not one fused (h, 3, n, d) weight): each writes its
+            # (b, s, n, d) operand of the attention kernel whole, with no slicing or packing
+            **{f"{c}_w": ((h, n, d), ("embed", "heads", "head_dim"), "normal") for c in "qkv"},
+            **{f"{c}_b": ((n, d), ("heads", "head_dim"), "zeros") for c in "qkv"},
             "out_w": ((n, d, h), ("heads", "head_dim", "embed"), "scaled"),
             "out_b": ((h,), ("embed",), "zeros"),
             "ln2_scale": ((h,), ("embed",), "ones"),
@@ -55,17 +57,15 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     """One pre-LN transformer layer: x + Attn(LN(x)), then + MLP(LN(.))."""
     impl = attention_impl(cfg.attention, x_bsh.dtype)
     y = layer_norm(x_bsh, p["ln1_scale"], p["ln1_bias"], cfg.norm_eps)
-    qkv_bs3nd = column_parallel(sh, y, lambda y: dense("bsh,hknd->bsknd", y, p["qkv_w"]))
-    qkv_bs3nd = qkv_bs3nd + p["qkv_b"]
-    q, k, v = (sh.constrain(qkv_bs3nd[:, :, i], HEADS) for i in range(3))
+    q, k, v = column_parallel(sh, y, lambda y: tuple(
+        sh.constrain(dense("bsh,hnd->bsnd", y, p[f"{c}_w"], p[f"{c}_b"]), HEADS) for c in "qkv"))
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
-    attn_bsh = dense("bsnd,ndh->bsh", a_bsnd, p["out_w"]) + p["out_b"]
+    attn_bsh = dense("bsnd,ndh->bsh", a_bsnd, p["out_w"], p["out_b"])
     x_bsh = x_bsh + dropout(sh.constrain(attn_bsh, ACT), cfg.dropout, fold_rows(key_rows, 0))
     y = layer_norm(x_bsh, p["ln2_scale"], p["ln2_bias"], cfg.norm_eps)
-    u_bsf = column_parallel(sh, y, lambda y: dense("bsh,hf->bsf", y, p["fc1_w"]))
-    u_bsf = sh.constrain(u_bsf + p["fc1_b"], FFN)
-    u_bsf = jax.nn.gelu(u_bsf, approximate=True)
-    mlp_bsh = dense("bsf,fh->bsh", u_bsf, p["fc2_w"]) + p["fc2_b"]
+    u_bsf = column_parallel(sh, y, lambda y: dense("bsh,hf->bsf", y, p["fc1_w"], p["fc1_b"]))
+    u_bsf = jax.nn.gelu(sh.constrain(u_bsf, FFN), approximate=True)
+    mlp_bsh = dense("bsf,fh->bsh", u_bsf, p["fc2_w"], p["fc2_b"])
     x_bsh = x_bsh + dropout(sh.constrain(mlp_bsh, ACT), cfg.dropout, fold_rows(key_rows, 1))
     return sh.constrain(x_bsh, ACT)
 
