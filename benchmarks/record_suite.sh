@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=s11 | s12 | tp2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=s11 | s12 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -159,6 +159,19 @@ if [[ "${SUITE:-record}" == "phased2" ]]; then
   run peer-pp2-1f1b $peer2 --dp 1 --pp 2 --tp 1 --schedule 1f1b $P13
   run pp2-phased-none $ours $PP $PH train.recompute=none
   run pp2-1f1b-none $ours $PP train.recompute=none
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "llama2" ]]; then
+  # 2 GPUs: LLaMA-7B (8 layers) against BASE (carried: XLA's dot merger on), since the step
+  # now turns the merger off for every model (LLaMA's wq/wk/wv and w_gate/w_up share inputs).
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
+  base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
+  L7="configs/llama-7b.yaml model.num_layers=8 train.global_batch_size=8 train.recompute=selective"
+  run base-llama-1gpu-sel-mb4 env CUDA_VISIBLE_DEVICES=0 $base $L7 --mesh 1,1,1 train.micro_batch_size=4
+  run new-llama-1gpu-sel-mb4 env CUDA_VISIBLE_DEVICES=0 $ours $L7 --mesh 1,1,1 train.micro_batch_size=4
+  run base-llama-pp2-phased $base $L7 --mesh 1,2,1 $PROF_PH
+  run new-llama-pp2-phased $ours $L7 --mesh 1,2,1 $PROF_PH
   finish
 fi
 
