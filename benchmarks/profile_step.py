@@ -53,9 +53,15 @@ def op_label(op) -> str:
     return "b" if op.half == "upper" else op.kind
 
 
-def tick_labels(sched) -> list[list[str]]:
-    """labels[tick][stage] of a Schedule."""
-    return [[op_label(op) for op in row] for row in sched.table]
+def tick_labels(sched, schedule: str = "") -> list[list[str]]:
+    """labels[tick][stage] of a Schedule. 1f1b-phased runs its rows in (forward, backward)
+    pairs, one loop iteration and one permute boundary a pair: a pair's label joins its two
+    ops ('FB', 'F', 'B'; '.' when both are idle)."""
+    rows = [[op_label(op) for op in row] for row in sched.table]
+    if schedule != "1f1b-phased":
+        return rows
+    join = lambda f, b: (f.strip(".") + b.strip(".")) or "."
+    return [[join(f, b) for f, b in zip(rows[i], rows[i + 1])] for i in range(0, len(rows), 2)]
 
 
 def stage_of_device(mesh: tuple[int, int, int]) -> dict[int, int]:
@@ -71,6 +77,27 @@ def ideal_step_s(one_gpu_step_s: float, mesh: tuple[int, int, int], m: int, v: i
     d, p, t = mesh
     bubble = (p - 1) / (v * m if schedule == "interleaved" else m)
     return one_gpu_step_s / (d * p * t) * (1 + bubble)
+
+
+def collectives_by_op(devices) -> str:
+    """Collective kernel time per HLO op and device (markdown): which all-reduce or permute
+    waits where. In lockstep a collective's kernel also holds the wait for the slowest peer, so
+    the device that arrives first shows the longer time."""
+    from ptdp_jax import profiling
+    per, name, calls = {}, {}, {}
+    for d, ks in devices.items():
+        for k in ks:
+            if profiling.classify(k) == "collective":
+                per[(k.hlo_op, d)] = per.get((k.hlo_op, d), 0.0) + k.dur_us / 1e3
+                calls[(k.hlo_op, d)] = calls.get((k.hlo_op, d), 0) + 1
+                name.setdefault(k.hlo_op, k.name.split("(")[0].replace("ncclDevKernel_", ""))
+    devs = sorted(devices)
+    ops = sorted(name, key=lambda o: -sum(per.get((o, d), 0.0) for d in devs))
+    rows = [[o, name[o], max(calls.get((o, d), 0) for d in devs)]
+            + [per.get((o, d), 0.0) for d in devs] for o in ops]
+    return ("### Collectives by HLO op: ms per device (a kernel's time includes its wait)\n"
+            + profiling._table(["hlo op", "kernel", "calls"] + [f"GPU{d} ms" for d in devs], rows)
+            + "\n")
 
 
 def capture(config: str, mesh: str, steps: int, trace_dir: str, overrides: list[str]) -> dict:
@@ -112,12 +139,13 @@ def main(argv=None) -> dict:
     ideal = None
     if a.one_gpu_step:
         ideal = ideal_step_s(a.one_gpu_step, mesh, sched.m, sched.v, cfg.parallel.schedule)
-    rep = profiling.report(profiling.load_trace(trace), tick_labels(sched),
+    rep = profiling.report(profiling.load_trace(trace), tick_labels(sched, cfg.parallel.schedule),
                            stage_of_device(mesh), ideal_s=ideal, step_s=step_s, top_n=a.top)
     rep.update({"config": a.config, "overrides": a.overrides, "mesh": list(mesh), "trace": trace,
                 "schedule": cfg.parallel.schedule, "m": sched.m, "v": sched.v})
     print(f"{a.config} mesh {a.mesh} {cfg.parallel.schedule} m={sched.m} v={sched.v} "
           f"ticks={sched.num_ticks} trace {trace}\n")
+    print(collectives_by_op(profiling.load_trace(trace)), flush=True)
     print(profiling.format_report(rep), flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -265,6 +265,25 @@ def test_cli_ideal_labels_and_stage_map():
     table = ((FakeOp("F"), None), (FakeOp("B", half="upper"), FakeOp("F")),
              (FakeOp("B", half="lower"), FakeOp("B", half="full")))
     assert cli.tick_labels(SimpleNamespace(table=table)) == [["F", "."], ["b", "F"], ["B", "B"]]
+    # 1f1b-phased runs (forward row, backward row) pairs: one label a pair
+    phased = ((FakeOp("F"), None), (None, None), (FakeOp("F"), FakeOp("F")),
+              (None, FakeOp("B")), (None, None), (FakeOp("B"), None))
+    assert cli.tick_labels(SimpleNamespace(table=phased), "1f1b-phased") == \
+        [["F", "."], ["F", "FB"], ["B", "."]]
+
+
+def test_cli_collectives_by_op_per_device():
+    """The collective kernels' time per HLO op and device: the one that waits shows it."""
+    cli = _load("benchmarks/profile_step.py", "profile_step")
+    ar, sr = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)", "ncclDevKernel_SendRecv(x)"
+    devs = kernels({0: [k("gemm_a", 0.0, 50.0), k(ar, 50.0, 5.0, hlo_op="all-reduce.3"),
+                        k(sr, 60.0, 2.0, hlo_op="cp.1"), k(ar, 70.0, 5.0, hlo_op="all-reduce.3")],
+                    1: [k("gemm_a", 0.0, 20.0), k(ar, 20.0, 35.0, hlo_op="all-reduce.3"),
+                        k(sr, 60.0, 2.0, hlo_op="cp.1")]})
+    text = cli.collectives_by_op(devs)
+    rows = [r for r in text.splitlines() if r.startswith("| all-reduce.3") or r.startswith("| cp.1")]
+    assert rows[0] == "| all-reduce.3 | AllReduce_Sum_bf16_RING_LL | 2 | 0.01 | 0.04 |"
+    assert rows[1] == "| cp.1 | SendRecv | 1 | 0.00 | 0.00 |"
 
 
 def test_host_time_sums_host_events_and_gpu_idle():
