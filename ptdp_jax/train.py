@@ -186,8 +186,12 @@ def _restore_or_init(cfg, compiled, log):
             restored = ckpt.restore_latest()
             if restored is not None:
                 state, start = restored
-                run_id = CK.read_meta(ckpt.directory / str(start)).get("run_id")
-                log(f"resumed from {ckpt.directory} at step {start}")
+                meta = CK.read_meta(ckpt.directory / str(start))
+                run_id = meta.get("run_id")
+                old = (f" (format version {meta['version']}: GPT's fused QKV weight split into "
+                       f"q, k, v; the next checkpoint is written as version {CK.VERSION})"
+                       if meta["version"] != CK.VERSION else "")
+                log(f"resumed from {ckpt.directory} at step {start}{old}")
     if state is None:
         state = compiled.init()
     run_id = run_id or new_run_id()

@@ -282,15 +282,10 @@ def _fused_qkv(tree):
     return jax.tree.map(fuse, tree, is_leaf=lambda g: isinstance(g, dict) and "q_w" in g)
 
 
-def test_version_1_checkpoint_with_fused_qkv_is_restored(tmp_path, small):
-    """A checkpoint written before GPT's q, k, v weights were split (format version 1, a fused
-    (h, 3, n, d) weight) restores into the split layout, parameters and AdamW moments, on the
-    writing mesh and on a ZeRO-sharded (2,1,2) one; load_params reads it too."""
+def _as_version_1(step_dir):
+    """Rewrite a step directory as format version 1 wrote it (fused QKV, version 1 meta)."""
     import orbax.checkpoint as ocp
-    cfg, compiled, state = small
-    _write(cfg, compiled, state, tmp_path)
-    _, v2_state, _ = CK.load_checkpoint(tmp_path)
-    step_dir = tmp_path / "2"
+    _, v2_state, _ = CK.load_checkpoint(step_dir)
     shutil.rmtree(step_dir / "state")
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(step_dir / "state", _fused_qkv(v2_state))
@@ -302,7 +297,32 @@ def test_version_1_checkpoint_with_fused_qkv_is_restored(tmp_path, small):
         dims = [layers.pop(c + s) for c in "qkv"][0]
         layers["qkv" + s] = dims[:-2] + [3] + dims[-2:]
     meta_file.write_text(json.dumps(meta))
-    assert CK.stored_shapes(step_dir)["params/layers/qkv_w"] == (2, 32, 3, 4, 8)
+
+
+def test_run_resumes_from_a_version_1_checkpoint(tmp_path, data_cache):
+    """A run stopped before GPT's q, k, v were split resumes after the change: it says so,
+    and its losses are those of an uninterrupted run, bit for bit."""
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 4, "checkpoint.every": 2})
+    mesh = (1, 1, 1)
+    base = train(mesh_shape=mesh, overrides={**ov, "checkpoint.dir": ""}, log=H.Log())
+    first = train(mesh_shape=mesh, overrides=ov, log=H.Log(at=1))     # SIGTERM after step 1
+    assert first.stopped_by_signal and len(first.losses) == 1
+    _as_version_1(tmp_path / "ckpt" / "1")
+    log = H.Log()
+    second = train(mesh_shape=mesh, overrides=ov, log=log)
+    assert "at step 1 (format version 1: GPT's fused QKV weight split" in log.text
+    assert second.start_step == 1 and first.losses + second.losses == base.losses
+    assert CK.read_meta(tmp_path / "ckpt" / "4")["version"] == CK.VERSION
+
+
+def test_version_1_checkpoint_with_fused_qkv_is_restored(tmp_path, small):
+    """A checkpoint written before GPT's q, k, v weights were split (format version 1, a fused
+    (h, 3, n, d) weight) restores into the split layout, parameters and AdamW moments, on the
+    writing mesh and on a ZeRO-sharded (2,1,2) one; load_params reads it too."""
+    cfg, compiled, state = small
+    _write(cfg, compiled, state, tmp_path)
+    _as_version_1(tmp_path / "2")
+    assert CK.stored_shapes(tmp_path / "2")["params/layers/qkv_w"] == (2, 32, 3, 4, 8)
 
     m = CK.CheckpointManager(cfg, compiled.shardings, tmp_path)
     restored, step = m.restore_latest()
