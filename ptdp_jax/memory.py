@@ -174,13 +174,11 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
 def flash_attention_bytes_per_token(cfg) -> float:
     """What selective recomputation keeps of a fused (cuDNN flash) attention, per token and
     layer: its output (h / t values in the compute dtype) and softmax statistics (n / t
-    float32), `models.model.FLASH_ATTENTION_FWD`. 0 where the attention is XLA's (float32,
-    model.attention=xla) or runs in the per-device region of t > 1 inside the pipeline or
-    with data parallelism, whose custom VJP keeps q, k, v and recomputes it."""
+    float32), `models.model.FLASH_ATTENTION_FWD`, also where it runs in the per-device region
+    (t > 1 with pipelining or data parallelism: `layers.keeps_residuals`). 0 where the
+    attention is XLA's (float32, model.attention=xla)."""
     m, par = cfg.model, cfg.parallel
     if m.attention == "xla" or cfg.train.dtype == "float32":
-        return 0.0
-    if par.tensor > 1 and (par.pipe > 1 or par.data > 1):
         return 0.0
     return (2.0 * m.hidden_size + 4.0 * m.num_heads) / par.tensor
 

@@ -147,18 +147,27 @@ class Sharder:
     def inside(self, axes) -> "Sharder":
         return replace(self, manual=self.manual | frozenset(axes))
 
+    def rest_axes(self) -> tuple[str, ...]:
+        """The mesh axes not manual yet (what a per_device region is manual over)."""
+        return tuple(a for a in self.mesh.axis_names if a not in self.manual)
+
     def per_device(self, fn, in_names, out_names):
         """fn on each device's block: a shard_map, nested in the current one, that is
         manual over every mesh axis not manual yet (size-1 axes too, so nothing is left
-        to GSPMD's partitioner inside). Inputs and outputs are laid out by the rule table."""
-        rest = tuple(a for a in self.mesh.axis_names if a not in self.manual)
+        to GSPMD's partitioner inside). Inputs and outputs are laid out by the rule table
+        (logical names), or by a PartitionSpec given as is; nested tuples for pytrees."""
+        rest = self.rest_axes()
         if not rest:
             return fn
-        in_specs = tuple(self.spec(n) for n in in_names)
-        out_specs = (self.spec(out_names) if isinstance(out_names[0], str)
-                     else tuple(self.spec(n) for n in out_names))
-        return jax.shard_map(fn, mesh=jax.sharding.get_abstract_mesh(), in_specs=in_specs,
-                             out_specs=out_specs, axis_names=set(rest))
+
+        def specs(names):
+            if isinstance(names, P):
+                return names
+            if names and isinstance(names[0], str):
+                return self.spec(names)
+            return tuple(specs(n) for n in names)
+        return jax.shard_map(fn, mesh=jax.sharding.get_abstract_mesh(), in_specs=specs(in_names),
+                             out_specs=specs(out_names), axis_names=set(rest))
 
 
 def manual_axes(mesh) -> tuple[str, ...]:

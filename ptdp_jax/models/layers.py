@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models.dense import dense  # noqa: F401  (the layers' GEMMs; re-exported)
 
@@ -59,18 +60,62 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
         # 'tensor' after the free 'pipe'); XLA's attention there.
         return jax.nn.dot_product_attention(q_bsnd, k_bsnd, v_bsnd, is_causal=True,
                                             implementation="xla")
-    # A custom VJP keeps q, k, v as the only residuals and recomputes the attention inside
-    # the per-device backward, so no residual has to cross the nested shard_map boundary.
-    local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
-    local_bwd = sh.per_device(lambda q, k, v, g: jax.vjp(attend, q, k, v)[1](g),
-                              (HEADS,) * 4, (HEADS,) * 3)
+    return _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, impl, sh)
+
+
+def keeps_residuals(impl: str) -> bool:
+    """Whether selective recomputation keeps a per-device attention's residuals: cuDNN's
+    (the output and softmax statistics, as small as one GEMM output), not XLA's (s^2 scores)."""
+    return impl == "cudnn"
+
+
+def _local_shape(shape, spec, mesh) -> tuple:
+    """The block of a (global over the region's axes) shape that one device holds."""
+    out = list(shape)
+    for i, entry in enumerate(spec):
+        for a in ((entry,) if isinstance(entry, str) else entry or ()):
+            out[i] //= mesh.shape[a]
+    return tuple(out)
+
+
+def _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, impl: str, sh):
+    """attend(q, k, v) in a per-device region, differentiable: the forward region hands out
+    its vjp residuals (but q, k, v and the output, which the backward gets anyway) stacked on
+    a new leading axis split over the region's axes, and the backward region takes them back,
+    so the backward runs the attention's backward only, not its forward again. Named
+    "attention" where selective recomputation keeps them (`keeps_residuals`)."""
+    stacked = jax.sharding.PartitionSpec(sh.rest_axes())
+    where = {}
+
+    def local_fwd(q, k, v):
+        o, pull = jax.vjp(attend, q, k, v)
+        leaves, where["tree"] = jax.tree.flatten(pull)
+        ins = (q, k, v, o)
+        where["src"] = tuple(next((i for i, a in enumerate(ins) if a is x), -1) for x in leaves)
+        return o, tuple(x[None] for x, i in zip(leaves, where["src"]) if i < 0)
+
+    def local_bwd(q, k, v, o, kept, g):
+        ins, it = (q, k, v, o), iter(kept)
+        leaves = [ins[i] if i >= 0 else next(it)[0] for i in where["src"]]
+        return jax.tree.unflatten(where["tree"], leaves)(g)
+
+    block = lambda a: jax.ShapeDtypeStruct(_local_shape(a.shape, sh.spec(HEADS), sh.mesh),
+                                           a.dtype)
+    n_kept = len(jax.eval_shape(local_fwd, *(block(a) for a in (q_bsnd, k_bsnd, v_bsnd)))[1])
+    fwd = sh.per_device(local_fwd, (HEADS,) * 3, (HEADS, (stacked,) * n_kept))
+    bwd = sh.per_device(local_bwd, (HEADS,) * 4 + ((stacked,) * n_kept, HEADS), (HEADS,) * 3)
+    name = (lambda x: checkpoint_name(x, "attention")) if keeps_residuals(impl) else (lambda x: x)
 
     @jax.custom_vjp
     def attention(q, k, v):
-        return local_fwd(q, k, v)
+        return fwd(q, k, v)[0]
 
-    attention.defvjp(lambda q, k, v: (local_fwd(q, k, v), (q, k, v)),
-                     lambda qkv, g: local_bwd(*qkv, g))
+    def attention_fwd(q, k, v):     # the output named too: the out-projection's
+        o, kept = fwd(q, k, v)        # weight gradient reads it
+        o = name(o)
+        return o, (q, k, v, o, tuple(name(x) for x in kept))
+
+    attention.defvjp(attention_fwd, lambda res, g: bwd(*res[:4], res[4], g))
     return attention(q_bsnd, k_bsnd, v_bsnd)
 
 

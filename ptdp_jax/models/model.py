@@ -152,9 +152,10 @@ FLASH_ATTENTION_FWD = frozenset({"dot_product_attention_fwd_wrapper",
 
 def _save_dense_and_flash(prim, *_, **params) -> bool:
     """Selective recomputation: keep the GEMM outputs (named "dense") and the flash
-    attention's outputs; recompute norms, activations, dropout, bias adds."""
+    attention's outputs (its primitive's, or named "attention" where it runs in a per-device
+    region: layers.keeps_residuals); recompute norms, activations, dropout, bias adds."""
     if prim.name == "name":
-        return params.get("name") == "dense"
+        return params.get("name") in ("dense", "attention")
     return prim.name in FLASH_ATTENTION_FWD
 
 
