@@ -1,13 +1,15 @@
-"""Attention in the per-device region (tensor parallelism with data or pipeline parallelism):
-its backward runs the attention's backward only. The forward region hands its vjp residuals
-to the backward region, instead of the backward running the attention forward again, and
-selective recomputation keeps them where the kernel is cuDNN's (small residuals).
+"""Attention in the per-device region (tensor parallelism with data or pipeline parallelism).
+With cuDNN's kernel (`layers.keeps_residuals`) the forward region hands its vjp residuals to
+the backward region, so the backward runs the attention's backward only, and selective
+recomputation keeps them; with XLA's (s^2 residuals) the backward runs the forward again.
+On CPU the cuDNN route is taken by patching `keeps_residuals` (XLA's kernel inside it).
 
-Counted in the gradient program (XLA's attention, CPU) by the dot_generals that make or read
-an (s, s) score tensor."""
+Counted in the gradient program by the dot_generals that make or read an (s, s) score
+tensor; parity against the one-device model as in tests/test_parity_*.py."""
 import jax
+import pytest
 
-from parity import batch_for, tiny_config
+from parity import assert_close, batch_for, loss_and_grads, reference, tiny_config
 from ptdp_jax import state as S
 from ptdp_jax import step
 from ptdp_jax.models import layers
@@ -38,19 +40,25 @@ def _score_dots(cfg):
     return out, inp
 
 
-def test_per_device_attention_backward_does_not_run_the_forward_again(monkeypatch):
-    """With the per-device region ((d, p, 2)) the gradient program holds the same score dots
-    as without tensor parallelism ((d, p, 1)), in each recompute mode: before, the region's
-    backward ran the attention forward again even with no recomputation (+1 input dot per
-    attention: (2,1,2) 8 : 24 against 8 : 16)."""
+def test_cudnn_route_backward_does_not_run_the_forward_again(monkeypatch):
+    """With the residuals handed over, (d, p, 2) holds the same score dots as (d, p, 1) with
+    no recomputation, and selective keeps them (same count). XLA's route runs the forward
+    again (one more score-reading dot per attention: (2,1,2) 8 : 24 against 8 : 16)."""
+    none = {"train.recompute": "none"}
+    xla_route = _score_dots(tiny_config("gpt", (2, 1, 2), **none))
+    monkeypatch.setattr(layers, "keeps_residuals", lambda impl: True)
     for d, p in ((2, 1), (1, 2)):
-        for mode in ("none", "selective"):
-            o = {"train.recompute": mode}
-            per_device = _score_dots(tiny_config("gpt", (d, p, 2), **o))
-            assert per_device == _score_dots(tiny_config("gpt", (d, p, 1), **o)), (d, p, mode)
-    # selective keeps cuDNN's residuals (XLA's, s^2, are recomputed as without the region)
-    none = _score_dots(tiny_config("gpt", (2, 1, 2), **{"train.recompute": "none"}))
-    sel = tiny_config("gpt", (2, 1, 2), **{"train.recompute": "selective"})
-    assert _score_dots(sel)[1] > none[1]
-    monkeypatch.setattr(layers, "keeps_residuals", lambda impl: True)   # as for cuDNN's
-    assert _score_dots(sel) == none
+        reference_dots = _score_dots(tiny_config("gpt", (d, p, 1), **none))
+        assert _score_dots(tiny_config("gpt", (d, p, 2), **none)) == reference_dots, (d, p)
+        sel = tiny_config("gpt", (d, p, 2), **{"train.recompute": "selective"})
+        assert _score_dots(sel) == reference_dots, (d, p)
+    assert xla_route[1] > _score_dots(tiny_config("gpt", (2, 1, 2), **none))[1]
+
+
+@pytest.mark.parametrize("arch,mesh,recompute", [("gpt", (2, 1, 2), "selective"),
+                                                 ("gpt", (1, 2, 2), "none"),
+                                                 ("llama", (2, 2, 2), "selective")])
+def test_cudnn_route_parity(arch, mesh, recompute, monkeypatch):
+    monkeypatch.setattr(layers, "keeps_residuals", lambda impl: True)
+    cfg = tiny_config(arch, mesh, **{"train.recompute": recompute})
+    assert_close(loss_and_grads(cfg), reference(arch))

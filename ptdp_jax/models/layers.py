@@ -60,12 +60,27 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
         # 'tensor' after the free 'pipe'); XLA's attention there.
         return jax.nn.dot_product_attention(q_bsnd, k_bsnd, v_bsnd, is_causal=True,
                                             implementation="xla")
-    return _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, impl, sh)
+    if keeps_residuals(impl):
+        return _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, sh)
+    # XLA's attention: a custom VJP keeps q, k, v as the only residuals and runs the attention
+    # again inside the per-device backward (its own residuals hold the s^2 scores).
+    local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
+    local_bwd = sh.per_device(lambda q, k, v, g: jax.vjp(attend, q, k, v)[1](g),
+                              (HEADS,) * 4, (HEADS,) * 3)
+
+    @jax.custom_vjp
+    def attention(q, k, v):
+        return local_fwd(q, k, v)
+
+    attention.defvjp(lambda q, k, v: (local_fwd(q, k, v), (q, k, v)),
+                     lambda qkv, g: local_bwd(*qkv, g))
+    return attention(q_bsnd, k_bsnd, v_bsnd)
 
 
 def keeps_residuals(impl: str) -> bool:
-    """Whether selective recomputation keeps a per-device attention's residuals: cuDNN's
-    (the output and softmax statistics, as small as one GEMM output), not XLA's (s^2 scores)."""
+    """Whether a per-device attention hands its residuals to its backward (and selective
+    recomputation keeps them): cuDNN's, the output and softmax statistics, as small as one
+    GEMM output; not XLA's, which hold the s^2 scores."""
     return impl == "cudnn"
 
 
@@ -78,12 +93,12 @@ def _local_shape(shape, spec, mesh) -> tuple:
     return tuple(out)
 
 
-def _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, impl: str, sh):
+def _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, sh):
     """attend(q, k, v) in a per-device region, differentiable: the forward region hands out
     its vjp residuals (but q, k, v and the output, which the backward gets anyway) stacked on
     a new leading axis split over the region's axes, and the backward region takes them back,
     so the backward runs the attention's backward only, not its forward again. Named
-    "attention" where selective recomputation keeps them (`keeps_residuals`)."""
+    "attention": selective recomputation keeps them."""
     stacked = jax.sharding.PartitionSpec(sh.rest_axes())
     where = {}
 
@@ -104,7 +119,7 @@ def _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, impl: str, sh):
     n_kept = len(jax.eval_shape(local_fwd, *(block(a) for a in (q_bsnd, k_bsnd, v_bsnd)))[1])
     fwd = sh.per_device(local_fwd, (HEADS,) * 3, (HEADS, (stacked,) * n_kept))
     bwd = sh.per_device(local_bwd, (HEADS,) * 4 + ((stacked,) * n_kept, HEADS), (HEADS,) * 3)
-    name = (lambda x: checkpoint_name(x, "attention")) if keeps_residuals(impl) else (lambda x: x)
+    name = lambda x: checkpoint_name(x, "attention")
 
     @jax.custom_vjp
     def attention(q, k, v):
