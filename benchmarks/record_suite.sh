@@ -78,6 +78,8 @@ if [[ "${SUITE:-record}" == "dp" ]]; then
   run dp4-zero0 $ours $DP --trace-dir /tmp/d2; prof dp4-zero0 /tmp/d2 4,1,1
   run dp4-zero0-bf16 $ours $DP parallel.grad_reduce_dtype=bfloat16
   run dp4-zero1 $ours $DP parallel.zero=1 --trace-dir /tmp/d3; prof dp4-zero1 /tmp/d3 4,1,1 parallel.zero=1
+  run dp4-zero1-after $ours $DP parallel.zero=1 parallel.overlap_grad_reduce=false
+  run dp4-zero1-after-bf16 $ours $DP parallel.zero=1 parallel.overlap_grad_reduce=false parallel.grad_reduce_dtype=bfloat16
   run dp2tp2-none-mb8 $ours $B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none
   run pp4-1f1b-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1
   run pp4-1f1b-none $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 train.recompute=none --trace-dir /tmp/d4

@@ -122,6 +122,11 @@ class ParallelConfig:
                                          # (fp32 master weights and AdamW moments split over 'data');
                                          # 3: also the weights gathered layer by layer (ZeRO-3, FSDP)
     grad_reduce_dtype: str = "float32"   # float32 | bfloat16: the data-parallel gradient reduction
+    overlap_grad_reduce: bool | str = "auto"  # ZeRO's reduce-scatters inside the last microbatch's
+                                         # backward, layer by layer (true), or once after the
+                                         # backward (false; Megatron's default). auto: true for
+                                         # zero 1 and 3 without pipelining, false otherwise (see
+                                         # overlap_grad_reduce_on)
     static_stash: bool | str = "auto"    # pipelines: a switch branch per (op, residual stash slot),
                                          # so layers write and read residuals in place (no
                                          # per-tick stash copies: 1-16% faster steps on 2x H100,
@@ -131,6 +136,16 @@ class ParallelConfig:
     @property
     def mesh_shape(self) -> tuple[int, int, int]:
         return (self.data, self.pipe, self.tensor)
+
+    @property
+    def overlap_grad_reduce_on(self) -> bool:
+        """overlap_grad_reduce resolved. Only ZeRO without pipelining reduces inside the
+        backward: zero=3 always (a layer's full gradient never outlives it), zero=1 unless
+        false; zero=0 and pipelines reduce after the backward (zero=0's all-reduce per layer
+        measured slower: benchmarks/NOTES.md, issue 10)."""
+        if self.zero == 0 or self.pipe > 1:
+            return False
+        return self.zero == 3 or self.overlap_grad_reduce in (True, "auto")
 
     @property
     def static_stash_on(self) -> bool:

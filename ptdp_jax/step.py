@@ -71,23 +71,26 @@ def make_grad_fn(cfg, mesh):
     zero = zero_stage(cfg)
     axes = Z.map2(data_axis, pspecs)     # per parameter: its ZeRO dim, or None
     reduce_dtype = M.DTYPES[cfg.parallel.grad_reduce_dtype]
+    # ZeRO reduce-scatters inside the last backward (zero.microbatch_grads), or after it as a
+    # pipeline does (parallel.overlap_grad_reduce=false: the step of zero=0 with full weights)
+    in_backward = bool(zero) and cfg.parallel.overlap_grad_reduce_on
 
     def local(params, batch, keys):
         keys = _wrap_keys(keys)
         # Gradients w.r.t. a copy marked varying over 'data' (and 'pipe'): no all-reduce per
         # microbatch; the reductions happen once, below (ZeRO: reduce-scatters, zero.py).
         params = jax.tree.map(lambda x: vary(x, manual), params)
-        if zero and cfg.parallel.pipe == 1:
+        if zero and in_backward:
             loss, grads = Z.microbatch_grads(cfg, sh, params, batch, keys, manual, axes)
         else:
-            if zero:                     # p > 1: the stage's weights, once per step
+            if zero:                     # the (stage's) weights, once per step
                 params = Z.gather_stage(cfg, params, axes)
             if cfg.parallel.pipe == 1:
                 loss, grads = _microbatch_grads(cfg, sh, params, batch, keys, manual)
             else:
                 from ptdp_jax.pipeline.executor import pipeline_grads
                 loss, grads = pipeline_grads(cfg, sh, params, batch, keys)
-        grads = (Z.reduce_grads(cfg, grads, axes, reduced=cfg.parallel.pipe == 1) if zero
+        grads = (Z.reduce_grads(cfg, grads, axes, reduced=in_backward) if zero
                  else jax.tree.map(lambda g: g.astype(reduce_dtype), grads))
         # The one data-parallel reduction. Each gradient is summed over the manual axes its
         # state is not sharded over: 'data' (unless ZeRO reduce-scattered it); 'pipe' for the

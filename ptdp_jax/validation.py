@@ -71,6 +71,18 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
          f"a multiple of 128) is not divisible by parallel.tensor={tp}")
     need(p.static_stash in (True, False, "auto"),
          f"parallel.static_stash must be true, false or auto, got {p.static_stash!r}")
+    ogr = p.overlap_grad_reduce
+    need(ogr is True or ogr is False or ogr == "auto",
+         f"parallel.overlap_grad_reduce must be true, false or auto, got {ogr!r}")
+    need(ogr is not True or (p.zero in (1, 3) and pp == 1),
+         f"parallel.overlap_grad_reduce=true needs parallel.zero=1 or 3 without pipelining, got "
+         f"parallel.zero={p.zero}, parallel.pipe={pp}: zero=0 all-reduces after the backward (its "
+         f"per-layer all-reduce measured slower, benchmarks/NOTES.md) and a pipeline "
+         f"reduce-scatters after its last tick")
+    need(ogr is not False or p.zero != 3 or pp > 1,
+         "parallel.overlap_grad_reduce=false with parallel.zero=3 and parallel.pipe=1: ZeRO-3 "
+         "reduce-scatters each layer's gradient in its backward, no full-size gradient is kept "
+         "to reduce later")
     v = p.virtual_stages
     if p.schedule == "interleaved":
         need(v >= 2, f"parallel.schedule=interleaved needs parallel.virtual_stages >= 2, got {v}")

@@ -28,13 +28,18 @@ CASES = [
     ("gpt", (2, 2, 2), 1, I2),
     ("llama", (2, 2, 2), 3, I2),
     ("gpt", (2, 2, 2), 1, ZV),                                 # the V placement's stage weights
+    # parallel.overlap_grad_reduce=false: reduce-scattered once, after the backward
+    ("gpt", (8, 1, 1), 1, {"parallel.overlap_grad_reduce": False}),
+    ("llama", (4, 1, 2), 1, {"parallel.overlap_grad_reduce": False,
+                             "train.recompute": "selective"}),
 ]
 
 
 def _id(case):
     arch, mesh, zero, o = case
+    after = "-after" if o.get("parallel.overlap_grad_reduce") is False else ""
     return f"{arch}-{'x'.join(map(str, mesh))}-zero{zero}-{o.get('parallel.schedule', '')}" \
-           f"{o.get('train.recompute', '')}".rstrip("-")
+           f"{o.get('train.recompute', '')}".rstrip("-") + after
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
@@ -196,6 +201,21 @@ def test_validation_and_estimate():
         tiny_config("gpt", (8, 1, 1), **{"parallel.zero": 2})
     with pytest.raises(ConfigError, match="parallel.grad_reduce_dtype='float16'"):
         tiny_config("gpt", (8, 1, 1), **{"parallel.grad_reduce_dtype": "float16"})
+    ogr = "parallel.overlap_grad_reduce"
+    with pytest.raises(ConfigError, match=r"overlap_grad_reduce must be true, false or auto, "
+                                          r"got 'sometimes'"):
+        tiny_config("gpt", (8, 1, 1), **{ogr: "sometimes"})
+    with pytest.raises(ConfigError, match=r"overlap_grad_reduce=true needs parallel.zero=1 or 3 "
+                                          r"without pipelining, got parallel.zero=0, parallel.pipe=1"):
+        tiny_config("gpt", (8, 1, 1), **{ogr: True})
+    with pytest.raises(ConfigError, match=r"parallel.zero=1, parallel.pipe=2"):
+        tiny_config("gpt", (4, 2, 1), **{ogr: True, "parallel.zero": 1})
+    with pytest.raises(ConfigError, match=r"overlap_grad_reduce=false with parallel.zero=3"):
+        tiny_config("gpt", (8, 1, 1), **{ogr: False, "parallel.zero": 3})
+    on = lambda mesh, z, o="auto": tiny_config("gpt", mesh, **{ogr: o, "parallel.zero": z}) \
+        .parallel.overlap_grad_reduce_on
+    assert on((8, 1, 1), 1) and on((8, 1, 1), 3) and not on((8, 1, 1), 1, False)
+    assert not on((8, 1, 1), 0) and not on((4, 2, 1), 1) and on((8, 1, 1), 1, True)
     deep = {**MEM_MODEL, "model.num_layers": 32}      # zero=3 keeps 2 layers' weights whole
     est = {z: estimate_memory(tiny_config("llama", (8, 1, 1), **deep, **{"parallel.zero": z}))
            for z in (0, 1, 3)}
