@@ -80,7 +80,7 @@ def make_grad_fn(cfg, mesh):
         # Gradients w.r.t. a copy marked varying over 'data' (and 'pipe'): no all-reduce per
         # microbatch; the reductions happen once, below (ZeRO: reduce-scatters, zero.py).
         params = jax.tree.map(lambda x: vary(x, manual), params)
-        if zero and in_backward:
+        if in_backward:
             loss, grads = Z.microbatch_grads(cfg, sh, params, batch, keys, manual, axes)
         else:
             if zero:                     # the (stage's) weights, once per step
