@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models.dense import dense  # noqa: F401  (the layers' GEMMs; re-exported)
+from ptdp_jax.models.residuals import Residuals
 
 ACT = ("batch", "act_seq", "embed")          # (b, s, h) residual stream, norms, dropout: split
                                              # by sequence under sequence parallelism
@@ -100,23 +101,21 @@ def _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, sh):
     so the backward runs the attention's backward only, not its forward again. Named
     "attention": selective recomputation keeps them."""
     stacked = jax.sharding.PartitionSpec(sh.rest_axes())
-    where = {}
+    res = Residuals()
 
-    def local_fwd(q, k, v):
+    def local_fwd(q, k, v, res=res):
         o, pull = jax.vjp(attend, q, k, v)
-        leaves, where["tree"] = jax.tree.flatten(pull)
-        ins = (q, k, v, o)
-        where["src"] = tuple(next((i for i, a in enumerate(ins) if a is x), -1) for x in leaves)
-        return o, tuple(x[None] for x, i in zip(leaves, where["src"]) if i < 0)
+        return o, tuple(x[None] for x in res.split(pull, (q, k, v, o)))
 
     def local_bwd(q, k, v, o, kept, g):
-        ins, it = (q, k, v, o), iter(kept)
-        leaves = [ins[i] if i >= 0 else next(it)[0] for i in where["src"]]
-        return jax.tree.unflatten(where["tree"], leaves)(g)
+        return res.join([x[0] for x in kept], (q, k, v, o))(g)
 
     block = lambda a: jax.ShapeDtypeStruct(_local_shape(a.shape, sh.spec(HEADS), sh.mesh),
                                            a.dtype)
-    n_kept = len(jax.eval_shape(local_fwd, *(block(a) for a in (q_bsnd, k_bsnd, v_bsnd)))[1])
+    # how many leaves leave the region: from a trace outside it (its own Residuals: the
+    # pullback's structure there holds unvarying types, the region's holds varying ones)
+    n_kept = len(jax.eval_shape(lambda *a: local_fwd(*a, res=Residuals()),
+                                *(block(a) for a in (q_bsnd, k_bsnd, v_bsnd)))[1])
     fwd = sh.per_device(local_fwd, (HEADS,) * 3, (HEADS, (stacked,) * n_kept))
     bwd = sh.per_device(local_bwd, (HEADS,) * 4 + ((stacked,) * n_kept, HEADS), (HEADS,) * 3)
     name = lambda x: checkpoint_name(x, "attention")

@@ -37,6 +37,7 @@ import numpy as np
 
 from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad, Probe, Taps, weight_grad
+from ptdp_jax.models.residuals import Residuals
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
@@ -74,31 +75,6 @@ class PipeState(NamedTuple):
     g_head: dict            # float32 head gradients
     g_vocab: dict           # float32 gradients of this stage's vocabulary slice (head over pipe)
     loss: jax.Array         # () float32 loss sum
-
-
-class _Residuals:
-    """Flattens a jax.vjp pullback into (stashable leaves, leaves taken from the weights)."""
-
-    def __init__(self):
-        self.treedef = None
-        self.from_weights = None     # per leaf: index into the weight leaves, or -1
-
-    def split(self, pullback, weights):
-        leaves, treedef = jax.tree.flatten(pullback)
-        wids = {id(w): i for i, w in enumerate(jax.tree.leaves(weights))}
-        from_weights = tuple(wids.get(id(a), -1) for a in leaves)
-        if self.treedef is None:
-            self.treedef, self.from_weights = treedef, from_weights
-        # Every layer is the same function of (weights, x, layer index, keys), so the
-        # pullback's static part is the same in every trace; only the residuals differ.
-        assert from_weights == self.from_weights, "residual structure changed between traces"
-        return [a for a, w in zip(leaves, from_weights) if w < 0]
-
-    def join(self, stashed, weights):
-        wl = jax.tree.leaves(weights)
-        it = iter(stashed)
-        leaves = [next(it) if w < 0 else wl[w] for w in self.from_weights]
-        return jax.tree.unflatten(self.treedef, leaves)
 
 
 def _grads_of(tree):
@@ -160,7 +136,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
                 else a[0, j, l] for k, a in w["layers"].items()}
     W = [[layer_weights(j, l) for l in range(lmax)] for j in range(v)]
     layer = M.layer_fn(mc, sh, cfg.train.recompute)
-    res = _Residuals()
+    res = Residuals()            # layer pullbacks <-> stashable leaves (without the weights)
     spread = spread_over_pipe(cfg)          # the head over every stage (pipeline/head.py)
     slices = VocabSlices(cfg) if spread else None
     head_w = slices.take({"embed": w["embed"], "head": w["head"]}, stage) if spread else {}
