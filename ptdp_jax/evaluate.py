@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
-from ptdp_jax.sharding import Sharder, manual_axes, psum_over, sequence_parallel_on, vary
+from ptdp_jax.sharding import Sharder, manual_axes, psum_over, vary
 from ptdp_jax.state import stage_param_specs
 
 
@@ -48,7 +48,7 @@ def make_eval_fn(cfg, mesh):
     """(stage-layout params, batch (B, s+1)) -> mean token loss (float32), jit-able."""
     mc, p, v = cfg.model, cfg.parallel.pipe, cfg.parallel.virtual_stages
     manual = manual_axes(mesh)
-    sh = Sharder(mesh, sequence_parallel=sequence_parallel_on(cfg.parallel)).inside(manual)
+    sh = Sharder.for_config(cfg, mesh).inside(manual)
     dtype = M.DTYPES[cfg.train.dtype]
     counts, place = chunk_layers(cfg), chunk_placement(cfg)
     chunk_at = {ij: c for c, ij in enumerate(place)}

@@ -15,6 +15,15 @@ the table). 'seq' (the sequence inside attention and the MLP, where heads or ffn
 never does. Each row-parallel GEMM's all-reduce then becomes a reduce-scatter (partial sums
 -> 'act_seq' on 'tensor') and each column-parallel GEMM's input an all-gather
 (`models/layers.gather_seq`); in the backward the two swap.
+
+Which token dim is split: NCCL gathers and scatters along the major dim, so a split of the
+sequence (dim 1 of (b, s, h)) costs XLA a transpose around every all-gather and
+reduce-scatter when b > 1 (1.3B (1,1,2) micro 4 on 2x H100: ~27 ms a GPU of transposes, one
+per collective). The norms, dropout and the residual stream work token by token, so where t
+divides the microbatch's rows the split goes to the rows instead ('act_batch' on
+('data', 'tensor'): SEQUENCE_PARALLEL_ROWS_RULES, `sequence_parallel_rows`): the same memory,
+the same collectives, no transposes. Otherwise (micro 1 in a pipeline: b = 1, nothing to
+transpose) the sequence.
 """
 from __future__ import annotations
 
@@ -37,6 +46,8 @@ LOGICAL_RULES: dict[str, str | None] = {
     "embed": None,         # hidden size h
     "embed_sg": "tensor",  # h of a stage-to-stage message under scatter/gather
     "seq": None,           # sequence inside attention / MLP (each rank needs all of it)
+    "act_batch": "data",   # rows of (b, s, h) activations: also 'tensor' under sequence
+                           # parallelism where t divides them (SEQUENCE_PARALLEL_ROWS_RULES)
     "act_seq": None,       # sequence of (b, s, h) activations: 'tensor' under sequence parallelism
     "head_dim": None,
     # The train state only: with parallel.zero >= 1 (ZeRO, Megatron's distributed optimizer)
@@ -50,6 +61,8 @@ STACK_AXES = ("stage", "chunk", "layers")   # the layer stack's leading axes: ne
 # stage-to-stage message is already split over 'tensor' and scatter/gather ('embed_sg') has
 # nothing left to split (Megatron retired --scatter-gather-tensors-in-pipeline for this).
 SEQUENCE_PARALLEL_RULES: dict[str, str | None] = {"act_seq": "tensor", "embed_sg": None}
+# ... split by rows instead, where t divides the microbatch (no transposes around NCCL).
+SEQUENCE_PARALLEL_ROWS_RULES: dict = {"act_batch": ("data", "tensor"), "embed_sg": None}
 
 
 def sequence_parallel_on(parallel) -> bool:
@@ -58,9 +71,19 @@ def sequence_parallel_on(parallel) -> bool:
     return bool(getattr(parallel, "sequence_parallel", False)) and parallel.tensor > 1
 
 
-def rules(sequence_parallel: bool = False) -> dict[str, str | None]:
-    """The rule table: LOGICAL_RULES, with SEQUENCE_PARALLEL_RULES under sequence parallelism."""
-    return {**LOGICAL_RULES, **SEQUENCE_PARALLEL_RULES} if sequence_parallel else LOGICAL_RULES
+def sequence_parallel_rows(cfg) -> bool:
+    """Whether sequence parallelism splits the activations' rows (t divides
+    train.micro_batch_size, the rows of a microbatch on one data replica) rather than their
+    sequence: the same split of the tokens, along the major dim."""
+    return sequence_parallel_on(cfg.parallel) and cfg.train.micro_batch_size % cfg.parallel.tensor == 0
+
+
+def rules(sequence_parallel: bool = False, rows: bool = False) -> dict:
+    """The rule table: LOGICAL_RULES, with SEQUENCE_PARALLEL_RULES (or _ROWS_RULES) under
+    sequence parallelism."""
+    if not sequence_parallel:
+        return LOGICAL_RULES
+    return {**LOGICAL_RULES, **(SEQUENCE_PARALLEL_ROWS_RULES if rows else SEQUENCE_PARALLEL_RULES)}
 
 
 def make_mesh(shape: tuple[int, int, int], devices=None, *,
@@ -81,12 +104,15 @@ def make_mesh(shape: tuple[int, int, int], devices=None, *,
 
 
 def logical_to_spec(names: tuple[str | None, ...], manual: frozenset[str] = frozenset(),
-                    sequence_parallel: bool = False) -> P:
+                    sequence_parallel: bool = False, rows: bool = False) -> P:
     """Logical axis names -> PartitionSpec, leaving out axes that are manual here."""
-    table = rules(sequence_parallel)
+    table = rules(sequence_parallel, rows)
     out = []
     for name in names:
         axis = table[name] if name is not None else None
+        if isinstance(axis, tuple):
+            axis = tuple(a for a in axis if a not in manual)
+            axis = axis[0] if len(axis) == 1 else (axis or None)
         out.append(None if axis in manual else axis)
     return P(*out)
 
@@ -124,15 +150,22 @@ def data_axis(spec: P) -> int | None:
 class Sharder:
     """Applies the rule table. Outside shard_map it needs the mesh; inside a
     shard_map that is manual over some axes, specs drop those axes. sequence_parallel:
-    the table with SEQUENCE_PARALLEL_RULES (`sequence_parallel_on(cfg.parallel)`).
-    in_layer_scan: set by the layer scan (models.model.run_layers) for what runs inside it."""
+    the table with SEQUENCE_PARALLEL_RULES (`sequence_parallel_on(cfg.parallel)`); rows:
+    with SEQUENCE_PARALLEL_ROWS_RULES instead (`sequence_parallel_rows(cfg)`); `for_config`
+    makes both from a config. in_layer_scan: set by the layer scan (models.model.run_layers) for what runs inside it."""
     mesh: Mesh | None = None
     manual: frozenset[str] = frozenset()
     sequence_parallel: bool = False
     in_layer_scan: bool = False
+    rows: bool = False
+
+    @classmethod
+    def for_config(cls, cfg, mesh) -> "Sharder":
+        return cls(mesh, sequence_parallel=sequence_parallel_on(cfg.parallel),
+                   rows=sequence_parallel_rows(cfg))
 
     def spec(self, names) -> P:
-        return logical_to_spec(tuple(names), self.manual, self.sequence_parallel)
+        return logical_to_spec(tuple(names), self.manual, self.sequence_parallel, self.rows)
 
     def constrain(self, x, names):
         if self.mesh is None and not self.manual:

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ptdp_jax.models import model as M
 from ptdp_jax import zero as Z
 from ptdp_jax.config import ConfigError
-from ptdp_jax.sharding import (Sharder, data_axis, manual_axes, psum_over, sequence_parallel_on,
+from ptdp_jax.sharding import (Sharder, data_axis, manual_axes, psum_over,
                                vary)
 from ptdp_jax.state import init_state, stage_state_specs, state_shardings, zero_stage
 
@@ -62,7 +62,7 @@ def make_grad_fn(cfg, mesh):
     """(params, batch (B, s+1), step) -> (mean loss, mean gradients), jit-able."""
     manual = manual_axes(mesh)                       # see sharding.manual_axes
     _check_reduce_dtype(cfg, mesh, manual)
-    sh = Sharder(mesh, sequence_parallel=sequence_parallel_on(cfg.parallel)).inside(manual)
+    sh = Sharder.for_config(cfg, mesh).inside(manual)
     pspecs = stage_state_specs(cfg)      # as the state holds them (ZeRO: split over 'data')
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
     data_spec = P("data") if "data" in manual else P()

@@ -29,6 +29,10 @@ CASES = [
     ("gpt", (2, 2, 2), {**I2, "train.micro_batch_size": 2, "train.recompute": "selective"}),
     ("gpt", (1, 2, 4), {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2,
                         "train.micro_batch_size": 2, "model.dropout": 0.1}),
+    # t divides the microbatch: split by rows (sharding.sequence_parallel_rows); the two
+    # (2, 2, 2) cases above (micro 2) take this route too
+    ("gpt", (1, 1, 8), {"train.micro_batch_size": 8, "model.dropout": 0.1}),
+    ("llama", (1, 2, 4), {**F1, "train.micro_batch_size": 4, "train.recompute": "full"}),
 ]
 
 
@@ -89,14 +93,18 @@ def _consumers(name, defs, users):
     return out
 
 
-def layer_collectives(cfg, dump_dir):
+def layer_collectives(cfg, dump_dir, gather_dims=None):
     """Counts of the (b, s, h) collectives over 'tensor' of one layer (forward and backward:
     the ops under two while loops, microbatches and layers) right after partitioning. A
     reduce-scatter is the partitioner's all-reduce whose one consumer is a dynamic-slice to
-    (b, s/t, h) (XLA's GPU pipeline fuses the two into a reduce-scatter, ReduceScatterCreator)."""
+    (b, s/t, h), or (b/t, s, h) where the split is by rows (XLA's GPU pipeline fuses the two
+    into a reduce-scatter, ReduceScatterCreator). gather_dims: a list that collects the
+    dimension of each all-gather."""
+    from ptdp_jax.sharding import sequence_parallel_rows
     b, s, h = cfg.train.micro_batch_size, cfg.model.seq_len, cfg.model.hidden_size
     t = cfg.parallel.tensor
-    bsh, scattered = f"f32[{b},{s},{h}]", f"f32[{b},{s // t},{h}]"
+    bsh = f"f32[{b},{s},{h}]"
+    scattered = f"f32[{b // t},{s},{h}]" if sequence_parallel_rows(cfg) else f"f32[{b},{s // t},{h}]"
     defs, users = _instructions(partitioned_hlo(cfg, dump_dir))
     counts = {"all-reduce": 0, "reduce-scatter": 0, "all-gather": 0}
     for name, (shape, op, line) in defs.items():
@@ -105,6 +113,8 @@ def layer_collectives(cfg, dump_dir):
             continue
         if op == "all-reduce" and _consumers(name, defs, users) == [("dynamic-slice", scattered)]:
             op = "reduce-scatter"
+        if op == "all-gather" and gather_dims is not None:
+            gather_dims.append(int(re.search(r"dimensions=\{(\d+)\}", line).group(1)))
         counts[op] += 1
     return counts
 
@@ -124,6 +134,22 @@ def test_layer_all_reduces_become_reduce_scatter_and_all_gather(arch, tmp_path):
     assert plain == {"all-reduce": 6 if arch == "gpt" else 7, "reduce-scatter": 0,
                      "all-gather": 0}, plain
     assert sp == {"all-reduce": 0, "reduce-scatter": plain["all-reduce"], "all-gather": 6}, sp
+
+
+@pytest.mark.parametrize("micro,dim", [(8, 0), (2, 1)])
+def test_split_by_rows_where_t_divides_the_microbatch(micro, dim, tmp_path):
+    """NCCL gathers along the major dim: with b > 1 a split of the sequence costs XLA a
+    transpose around each collective on GPUs, so where t divides the microbatch's rows the
+    activations are split by rows (every all-gather along dim 0); otherwise by sequence (dim
+    1). Same collectives either way."""
+    from ptdp_jax.sharding import sequence_parallel_rows
+    cfg = tiny_config("gpt", (1, 1, 8), **SP, **{"train.scan_layers": True,
+                                                 "train.micro_batch_size": micro})
+    assert sequence_parallel_rows(cfg) == (dim == 0)
+    dims = []
+    counts = layer_collectives(cfg, tmp_path, dims)
+    assert counts == {"all-reduce": 0, "reduce-scatter": 6, "all-gather": 6}, counts
+    assert dims == [dim] * 6, dims
 
 
 def test_cross_entropy_keeps_logits_vocab_sharded_under_sequence_parallelism():
@@ -203,6 +229,10 @@ def test_rule_table_under_sequence_parallelism():
 
     assert logical_to_spec(ACT) == P("data", None, None)
     assert logical_to_spec(ACT, sequence_parallel=True) == P("data", "tensor", None)
+    rows = logical_to_spec(ACT, sequence_parallel=True, rows=True)
+    assert rows == P(("data", "tensor"), None, None)
+    assert logical_to_spec(ACT, frozenset({"data", "pipe"}), True, True) == P("tensor", None, None)
+    assert logical_to_spec(MSG, sequence_parallel=True, rows=True) == rows
     for names in (ACT_FULL, HEADS):             # attention and GEMM inputs: the whole sequence
         assert logical_to_spec(names, sequence_parallel=True) == logical_to_spec(names)
     assert logical_to_spec(MSG_SCATTERED) == P("data", None, "tensor")

@@ -10,8 +10,8 @@ from jax.ad_checkpoint import checkpoint_name
 from ptdp_jax.models.dense import dense  # noqa: F401  (the layers' GEMMs; re-exported)
 from ptdp_jax.models.residuals import Residuals
 
-ACT = ("batch", "act_seq", "embed")          # (b, s, h) residual stream, norms, dropout: split
-                                             # by sequence under sequence parallelism
+ACT = ("act_batch", "act_seq", "embed")      # (b, s, h) residual stream, norms, dropout: split
+                                             # by rows or sequence under sequence parallelism
 ACT_FULL = ("batch", "seq", "embed")         # (b, s, h) input of a column-parallel GEMM: the
                                              # whole sequence (all-gathered under seq. parallelism)
 HEADS = ("batch", "seq", "heads", "head_dim")  # (b, s, n, d) per-head tensors

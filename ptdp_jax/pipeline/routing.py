@@ -27,9 +27,9 @@ import numpy as np
 
 from ptdp_jax.pipeline import schedule as S
 
-MSG = ("batch", "act_seq", "embed")            # stage-to-stage message (b, s, h), a layer's output
-MSG_SCATTERED = ("batch", "act_seq", "embed_sg")  # split over 'tensor' (scatter/gather; under
-                                                  # sequence parallelism already split by act_seq)
+MSG = ("act_batch", "act_seq", "embed")  # stage-to-stage message (b, s, h), a layer's output
+MSG_SCATTERED = ("act_batch", "act_seq", "embed_sg")  # split over 'tensor' (scatter/gather;
+                                     # under sequence parallelism already split by rows or seq)
 
 TWO_WAY = ("fwd_recv_up_slot", "bwd_recv_down_slot")   # control columns of ZB-V only
 

@@ -1,0 +1,113 @@
+"""Does XLA on this GPU run a collective-permute under an independent GEMM? A probe before
+building a decomposed collective matmul for sequence parallelism (issue 11).
+
+    PYTHONPATH=. python benchmarks/overlap_probe.py [--rows 8192] [--hidden 2048] [--ffn 8192]
+
+On a ('tensor',) mesh of every local device (t of them), shapes of one 1.3B layer at micro 4
+(rows = b s tokens). Each case is an MLP block under sequence parallelism, 8 in a chain (the
+output of one is the input of the next), timed over 20 runs after 3 warm-ups:
+
+    gemm      the same GEMMs on one device's share without any communication (the floor)
+    plain     all_gather -> GEMM -> GeLU -> GEMM -> psum_scatter (what GSPMD emits)
+    ring      the all-gather and the reduce-scatter decomposed into t - 1 ppermute steps, each
+              step's send independent of the GEMM on the block at hand (collective matmul)
+
+If ring is near gemm, the permutes run under the GEMMs; if it is near plain or above, they
+do not. Prints one JSON line per case. Standard JAX only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+
+def ring_gather_matmul(x_blk, w, t):
+    """AG(x) @ w, as t blocks: block (r - i) mod t's GEMM while the next block travels."""
+    r = jax.lax.axis_index("tensor")
+    perm = [(i, (i + 1) % t) for i in range(t)]
+    out = jnp.zeros((t,) + x_blk.shape[:-1] + w.shape[-1:], x_blk.dtype)
+    cur = x_blk
+    for i in range(t):
+        nxt = jax.lax.ppermute(cur, "tensor", perm) if i < t - 1 else None
+        out = jax.lax.dynamic_update_index_in_dim(out, cur @ w, (r - i) % t, 0)
+        cur = nxt
+    return out.reshape((-1,) + out.shape[2:])
+
+
+def ring_matmul_scatter(z, w, t):
+    """psum_scatter(z @ w) over rows, as t blocks: the partial sum of block (r + i + 1) mod t
+    travels while the next block's GEMM runs; rank r ends with block r."""
+    r = jax.lax.axis_index("tensor")
+    perm = [(i, (i - 1) % t) for i in range(t)]
+    zb = z.reshape((t, -1) + z.shape[1:])
+    acc = None
+    for i in range(t):
+        blk = jax.lax.dynamic_index_in_dim(zb, (r + i + 1) % t, 0, keepdims=False) @ w
+        acc = blk if acc is None else acc + blk
+        if i < t - 1:
+            acc = jax.lax.ppermute(acc, "tensor", perm)
+    return acc
+
+
+def block(kind, t):
+    def mlp(x, w1, w2):
+        if kind == "gemm":
+            full = jnp.concatenate([x] * t, 0)
+            return (jax.nn.gelu(full @ w1) @ w2)[: x.shape[0]]
+        if kind == "plain":
+            full = jax.lax.all_gather(x, "tensor", tiled=True)
+            return jax.lax.psum_scatter(jax.nn.gelu(full @ w1) @ w2, "tensor", tiled=True)
+        return ring_matmul_scatter(jax.nn.gelu(ring_gather_matmul(x, w1, t)), w2, t)
+    return mlp
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--ffn", type=int, default=8192)
+    ap.add_argument("--chain", type=int, default=8)
+    a = ap.parse_args(argv)
+    t = jax.device_count()
+    mesh = jax.make_mesh((t,), ("tensor",))
+    k = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(k[0], (a.rows, a.hidden), jnp.bfloat16)
+    w1 = jax.random.normal(k[1], (a.chain, a.hidden, a.ffn), jnp.bfloat16) * 0.02
+    w2 = jax.random.normal(k[2], (a.chain, a.ffn, a.hidden), jnp.bfloat16) * 0.02
+    x = jax.device_put(x, NamedSharding(mesh, P("tensor")))
+    w1 = jax.device_put(w1, NamedSharding(mesh, P(None, None, "tensor")))
+    w2 = jax.device_put(w2, NamedSharding(mesh, P(None, "tensor")))
+    ref = None
+    for kind in ("gemm", "plain", "ring"):
+        mlp = block(kind, t)
+
+        def chain(x, w1, w2, mlp=mlp):
+            for i in range(a.chain):
+                x = x + mlp(x, w1[i], w2[i])
+            return x
+        f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=(P("tensor"), P(None, None, "tensor"),
+                                                            P(None, "tensor")),
+                                  out_specs=P("tensor")))
+        for _ in range(3):
+            out = f(x, w1, w2).block_until_ready()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            out = f(x, w1, w2)
+        out.block_until_ready()
+        ms = (time.perf_counter() - t0) / 20 * 1e3
+        if kind == "plain":
+            ref = out
+        diff = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)))) \
+            if ref is not None and kind == "ring" else None
+        print(json.dumps({"case": kind, "t": t, "ms": round(ms, 3), "max_abs_diff_vs_plain": diff,
+                          "device": jax.devices()[0].device_kind}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
