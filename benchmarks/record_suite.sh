@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=p4 | s11 | s12 | s13 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=p4 | s11 | s12 | s13 | s13b | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -250,6 +250,25 @@ if [[ "${SUITE:-record}" == "s13" ]]; then
   run dp2-zero0-mb4 $ours $DP2 train.micro_batch_size=4
   run dp2-zero1-after-mb4 $ours $DP2 train.micro_batch_size=4 parallel.zero=1 parallel.overlap_grad_reduce=false
   run pp2-phased-sel $ours $B13 --mesh 1,2,1 $PROF_PH
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s13b" ]]; then
+  # 2 GPUs: sequence parallelism split by rows (t divides micro 4) against BASE (carried: by
+  # sequence), the new one traced; micro 8 with and without it; the collective-permute overlap
+  # probe with XLA's defaults and with the latency-hiding scheduler forced on.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
+  base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
+  TP2="$B13 --mesh 1,1,2 train.recompute=none"
+  SP="parallel.sequence_parallel=true"
+  python3 benchmarks/overlap_probe.py 2>&1 | tee -a "$out/record.jsonl"
+  XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true python3 benchmarks/overlap_probe.py 2>&1 \
+    | sed 's/"case": "/"case": "lhs-/' | tee -a "$out/record.jsonl"
+  run base-tp2-sp-mb4 $base $TP2 train.micro_batch_size=4 $SP
+  run new-tp2-sp-mb4 $ours $TP2 train.micro_batch_size=4 $SP --trace-dir /tmp/b1
+  prof new-tp2-sp-mb4 /tmp/b1 1,1,2 train.micro_batch_size=4 train.recompute=none $SP
+  run new-tp2-sp-mb8 $ours $TP2 train.micro_batch_size=8 $SP
+  run new-tp2-mb8 $ours $TP2 train.micro_batch_size=8
   finish
 fi
 
