@@ -13,12 +13,17 @@ output of one is the input of the next), timed over 20 runs after 3 warm-ups:
               step's send independent of the GEMM on the block at hand (collective matmul)
 
 If ring is near gemm, the permutes run under the GEMMs; if it is near plain or above, they
-do not. Prints one JSON line per case. Standard JAX only.
+do not. Prints one JSON line per case. With --trace DIR each case is also traced once and the
+line gets, per device, the NCCL kernels' time, the part of it no GEMM or other kernel hides
+(`ptdp_jax.profiling`'s exclusive timeline), and the CUDA streams the NCCL and GEMM kernels
+ran on.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
 import time
 
 import jax
@@ -66,12 +71,34 @@ def block(kind, t):
     return mlp
 
 
+def traced(f, args, folder):
+    """NCCL time, its exposed part, and the streams of NCCL and GEMM kernels, per device."""
+    from ptdp_jax import profiling as prof
+    with jax.profiler.trace(folder, create_perfetto_trace=True):
+        f(*args).block_until_ready()
+    path = sorted(glob.glob(os.path.join(folder, "**", "perfetto_trace.json.gz"), recursive=True))[-1]
+    out = {}
+    for dev, ks in prof.load_trace(path).items():
+        start, end = ks[0].ts_us, max(k.end_us for k in ks)
+        cats = prof.category_time_us(prof.exclusive_timeline(ks, start, end), start, end)
+        nccl = [k for k in ks if prof.classify(k) == "collective"]
+        out[f"gpu{dev}"] = {
+            "window_ms": round((end - start) / 1e3, 3),
+            "nccl_ms": round(sum(k.dur_us for k in nccl) / 1e3, 3),
+            "nccl_exposed_ms": round(cats["collective"] / 1e3, 3),
+            "gemm_ms": round(cats["gemm"] / 1e3, 3),
+            "nccl_streams": sorted({k.stream for k in nccl}),
+            "gemm_streams": sorted({k.stream for k in ks if prof.classify(k) == "gemm"})}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--ffn", type=int, default=8192)
     ap.add_argument("--chain", type=int, default=8)
+    ap.add_argument("--trace", default="", help="trace each case once into this folder")
     a = ap.parse_args(argv)
     t = jax.device_count()
     mesh = jax.make_mesh((t,), ("tensor",))
@@ -104,8 +131,11 @@ def main(argv=None) -> int:
             ref = out
         diff = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)))) \
             if ref is not None and kind == "ring" else None
-        print(json.dumps({"case": kind, "t": t, "ms": round(ms, 3), "max_abs_diff_vs_plain": diff,
-                          "device": jax.devices()[0].device_kind}), flush=True)
+        line = {"case": kind, "t": t, "ms": round(ms, 3), "max_abs_diff_vs_plain": diff,
+                "device": jax.devices()[0].device_kind}
+        if a.trace:
+            line.update(traced(f, (x, w1, w2), os.path.join(a.trace, kind)))
+        print(json.dumps(line), flush=True)
     return 0
 
 

@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=p4 | s11 | s12 | s13 | s13b | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -269,6 +269,22 @@ if [[ "${SUITE:-record}" == "s13b" ]]; then
   prof new-tp2-sp-mb4 /tmp/b1 1,1,2 train.micro_batch_size=4 train.recompute=none $SP
   run new-tp2-sp-mb8 $ours $TP2 train.micro_batch_size=8 $SP
   run new-tp2-mb8 $ours $TP2 train.micro_batch_size=8
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s13c" ]]; then
+  # 2 GPUs: the overlap probe traced (do the permutes run under the GEMMs, on which streams),
+  # then with XLA's windowed einsum (its own collective matmul), in the probe and in (1,1,2)
+  # with sequence parallelism split by rows (session 11 tried it with the sequence split).
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-180}
+  WE="--xla_gpu_threshold_for_windowed_einsum_mib=0 --xla_gpu_multi_streamed_windowed_einsum=true"
+  TP2="$B13 --mesh 1,1,2 train.recompute=none parallel.sequence_parallel=true"
+  python3 benchmarks/overlap_probe.py --trace /tmp/p1 2>&1 | grep '^{' | tee -a "$out/record.jsonl"
+  XLA_FLAGS="$WE" python3 benchmarks/overlap_probe.py --trace /tmp/p2 2>&1 | grep '^{' \
+    | sed 's/"case": "/"case": "we-/' | tee -a "$out/record.jsonl"
+  run tp2-sp-mb4-we env XLA_FLAGS="$WE" $ours $TP2 train.micro_batch_size=4
+  run tp2-sp-mb4 $ours $TP2 train.micro_batch_size=4
+  run tp2-sp-mb8-we env XLA_FLAGS="$WE" $ours $TP2 train.micro_batch_size=8
   finish
 fi
 
