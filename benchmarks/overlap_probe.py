@@ -16,7 +16,8 @@ If ring is near gemm, the permutes run under the GEMMs; if it is near plain or a
 do not. Prints one JSON line per case. With --trace DIR each case is also traced once and the
 line gets, per device, the NCCL kernels' time, the part of it no GEMM or other kernel hides
 (`ptdp_jax.profiling`'s exclusive timeline), and the CUDA streams the NCCL and GEMM kernels
-ran on.
+ran on. With --hlo DIR each case's optimized HLO goes to DIR/CASE.txt (the schedule: what
+runs between a collective's start and its done).
 """
 from __future__ import annotations
 
@@ -99,6 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ffn", type=int, default=8192)
     ap.add_argument("--chain", type=int, default=8)
     ap.add_argument("--trace", default="", help="trace each case once into this folder")
+    ap.add_argument("--hlo", default="", help="write each case's optimized HLO into this folder")
     a = ap.parse_args(argv)
     t = jax.device_count()
     mesh = jax.make_mesh((t,), ("tensor",))
@@ -120,6 +122,10 @@ def main(argv=None) -> int:
         f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=(P("tensor"), P(None, None, "tensor"),
                                                             P(None, "tensor")),
                                   out_specs=P("tensor")))
+        if a.hlo:
+            os.makedirs(a.hlo, exist_ok=True)
+            with open(os.path.join(a.hlo, f"{kind}.txt"), "w") as fh:
+                fh.write(f.lower(x, w1, w2).compile().as_text())
         for _ in range(3):
             out = f(x, w1, w2).block_until_ready()
         t0 = time.perf_counter()
