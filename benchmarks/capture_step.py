@@ -5,7 +5,9 @@
 
 Synthetic tokens (uniform over the vocabulary), so no dataset is read. Prints one JSON
 line: median step time over `--steps` timed steps after two warm-up steps, peak memory
-per device, and where the trace (perfetto_trace.json.gz) was written. With `--hlo-dir`
+per device, the loss of the last timed step (a traced step runs after it, so traced and
+untraced runs report the same step's loss: before session 13 a traced run reported the
+loss one step later), and where the trace (perfetto_trace.json.gz) was written. With `--hlo-dir`
 the optimized HLO of the step is written there too. `benchmarks/profile_step.py` runs
 this and then reads the trace by category."""
 from __future__ import annotations
@@ -68,6 +70,7 @@ def main(argv=None):
         float(out["loss"])
         times.append(time.perf_counter() - t0)
     times = times[1:]
+    final_loss = float(out["loss"])      # of the last timed step: the same with or without a trace
     trace = None
     if a.trace_dir:
         with jax.profiler.trace(a.trace_dir, create_perfetto_trace=True):
@@ -86,7 +89,7 @@ def main(argv=None):
            "step_times_s": [round(t, 4) for t in times], "first_step_s": round(first, 2),
            "tokens_per_s": round(B * s / statistics.median(times), 1),
            "peak_mem_gib": [round(m.get("peak_bytes_in_use", 0) / 2**30, 2) for m in mem],
-           "final_loss": round(float(out["loss"]), 4), "trace": trace}
+           "final_loss": round(final_loss, 4), "trace": trace}
     print(json.dumps(out), flush=True)
     return out
 

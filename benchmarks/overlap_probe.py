@@ -101,6 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chain", type=int, default=8)
     ap.add_argument("--trace", default="", help="trace each case once into this folder")
     ap.add_argument("--hlo", default="", help="write each case's optimized HLO into this folder")
+    ap.add_argument("--dot-merger", action="store_true",
+                    help="leave XLA's dot merger on (the train step turns it off, step.compiler_options)")
     a = ap.parse_args(argv)
     t = jax.device_count()
     mesh = jax.make_mesh((t,), ("tensor",))
@@ -119,9 +121,13 @@ def main(argv=None) -> int:
             for i in range(a.chain):
                 x = x + mlp(x, w1[i], w2[i])
             return x
+        # as the train step: without it XLA merges the ring's two GEMMs of one weight back into
+        # one GEMM over the concatenated blocks, which waits for the permute (session 13)
+        opts = {} if a.dot_merger or jax.default_backend() != "gpu" else \
+            {"xla_gpu_dot_merger_threshold_mb": 0}
         f = jax.jit(jax.shard_map(chain, mesh=mesh, in_specs=(P("tensor"), P(None, None, "tensor"),
                                                             P(None, "tensor")),
-                                  out_specs=P("tensor")))
+                                  out_specs=P("tensor")), compiler_options=opts or None)
         if a.hlo:
             os.makedirs(a.hlo, exist_ok=True)
             with open(os.path.join(a.hlo, f"{kind}.txt"), "w") as fh:
