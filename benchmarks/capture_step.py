@@ -8,7 +8,9 @@ line: median step time over `--steps` timed steps after two warm-up steps, peak 
 per device, the loss of the last timed step (a traced step runs after it, so traced and
 untraced runs report the same step's loss: before session 13 a traced run reported the
 loss one step later), and where the trace (perfetto_trace.json.gz) was written. With `--hlo-dir`
-the optimized HLO of the step is written there too. `benchmarks/profile_step.py` runs
+the optimized HLO of the step is written there too. `--trace-steps 2` traces two steps, so
+that `profile_step.py --trace-steps 2` can read the second, which the profiler's start does
+not skew. `benchmarks/profile_step.py` runs
 this and then reads the trace by category."""
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ def main(argv=None):
     ap.add_argument("--mesh", required=True)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--trace-dir", default="")
+    ap.add_argument("--trace-steps", type=int, default=1,
+                    help="steps inside the trace; profile_step.py --trace-steps N reads the last")
     ap.add_argument("--hlo-dir", default="")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
@@ -74,8 +78,9 @@ def main(argv=None):
     trace = None
     if a.trace_dir:
         with jax.profiler.trace(a.trace_dir, create_perfetto_trace=True):
-            state, out = c.step(state, batches[0])
-            float(out["loss"])
+            for _ in range(a.trace_steps):       # each waited for: a gap between them
+                state, out = c.step(state, batches[0])
+                float(out["loss"])
         found = sorted(glob.glob(os.path.join(a.trace_dir, "**", "perfetto_trace.json.gz"),
                                  recursive=True), key=os.path.getmtime)
         trace = found[-1] if found else None
@@ -89,7 +94,7 @@ def main(argv=None):
            "step_times_s": [round(t, 4) for t in times], "first_step_s": round(first, 2),
            "tokens_per_s": round(B * s / statistics.median(times), 1),
            "peak_mem_gib": [round(m.get("peak_bytes_in_use", 0) / 2**30, 2) for m in mem],
-           "final_loss": round(final_loss, 4), "trace": trace}
+           "final_loss": round(final_loss, 4), "trace": trace, "trace_steps": a.trace_steps}
     print(json.dumps(out), flush=True)
     return out
 

@@ -8,7 +8,8 @@ per stage and per pipeline tick (F / b / B / idle), against the ideal step time.
 Without `--trace`, runs benchmarks/capture_step.py (GPUs: times `--steps` steps, traces one) and
 analyses its trace; with `--trace FILE` (perfetto_trace.json[.gz]) it only analyses (CPU is
 enough). The expected tick count and each (tick, stage)'s op come from the config's pipeline
-schedule. `--one-gpu-step S`: the one-GPU step time of the same global batch; the ideal step is
+schedule. `--trace-steps N`: the trace holds N steps (capture_step.py --trace-steps); the last is read.
+`--one-gpu-step S`: the one-GPU step time of the same global batch; the ideal step is
 S / (d p t) x (1 + bubble), bubble = (p-1)/m (gpipe, 1f1b) or (p-1)/(v m) (interleaved). Prints
 markdown tables (ptdp_jax.profiling.format_report); `--json OUT` writes the full report."""
 from __future__ import annotations
@@ -100,14 +101,15 @@ def collectives_by_op(devices) -> str:
             + "\n")
 
 
-def capture(config: str, mesh: str, steps: int, trace_dir: str, overrides: list[str]) -> dict:
+def capture(config: str, mesh: str, steps: int, trace_dir: str, overrides: list[str],
+            trace_steps: int = 1) -> dict:
     """Run benchmarks/capture_step.py's main() (GPUs): its JSON line as a dict."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture_step.py")
     spec = importlib.util.spec_from_file_location("capture_step", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.main([config, "--mesh", mesh, "--steps", str(steps), "--trace-dir", trace_dir]
-                    + list(overrides))
+    return mod.main([config, "--mesh", mesh, "--steps", str(steps), "--trace-dir", trace_dir,
+                     "--trace-steps", str(trace_steps)] + list(overrides))
 
 
 def main(argv=None) -> dict:
@@ -120,6 +122,8 @@ def main(argv=None) -> dict:
                     help="measured step time, s, for --trace (default: the trace's window)")
     ap.add_argument("--steps", type=int, default=6, help="timed steps of the capture run")
     ap.add_argument("--trace-dir", default="", help="where the capture run writes (default: temp)")
+    ap.add_argument("--trace-steps", type=int, default=1,
+                    help="steps in the trace (capture_step.py --trace-steps): the last is read")
     ap.add_argument("--json", default="", help="write the report dict here")
     ap.add_argument("--top", type=int, default=5, help="kernels listed per category")
     ap.add_argument("overrides", nargs="*")
@@ -132,20 +136,21 @@ def main(argv=None) -> dict:
     step_s, trace = a.step_time, a.trace
     if not trace:
         run = capture(a.config, a.mesh, a.steps, a.trace_dir or tempfile.mkdtemp(prefix="trace_"),
-                      a.overrides)
+                      a.overrides, a.trace_steps)
         step_s, trace = run["step_time_s"], run["trace"]
         if not trace:
             sys.exit("capture_step.py wrote no trace")
     ideal = None
     if a.one_gpu_step:
         ideal = ideal_step_s(a.one_gpu_step, mesh, sched.m, sched.v, cfg.parallel.schedule)
-    rep = profiling.report(profiling.load_trace(trace), tick_labels(sched, cfg.parallel.schedule),
+    devices = profiling.last_run(profiling.load_trace(trace), a.trace_steps)
+    rep = profiling.report(devices, tick_labels(sched, cfg.parallel.schedule),
                            stage_of_device(mesh), ideal_s=ideal, step_s=step_s, top_n=a.top)
     rep.update({"config": a.config, "overrides": a.overrides, "mesh": list(mesh), "trace": trace,
                 "schedule": cfg.parallel.schedule, "m": sched.m, "v": sched.v})
     print(f"{a.config} mesh {a.mesh} {cfg.parallel.schedule} m={sched.m} v={sched.v} "
           f"ticks={sched.num_ticks} trace {trace}\n")
-    print(collectives_by_op(profiling.load_trace(trace)), flush=True)
+    print(collectives_by_op(devices), flush=True)
     print(profiling.format_report(rep), flush=True)
     if a.json:
         with open(a.json, "w") as f:

@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -60,8 +60,8 @@ traced() {   # traced TAG TRACEDIR: host-time summary of the case's trace into O
 prof() {   # prof TAG TRACEDIR MESH [key=value ...]: kernel time by category into OUTDIR/prof_TAG.md
   local tag=$1 dir=$2 mesh=$3; shift 3
   local f; f=$(ls -t $(find "$dir" -name 'perfetto_trace.json.gz' 2>/dev/null) 2>/dev/null | head -1)
-  [[ -n "$f" ]] && python3 benchmarks/profile_step.py $B13 --mesh "$mesh" --trace "$f" "$@" \
-    > "$out/prof_$tag.md" 2>&1
+  [[ -n "$f" ]] && python3 benchmarks/profile_step.py $B13 --mesh "$mesh" --trace "$f" \
+    --trace-steps "${TRACE_STEPS:-1}" "$@" > "$out/prof_$tag.md" 2>&1
   [[ -n "$f" ]] && python3 benchmarks/idle_gaps.py "$f" --top 12 >> "$out/prof_$tag.md" 2>&1
   rm -rf "$dir"
 }
@@ -227,6 +227,31 @@ if [[ "${SUITE:-record}" == "tp2" ]]; then
   gzip -c /tmp/h1/step_after_optimizations.txt > "$out/hlo_tp2.txt.gz"
   run new-pp2-phased-sel $ours $B13 --mesh 1,2,1 $PROF_PH --trace-dir /tmp/t2
   prof new-pp2-phased-sel /tmp/t2 1,2,1 $PROF_PH
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s14" ]]; then
+  # 4 GPUs, what session 13's short 4-GPU lease left (priority order; carry .peer for b):
+  # a: the one-GPU baseline; (1,4,1) 1f1b-phased traced over two steps, the second read (the
+  #    first was skewed by the profiler's start); the 7.5B interleaved v 3 (target 3's other
+  #    half); (4,1,1) zero 0 and zero 1 after the backward (issue 10 target 1); (1,1,4) with
+  #    sequence parallelism by rows and without (issue 11 target 2); the overlap probe with
+  #    the dot merger off, t = 4 and t = 2.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-200} TRACE_STEPS=2
+  PP="$B13 --mesh 1,4,1 train.micro_batch_size=1"
+  DP="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none"
+  TP="$B13 --mesh 1,1,4 train.micro_batch_size=4 train.recompute=none"
+  one_gpu
+  og=$(step_of 1gpu-none-mb8)
+  run pp4-phased-sel $ours $PP parallel.schedule=1f1b-phased --trace-dir /tmp/s4 --trace-steps 2
+  prof pp4-phased-sel /tmp/s4 1,4,1 $PROF_PH ${og:+--one-gpu-step $og}
+  run 7.5b-pp4-int3-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective parallel.schedule=interleaved parallel.virtual_stages=3 --steps 3
+  run dp4-zero0 $ours $DP
+  run dp4-zero1-after $ours $DP parallel.zero=1 parallel.overlap_grad_reduce=false
+  run tp4-sp-mb4 $ours $TP parallel.sequence_parallel=true
+  run tp4-mb4 $ours $TP
+  python3 benchmarks/overlap_probe.py 2>&1 | grep '^{' | tee -a "$out/record.jsonl"
+  CUDA_VISIBLE_DEVICES=0,1 python3 benchmarks/overlap_probe.py 2>&1 | grep '^{' | tee -a "$out/record.jsonl"
   finish
 fi
 

@@ -141,6 +141,27 @@ def _category(name: str, threads: int) -> str:
     return "other"
 
 
+def last_run(devices: dict[int, list[Kernel]], runs: int) -> dict[int, list[Kernel]]:
+    """The kernels of the last of `runs` executions traced one after the other, each waited
+    for before the next (benchmarks/capture_step.py --trace-steps): cut at the runs - 1
+    longest intervals in which no device runs a kernel. The first traced step can be skewed by
+    the profiler's start (4x H200, session 13: a 410 ms window for a 200 ms step), the next
+    one is not."""
+    if runs <= 1:
+        return devices
+    spans = sorted((k.ts_us, k.end_us) for ks in devices.values() for k in ks)
+    gaps, end = [], spans[0][1]
+    for a, b in spans[1:]:
+        if a > end:
+            gaps.append((a - end, a))
+        end = max(end, b)
+    if len(gaps) < runs - 1:
+        raise ValueError(f"expected {runs} traced runs, found {len(gaps) + 1} (no gap between "
+                         f"them in which every device is idle)")
+    cut = max(start for _, start in sorted(gaps)[-(runs - 1):])
+    return {d: [k for k in ks if k.ts_us >= cut] for d, ks in devices.items()}
+
+
 def step_window_us(devices: dict[int, list[Kernel]]) -> tuple[float, float]:
     """(first kernel start, last kernel end) over ALL devices: one window for every stage."""
     return (min(ks[0].ts_us for ks in devices.values() if ks),

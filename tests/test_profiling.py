@@ -286,6 +286,24 @@ def test_cli_collectives_by_op_per_device():
     assert rows[1] == "| cp.1 | SendRecv | 1 | 0.00 | 0.00 |"
 
 
+def test_last_run_keeps_the_last_of_several_traced_steps():
+    """Two steps in one trace (capture_step.py --trace-steps 2): the first skewed (device 1
+    starts late, device 0 waits in a collective), a gap where no device runs, then the second;
+    only the second's kernels are kept. Gaps inside a step (device 1 idle while device 0
+    works) are shorter than the one between the steps and do not cut."""
+    ar = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)"
+    devs = kernels({0: [k("gemm_a", 0.0, 10.0), k(ar, 10.0, 300.0), k("gemm_b", 310.0, 10.0),
+                        k("gemm_a", 900.0, 10.0), k(ar, 910.0, 5.0), k("gemm_b", 930.0, 10.0)],
+                    1: [k("gemm_a", 290.0, 10.0), k(ar, 300.0, 10.0),
+                        k("gemm_a", 901.0, 10.0), k(ar, 911.0, 4.0), k("gemm_c", 960.0, 5.0)]})
+    last = P.last_run(devs, 2)
+    assert [x.ts_us for x in last[0]] == [900.0, 910.0, 930.0]
+    assert [x.ts_us for x in last[1]] == [901.0, 911.0, 960.0]
+    assert P.last_run(devs, 1) is devs
+    with pytest.raises(ValueError, match="expected 9 traced runs"):
+        P.last_run(devs, 9)
+
+
 def test_host_time_sums_host_events_and_gpu_idle():
     """benchmarks/host_time.py: host events summed by name; a GPU's idle time is its step
     window less the union of its (overlapping) kernels."""
