@@ -111,6 +111,9 @@ class ParallelConfig:
     scatter_gather: bool = False
     sequence_parallel: bool = False      # split norms, dropout, residual stream by sequence over
                                          # 'tensor' (Megatron's --sequence-parallel); t = 1: no-op
+    tp_comm_overlap: bool = False        # with sequence_parallel: its all-gathers and reduce-scatters
+                                         # decomposed into rings of permutes around the GEMMs
+                                         # (collective matmul, Megatron's --tp-comm-overlap)
     # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p; zb-v:
     # stage c for c < p, 2p-1-c after) summing
     # to model.num_layers; () = even split; "auto" = balanced against the embedding and head.

@@ -151,18 +151,21 @@ class Sharder:
     """Applies the rule table. Outside shard_map it needs the mesh; inside a
     shard_map that is manual over some axes, specs drop those axes. sequence_parallel:
     the table with SEQUENCE_PARALLEL_RULES (`sequence_parallel_on(cfg.parallel)`); rows:
-    with SEQUENCE_PARALLEL_ROWS_RULES instead (`sequence_parallel_rows(cfg)`); `for_config`
-    makes both from a config. in_layer_scan: set by the layer scan (models.model.run_layers) for what runs inside it."""
+    with SEQUENCE_PARALLEL_ROWS_RULES instead (`sequence_parallel_rows(cfg)`); tp_overlap: the
+    tensor-parallel GEMMs through models/tp_overlap.py; `for_config` makes all three from a
+    config. in_layer_scan: set by the layer scan (models.model.run_layers) for what runs inside it."""
     mesh: Mesh | None = None
     manual: frozenset[str] = frozenset()
     sequence_parallel: bool = False
     in_layer_scan: bool = False
     rows: bool = False
+    tp_overlap: bool = False    # parallel.tp_comm_overlap (models/tp_overlap.py)
 
     @classmethod
     def for_config(cls, cfg, mesh) -> "Sharder":
-        return cls(mesh, sequence_parallel=sequence_parallel_on(cfg.parallel),
-                   rows=sequence_parallel_rows(cfg))
+        sp = sequence_parallel_on(cfg.parallel)
+        return cls(mesh, sequence_parallel=sp, rows=sequence_parallel_rows(cfg),
+                   tp_overlap=sp and bool(getattr(cfg.parallel, "tp_comm_overlap", False)))
 
     def spec(self, names) -> P:
         return logical_to_spec(tuple(names), self.manual, self.sequence_parallel, self.rows)

@@ -140,6 +140,18 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(m.seq_len % tp == 0, f"parallel.sequence_parallel splits the sequence over "
                                   f"parallel.tensor={tp}, which must divide "
                                   f"model.seq_len={m.seq_len}")
+    if p.tp_comm_overlap:
+        need(p.sequence_parallel and tp > 1,
+             f"parallel.tp_comm_overlap decomposes sequence parallelism's collectives: it needs "
+             f"parallel.sequence_parallel=true and parallel.tensor > 1 (got "
+             f"sequence_parallel={p.sequence_parallel}, tensor={tp})")
+        need(pp == 1,
+             f"parallel.tp_comm_overlap runs without pipelining (got parallel.pipe={pp}): its "
+             f"permutes would sit in the pipeline's per-stage branches, each spanning every "
+             f"stage's tensor group, while the stages run different branches")
+        need(not (t.scan_layers or p.zero == 3),
+             f"parallel.tp_comm_overlap needs the layers unrolled (got train.scan_layers="
+             f"{t.scan_layers}, parallel.zero={p.zero}; zero=3 scans over layers)")
     for path in cfg.data.path:
         prefix = Path(os.path.expanduser(path))
         need(prefix.with_name(prefix.name + ".bin").is_file() or prefix.is_file(),

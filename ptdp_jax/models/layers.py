@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from ptdp_jax.models import tp_overlap
 from ptdp_jax.models.dense import dense  # noqa: F401  (the layers' GEMMs; re-exported)
 from ptdp_jax.models.residuals import Residuals
 
@@ -160,6 +161,30 @@ def column_parallel(sh, y_bsh, gemms):
         return gemms(y_bsh)
     policy = jax.checkpoint_policies.save_only_these_names("dense")
     return jax.checkpoint(lambda y: gemms(gather_seq(sh, y)), policy=policy)(y_bsh)
+
+
+def column_dense(sh, y_bsh, gemms, out_names):
+    """[dense(spec, y, w, b) as out_names for (spec, w, b) in gemms]: the column-parallel
+    GEMMs that read one norm output y (ACT): `column_parallel`'s gather, or with
+    parallel.tp_comm_overlap the gather decomposed around the GEMMs (models/tp_overlap.py)."""
+    if _overlap(sh, [w for _, w, _ in gemms]):
+        return tuple(sh.constrain(y, out_names) for y in tp_overlap.gather_dense(sh, y_bsh, gemms))
+    return column_parallel(sh, y_bsh, lambda y: tuple(
+        sh.constrain(dense(spec, y, w, b), out_names) for spec, w, b in gemms))
+
+
+def row_dense(sh, z, spec, w, b=None):
+    """dense(spec, z, w, b) for a row-parallel GEMM, its partial sums reduced over 'tensor'
+    into ACT: an all-reduce, a reduce-scatter under sequence parallelism, or with
+    parallel.tp_comm_overlap that reduce-scatter decomposed around the GEMM."""
+    if _overlap(sh, [w]):
+        return sh.constrain(tp_overlap.scatter_dense(sh, z, spec, w, b), ACT)
+    return sh.constrain(dense(spec, z, w, b), ACT)
+
+
+def _overlap(sh, ws) -> bool:
+    return (sh is not None and sh.tp_overlap and sh.mesh is not None and not sh.in_layer_scan
+            and tp_overlap.supported(ws))
 
 
 def dropout(x, rate: float, key_rows):

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, HEADS, attention_impl, causal_attention,
-                                    column_parallel, dense, dropout, fold_rows, gather_seq,
+                                    column_dense, dropout, fold_rows, gather_seq, row_dense,
                                     rms_norm, rotary)
 
 DENSE_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")   # used through dense()
@@ -45,18 +45,18 @@ def embed(p, tokens_bs, cfg, sh, key_rows=None):
 def layer(p, x_bsh, cfg, sh, key_rows=None):
     impl = attention_impl(cfg.attention, x_bsh.dtype)
     y = rms_norm(x_bsh, p["attn_norm"], cfg.norm_eps)
-    q, k, v = column_parallel(sh, y, lambda y: tuple(
-        sh.constrain(dense("bsh,hnd->bsnd", y, p[w]), HEADS) for w in ("wq", "wk", "wv")))
+    q, k, v = column_dense(sh, y, [("bsh,hnd->bsnd", p[w], None) for w in ("wq", "wk", "wv")],
+                           HEADS)
     q, k = (rotary(a, cfg.rope_theta) for a in (q, k))
     k, v = (_repeat_kv(x, cfg, sh) for x in (k, v))
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
-    attn_bsh = sh.constrain(dense("bsnd,ndh->bsh", a_bsnd, p["wo"]), ACT)
+    attn_bsh = row_dense(sh, a_bsnd, "bsnd,ndh->bsh", p["wo"])
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
     y = rms_norm(x_bsh, p["mlp_norm"], cfg.norm_eps)
-    g_bsf, u_bsf = column_parallel(sh, y, lambda y: tuple(
-        sh.constrain(dense("bsh,hf->bsf", y, p[w]), FFN) for w in ("w_gate", "w_up")))
-    mlp_bsh = dense("bsf,fh->bsh", jax.nn.silu(g_bsf) * u_bsf, p["w_down"])
-    x_bsh = x_bsh + dropout(sh.constrain(mlp_bsh, ACT), cfg.dropout, fold_rows(key_rows, 1))
+    g_bsf, u_bsf = column_dense(sh, y, [("bsh,hf->bsf", p[w], None) for w in ("w_gate", "w_up")],
+                                FFN)
+    mlp_bsh = row_dense(sh, jax.nn.silu(g_bsf) * u_bsf, "bsf,fh->bsh", p["w_down"])
+    x_bsh = x_bsh + dropout(mlp_bsh, cfg.dropout, fold_rows(key_rows, 1))
     return sh.constrain(x_bsh, ACT)
 
 

@@ -1,0 +1,213 @@
+"""Tensor-parallel GEMMs with sequence parallelism's collectives decomposed into rings of
+permutes, each step's GEMMs independent of the permute in flight, so that the two can overlap
+(a collective matmul: Wang et al., "Overlap Communication with Dependent Computation via
+Decomposition", ASPLOS 2023; Megatron's --tp-comm-overlap). `parallel.tp_comm_overlap=true`,
+with `parallel.sequence_parallel=true`.
+
+    gather_dense   AG(x) @ w_k for the column-parallel GEMMs that read one norm's output
+                   (q, k, v; fc1; gate and up). Forward: x's blocks travel the ring while each
+                   block's GEMMs run. Backward: the blocks travel again, for the weight
+                   gradients (as Megatron gathers again), while the input gradients' partial
+                   sums travel the other way (a reduce-scatter), each block's GEMMs in between.
+    scatter_dense  RS(z @ w), a row-parallel GEMM (the attention's out projection; fc2 or
+                   down). Forward: the partial sums travel while the next block's GEMM runs.
+                   Backward: dy's blocks travel while each block's input- and weight-gradient
+                   GEMMs run.
+
+Each runs in a per-device region (manual over the mesh axes GSPMD still owns); the rings run
+over 'tensor'. The blocks are along the dim sequence parallelism splits: the rows, or the
+sequence (`sharding.sequence_parallel_rows`). Weights are arrays, or `dense.MasterGrad`
+pairs (the weight gradient straight out of the GEMMs in float32, for the master); biases are
+added outside the region. The outputs are named "dense" as `dense.dense` names its own.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from ptdp_jax.models.dense import MasterGrad, _input_grad, weight_grad
+from ptdp_jax.sharding import vary, varying_axes
+
+AXIS = "tensor"
+# einsum letters of the layers' GEMM specs -> logical axes (layers.HEADS, FFN and the weights)
+NAMES = {"b": "batch", "s": "seq", "h": "embed", "n": "heads", "d": "head_dim", "f": "mlp"}
+ACT = ("act_batch", "act_seq", "embed")
+
+
+def supported(ws) -> bool:
+    """Whether gather_dense / scatter_dense take these weights: arrays or MasterGrad pairs
+    (not the zero-bubble taps, nor probes)."""
+    return all(isinstance(w, MasterGrad) or not isinstance(w, tuple) for w in ws)
+
+
+def _names(letters: str) -> tuple[str, ...]:
+    return tuple(NAMES[c] for c in letters)
+
+
+def _parts(spec: str) -> tuple[str, str, str]:
+    ins, out = spec.split("->")
+    x, w = ins.split(",")
+    return x, w, out
+
+
+def _w(w):
+    return w.w if isinstance(w, MasterGrad) else w
+
+
+def _wgrad(w, g):
+    """The cotangent of a weight argument from its float32 gradient, summed over the axes the
+    blocks vary over and the weight does not (on a (1, 1, t) mesh the region is manual over
+    'data' too, of size 1: rows split over ('data', 'tensor'))."""
+    target = w.master if isinstance(w, MasterGrad) else w
+    extra = tuple(sorted(varying_axes(g) - varying_axes(target)))
+    g = jax.lax.psum(g, extra) if extra else g
+    if isinstance(w, MasterGrad):
+        return MasterGrad(None, g)
+    return g.astype(w.dtype)
+
+
+def _take(x, j, t, axis):
+    n = x.shape[axis] // t
+    return jax.lax.dynamic_slice_in_dim(x, j * n, n, axis)
+
+
+def _put(buf, v, j, axis):
+    return jax.lax.dynamic_update_slice_in_dim(buf, v, j * v.shape[axis], axis)
+
+
+def _perms(t):
+    down = [(i, (i + 1) % t) for i in range(t)]      # rank r receives r - 1's block
+    up = [(i, (i - 1) % t) for i in range(t)]        # rank r receives r + 1's partial sums
+    return down, up
+
+
+def _full(shape, t, axis):
+    out = list(shape)
+    out[axis] *= t
+    return tuple(out)
+
+
+# ------------------------------------------------------------------------- AG(x) @ w_k
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _gather(specs, t, axis, x_blk, ws):
+    return _gather_fwd(specs, t, axis, x_blk, ws)[0]
+
+
+def _gather_fwd(specs, t, axis, x_blk, ws):
+    r = jax.lax.axis_index(AXIS)
+    down, _ = _perms(t)
+    outs, cur = [None] * len(ws), x_blk
+    for i in range(t):
+        nxt = jax.lax.ppermute(cur, AXIS, down) if i < t - 1 else None
+        j = (r - i) % t                                 # the block at hand
+        for k, (spec, w) in enumerate(zip(specs, ws)):
+            y = jnp.einsum(spec, cur, _w(w))
+            if outs[k] is None:
+                outs[k] = vary(jnp.zeros(_full(y.shape, t, axis), y.dtype), varying_axes(y))
+            outs[k] = _put(outs[k], y, j, axis)
+        cur = nxt
+    return tuple(outs), (x_blk, ws)
+
+
+def _gather_bwd(specs, t, axis, res, gs):
+    x_blk, ws = res
+    r = jax.lax.axis_index(AXIS)
+    down, up = _perms(t)
+    dws = [None] * len(ws)
+    cur, acc = x_blk, None
+    for i in range(t):
+        nxt = jax.lax.ppermute(cur, AXIS, down) if i < t - 1 else None
+        j = (r - i) % t                                 # weight gradients of x's block j
+        for k, g in enumerate(gs):
+            dw = weight_grad(cur, _take(g, j, t, axis))
+            dws[k] = dw if dws[k] is None else dws[k] + dw
+        jd = (r + i + 1) % t                            # input gradient of block jd: summed
+        part = sum(_input_grad(spec, _take(g, jd, t, axis), _w(w))   # over the ring, it ends
+                   for spec, g, w in zip(specs, gs, ws))             # on jd's rank
+        acc = part if acc is None else acc + part
+        if i < t - 1:
+            acc = jax.lax.ppermute(acc, AXIS, up)
+        cur = nxt
+    return acc.astype(x_blk.dtype), tuple(_wgrad(w, dw) for w, dw in zip(ws, dws))
+
+
+_gather.defvjp(_gather_fwd, _gather_bwd)
+
+
+# ------------------------------------------------------------------------- RS(z @ w)
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _scatter(spec, t, axis, z, w):
+    return _scatter_fwd(spec, t, axis, z, w)[0]
+
+
+def _scatter_fwd(spec, t, axis, z, w):
+    r = jax.lax.axis_index(AXIS)
+    _, up = _perms(t)
+    acc = None
+    for i in range(t):
+        part = jnp.einsum(spec, _take(z, (r + i + 1) % t, t, axis), _w(w))
+        acc = part if acc is None else acc + part
+        if i < t - 1:
+            acc = jax.lax.ppermute(acc, AXIS, up)
+    return acc, (z, w)
+
+
+def _scatter_bwd(spec, t, axis, res, g_blk):
+    z, w = res
+    r = jax.lax.axis_index(AXIS)
+    down, _ = _perms(t)
+    dz, dw, cur = vary(jnp.zeros(z.shape, z.dtype), varying_axes(z)), None, g_blk
+    for i in range(t):
+        nxt = jax.lax.ppermute(cur, AXIS, down) if i < t - 1 else None
+        j = (r - i) % t                                 # dy's block j: z's rows j
+        dz = _put(dz, _input_grad(spec, cur, _w(w)).astype(z.dtype), j, axis)
+        part = weight_grad(_take(z, j, t, axis), cur)
+        dw = part if dw is None else dw + part
+        cur = nxt
+    return dz, _wgrad(w, dw)
+
+
+_scatter.defvjp(_scatter_fwd, _scatter_bwd)
+
+
+# ------------------------------------------------------------------------- the regions
+
+def _region(sh, fn, in_specs, out_specs):
+    """fn per device, manual over the axes not manual yet (the mesh of the enclosing region;
+    on a (1, 1, t) mesh there is none, so the Sharder's)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return jax.shard_map(fn, mesh=sh.mesh if mesh.empty else mesh, in_specs=in_specs,
+                         out_specs=out_specs, axis_names=set(sh.rest_axes()))
+
+
+def _wspec(sh, spec, w):
+    s = sh.spec(_names(_parts(spec)[1]))
+    return MasterGrad(s, s) if isinstance(w, MasterGrad) else s
+
+
+def gather_dense(sh, x_bsh, gemms):
+    """[x @ w (+ b) for (spec, w, b) in gemms], x (b, s, h) split as sequence parallelism
+    splits it (ACT); the outputs whole along rows and sequence, split as their logical axes
+    say (heads, mlp). Named "dense"."""
+    specs = tuple(spec for spec, _, _ in gemms)
+    ws = tuple(w for _, w, _ in gemms)
+    t, axis = sh.mesh.shape[AXIS], 0 if sh.rows else 1
+    outs = _region(sh, lambda x, ws: _gather(specs, t, axis, x, ws),
+                   (sh.spec(ACT), tuple(_wspec(sh, s, w) for s, w in zip(specs, ws))),
+                   tuple(sh.spec(_names(_parts(s)[2])) for s in specs))(x_bsh, ws)
+    return tuple(checkpoint_name(y if b is None else y + b, "dense")
+                 for y, (_, _, b) in zip(outs, gemms))
+
+
+def scatter_dense(sh, z, spec, w, b=None):
+    """z @ w (+ b) reduced over 'tensor' and split as sequence parallelism splits it (ACT):
+    the row-parallel GEMM with its reduce-scatter. Named "dense"."""
+    t, axis = sh.mesh.shape[AXIS], 0 if sh.rows else 1
+    y = _region(sh, lambda z, w: _scatter(spec, t, axis, z, w),
+                (sh.spec(_names(_parts(spec)[0])), _wspec(sh, spec, w)), sh.spec(ACT))(z, w)
+    return checkpoint_name(y if b is None else y + b, "dense")
