@@ -235,8 +235,8 @@ if [[ "${SUITE:-record}" == "s14" ]]; then
   # a: the one-GPU baseline; (1,4,1) 1f1b-phased traced over two steps, the second read (the
   #    first was skewed by the profiler's start); the 7.5B interleaved v 3 (target 3's other
   #    half); (4,1,1) zero 0 and zero 1 after the backward (issue 10 target 1); (1,1,4) with
-  #    sequence parallelism by rows and without (issue 11 target 2); the overlap probe with
-  #    the dot merger off, t = 4 and t = 2.
+  #    sequence parallelism by rows and without, and with parallel.tp_comm_overlap, traced
+  #    (issue 11 target 2); the overlap probe with the dot merger off, t = 4 and t = 2.
   export CASE_TIMEOUT=${CASE_TIMEOUT:-200} TRACE_STEPS=2
   PP="$B13 --mesh 1,4,1 train.micro_batch_size=1"
   DP="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none"
@@ -250,6 +250,8 @@ if [[ "${SUITE:-record}" == "s14" ]]; then
   run dp4-zero1-after $ours $DP parallel.zero=1 parallel.overlap_grad_reduce=false
   run tp4-sp-mb4 $ours $TP parallel.sequence_parallel=true
   run tp4-mb4 $ours $TP
+  run tp4-sp-ov-mb4 $ours $TP parallel.sequence_parallel=true parallel.tp_comm_overlap=true --trace-dir /tmp/s5
+  prof tp4-sp-ov-mb4 /tmp/s5 1,1,4 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true
   python3 benchmarks/overlap_probe.py 2>&1 | grep '^{' | tee -a "$out/record.jsonl"
   CUDA_VISIBLE_DEVICES=0,1 python3 benchmarks/overlap_probe.py 2>&1 | grep '^{' | tee -a "$out/record.jsonl"
   finish
