@@ -118,7 +118,9 @@ def _gather_bwd(specs, t, axis, res, gs):
     r = jax.lax.axis_index(AXIS)
     down, up = _perms(t)
     dws = [None] * len(ws)
-    cur, acc = x_blk, None
+    # the barrier keeps XLA from merging this ring with the forward's (same blocks, same
+    # permutes), which would keep every gathered block alive from forward to backward
+    cur, acc = jax.lax.optimization_barrier(x_blk), None
     for i in range(t):
         nxt = jax.lax.ppermute(cur, AXIS, down) if i < t - 1 else None
         j = (r - i) % t                                 # weight gradients of x's block j
