@@ -254,6 +254,12 @@ if [[ "${SUITE:-record}" == "s14" ]]; then
   prof tp4-sp-ov-mb4 /tmp/s5 1,1,4 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true
   python3 benchmarks/overlap_probe.py 2>&1 | grep '^{' | tee -a "$out/record.jsonl"
   CUDA_VISIBLE_DEVICES=0,1 python3 benchmarks/overlap_probe.py 2>&1 | grep '^{' | tee -a "$out/record.jsonl"
+  # issue 11 target 1: the 7.5B at (1,1,4) without recomputation fits with sequence
+  # parallelism at micro 4 (estimate 43.4 GiB; without it 53.3), split by rows
+  T75="$B75 --mesh 1,1,4 train.global_batch_size=32 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true --steps 3"
+  run 7.5b-tp4-sp-none-mb4 $ours $T75
+  run 7.5b-tp4-sp-ov-none-mb4 $ours $T75 parallel.tp_comm_overlap=true
+  run 7.5b-tp4-sel-mb2 $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.micro_batch_size=2 train.recompute=selective --steps 3
   finish
 fi
 
