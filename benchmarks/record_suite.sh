@@ -260,6 +260,11 @@ if [[ "${SUITE:-record}" == "s14" ]]; then
   run 7.5b-tp4-sp-none-mb4 $ours $T75
   run 7.5b-tp4-sp-ov-none-mb4 $ours $T75 parallel.tp_comm_overlap=true
   run 7.5b-tp4-sel-mb2 $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.micro_batch_size=2 train.recompute=selective --steps 3
+  # issue 10 target 2: the 7.5B (4,1,1) zero=3, layer scan (auto) against unrolled layers
+  Z75="$B75 --mesh 4,1,1 train.global_batch_size=32 train.micro_batch_size=1 parallel.zero=3 --steps 3"
+  run 7.5b-dp4-zero3-scan-sel $ours $Z75 train.recompute=selective
+  run 7.5b-dp4-zero3-unrolled-sel $ours $Z75 train.recompute=selective train.scan_layers=false
+  run 7.5b-dp4-zero3-unrolled-none $ours $Z75 train.recompute=none train.scan_layers=false
   finish
 fi
 

@@ -86,8 +86,9 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"               # float32 | bfloat16 (bf16 compute, fp32 master weights)
     recompute: str = "none"              # none | selective | full
-    scan_layers: bool = False            # p = 1: scan over layers (compiles faster for deep models;
-                                         # runs slower: residuals stacked and copied per layer)
+    scan_layers: bool | str = "auto"     # p = 1: scan over layers (compiles faster for deep models;
+                                         # runs slower: residuals stacked and copied per layer).
+                                         # auto: only with parallel.zero=3 (Config.scan_layers_on)
     eval_every: int = 50                 # 0: never
     eval_batches: int = 2
     log_every: int = 1
@@ -193,6 +194,16 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    @property
+    def scan_layers_on(self) -> bool:
+        """train.scan_layers resolved. auto: a scan for zero=3 without pipelining (one layer's
+        weights gathered at a time, bounded by the scan, not by XLA's scheduler), the layers
+        unrolled otherwise (faster: no stacked residual copies, benchmarks/NOTES.md issue 12).
+        false with zero=3: the layers unrolled, each gathering its own weights."""
+        if self.train.scan_layers == "auto":
+            return self.parallel.zero == 3 and self.parallel.pipe == 1
+        return bool(self.train.scan_layers)
 
     @property
     def num_microbatches(self) -> int:

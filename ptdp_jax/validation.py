@@ -69,6 +69,8 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
     need(m.padded_vocab_size % tp == 0,
          f"padded vocabulary {m.padded_vocab_size} (model.vocab_size={m.vocab_size} rounded up to "
          f"a multiple of 128) is not divisible by parallel.tensor={tp}")
+    need(t.scan_layers in (True, False, "auto"),
+         f"train.scan_layers must be true, false or auto, got {t.scan_layers!r}")
     need(p.static_stash in (True, False, "auto"),
          f"parallel.static_stash must be true, false or auto, got {p.static_stash!r}")
     ogr = p.overlap_grad_reduce
@@ -149,9 +151,10 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
              f"parallel.tp_comm_overlap runs without pipelining (got parallel.pipe={pp}): its "
              f"permutes would sit in the pipeline's per-stage branches, each spanning every "
              f"stage's tensor group, while the stages run different branches")
-        need(not (t.scan_layers or p.zero == 3),
+        need(not cfg.scan_layers_on,
              f"parallel.tp_comm_overlap needs the layers unrolled (got train.scan_layers="
-             f"{t.scan_layers}, parallel.zero={p.zero}; zero=3 scans over layers)")
+             f"{t.scan_layers}, parallel.zero={p.zero}; auto scans with zero=3: set "
+             f"train.scan_layers=false)")
     for path in cfg.data.path:
         prefix = Path(os.path.expanduser(path))
         need(prefix.with_name(prefix.name + ".bin").is_file() or prefix.is_file(),

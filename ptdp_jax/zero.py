@@ -10,7 +10,8 @@ shards:
             the compute dtype; the gradients of all microbatches but the last accumulate
             locally (float32, full size) and the last microbatch's backward adds them and
             reduce-scatters, per layer inside the backward layer scan (`weight(..., full, acc)`).
-    zero=3  (ZeRO-3, FSDP) the weights are gathered layer by layer inside the layer scan and
+    zero=3  (ZeRO-3, FSDP) the weights are gathered layer by layer inside the layer scan (or,
+            with train.scan_layers=false, by each unrolled layer) and
             gathered again in the backward (never saved), each microbatch's backward
             reduce-scatters its gradients per layer: no full-size weight or gradient outlives a
             layer (embedding and head: gathered per microbatch).
@@ -115,7 +116,7 @@ def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows):
         layers = (shards["layers"], grp(fulls, "layers"), grp(accs, "layers"))
     x = M.embed(mc, sh, e, tokens_bs1[:, :-1], key_rows)
     x = M.run_layers(mc, sh, layers, x, cfg.train.recompute, key_rows,
-                     scan=cfg.train.scan_layers or cfg.parallel.zero == 3,   # 3: a layer at a time
+                     scan=cfg.scan_layers_on,     # auto: zero=3 scans (a layer at a time)
                      weights=None if make is None else (lambda lp: make("layers", *lp)))
     return M.head_loss(mc, sh, e, hd, x, tokens_bs1[:, 1:])
 

@@ -32,14 +32,18 @@ CASES = [
     ("gpt", (8, 1, 1), 1, {"parallel.overlap_grad_reduce": False}),
     ("llama", (4, 1, 2), 1, {"parallel.overlap_grad_reduce": False,
                              "train.recompute": "selective"}),
+    # train.scan_layers=false: zero=3 with the layers unrolled, each gathering its weights
+    ("gpt", (4, 1, 2), 3, {"train.scan_layers": False}),
+    ("llama", (8, 1, 1), 3, {"train.scan_layers": False, "train.recompute": "selective"}),
 ]
 
 
 def _id(case):
     arch, mesh, zero, o = case
     after = "-after" if o.get("parallel.overlap_grad_reduce") is False else ""
+    unrolled = "-unrolled" if o.get("train.scan_layers") is False else ""
     return f"{arch}-{'x'.join(map(str, mesh))}-zero{zero}-{o.get('parallel.schedule', '')}" \
-           f"{o.get('train.recompute', '')}".rstrip("-") + after
+           f"{o.get('train.recompute', '')}".rstrip("-") + after + unrolled
 
 
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
@@ -180,6 +184,15 @@ def test_checkpoints_move_between_zero_values(tmp_path, data_cache):
 
 
 # ----------------------------------------------------------------------------- rule, estimate
+
+def test_scan_layers_auto_scans_for_zero3_only():
+    """train.scan_layers=auto (the default): a layer scan for zero=3 without pipelining, the
+    layers unrolled otherwise; true and false as given."""
+    def on(mesh, zero, scan="auto"):
+        return tiny_config("gpt", mesh, **{"parallel.zero": zero, "train.scan_layers": scan}).scan_layers_on
+    assert on((8, 1, 1), 3) and not on((8, 1, 1), 1) and not on((8, 1, 1), 0)
+    assert not on((2, 2, 2), 3, "auto") and not on((8, 1, 1), 3, False) and on((8, 1, 1), 0, True)
+
 
 def test_zero_dim_rule():
     """The largest dim no rule splits, that d divides; none: replicated over 'data'."""
