@@ -90,6 +90,39 @@ def _full(shape, t, axis):
     return tuple(out)
 
 
+# ------------------------------------------------------------------------- the two rings
+
+def _ring_gather(blk, t, visit):
+    """visit(j, block j) for each of the t blocks of AG(blk), this rank's first: each step the
+    next block travels (rank r receives r - 1's) while visit runs on the block at hand."""
+    r = jax.lax.axis_index(AXIS)
+    down, _ = _perms(t)
+    cur = blk
+    for i in range(t):
+        nxt = jax.lax.ppermute(cur, AXIS, down) if i < t - 1 else None
+        visit((r - i) % t, cur)
+        cur = nxt
+
+
+def _ring_scatter(t, part_of):
+    """Block r (this rank's) of the sum over ranks of part_of(j), the rank's contribution to
+    block j: each step the running sum travels (rank r receives r + 1's) while the next
+    block's contribution is computed."""
+    r = jax.lax.axis_index(AXIS)
+    _, up = _perms(t)
+    acc = None
+    for i in range(t):
+        part = part_of((r + i + 1) % t)
+        acc = part if acc is None else acc + part
+        if i < t - 1:
+            acc = jax.lax.ppermute(acc, AXIS, up)
+    return acc
+
+
+def _accumulate(total: list, k: int, x):
+    total[k] = x if total[k] is None else total[k] + x
+
+
 # ------------------------------------------------------------------------- AG(x) @ w_k
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -98,43 +131,33 @@ def _gather(specs, t, axis, x_blk, ws):
 
 
 def _gather_fwd(specs, t, axis, x_blk, ws):
-    r = jax.lax.axis_index(AXIS)
-    down, _ = _perms(t)
-    outs, cur = [None] * len(ws), x_blk
-    for i in range(t):
-        nxt = jax.lax.ppermute(cur, AXIS, down) if i < t - 1 else None
-        j = (r - i) % t                                 # the block at hand
+    outs = [None] * len(ws)
+
+    def visit(j, blk):
         for k, (spec, w) in enumerate(zip(specs, ws)):
-            y = jnp.einsum(spec, cur, _w(w))
+            y = jnp.einsum(spec, blk, _w(w))
             if outs[k] is None:
                 outs[k] = vary(jnp.zeros(_full(y.shape, t, axis), y.dtype), varying_axes(y))
             outs[k] = _put(outs[k], y, j, axis)
-        cur = nxt
+    _ring_gather(x_blk, t, visit)
     return tuple(outs), (x_blk, ws)
 
 
 def _gather_bwd(specs, t, axis, res, gs):
+    """x's blocks travel again for the weight gradients, while the input gradients' partial
+    sums travel the other way (XLA interleaves the two independent rings)."""
     x_blk, ws = res
-    r = jax.lax.axis_index(AXIS)
-    down, up = _perms(t)
     dws = [None] * len(ws)
+
+    def visit(j, blk):
+        for k, g in enumerate(gs):
+            _accumulate(dws, k, weight_grad(blk, _take(g, j, t, axis)))
     # the barrier keeps XLA from merging this ring with the forward's (same blocks, same
     # permutes), which would keep every gathered block alive from forward to backward
-    cur, acc = jax.lax.optimization_barrier(x_blk), None
-    for i in range(t):
-        nxt = jax.lax.ppermute(cur, AXIS, down) if i < t - 1 else None
-        j = (r - i) % t                                 # weight gradients of x's block j
-        for k, g in enumerate(gs):
-            dw = weight_grad(cur, _take(g, j, t, axis))
-            dws[k] = dw if dws[k] is None else dws[k] + dw
-        jd = (r + i + 1) % t                            # input gradient of block jd: summed
-        part = sum(_input_grad(spec, _take(g, jd, t, axis), _w(w))   # over the ring, it ends
-                   for spec, g, w in zip(specs, gs, ws))             # on jd's rank
-        acc = part if acc is None else acc + part
-        if i < t - 1:
-            acc = jax.lax.ppermute(acc, AXIS, up)
-        cur = nxt
-    return acc.astype(x_blk.dtype), tuple(_wgrad(w, dw) for w, dw in zip(ws, dws))
+    _ring_gather(jax.lax.optimization_barrier(x_blk), t, visit)
+    dx = _ring_scatter(t, lambda j: sum(_input_grad(spec, _take(g, j, t, axis), _w(w))
+                                        for spec, g, w in zip(specs, gs, ws)))
+    return dx.astype(x_blk.dtype), tuple(_wgrad(w, dw) for w, dw in zip(ws, dws))
 
 
 _gather.defvjp(_gather_fwd, _gather_bwd)
@@ -148,30 +171,20 @@ def _scatter(spec, t, axis, z, w):
 
 
 def _scatter_fwd(spec, t, axis, z, w):
-    r = jax.lax.axis_index(AXIS)
-    _, up = _perms(t)
-    acc = None
-    for i in range(t):
-        part = jnp.einsum(spec, _take(z, (r + i + 1) % t, t, axis), _w(w))
-        acc = part if acc is None else acc + part
-        if i < t - 1:
-            acc = jax.lax.ppermute(acc, AXIS, up)
-    return acc, (z, w)
+    return _ring_scatter(t, lambda j: jnp.einsum(spec, _take(z, j, t, axis), _w(w))), (z, w)
 
 
 def _scatter_bwd(spec, t, axis, res, g_blk):
+    """dy's blocks travel while each block's input- and weight-gradient GEMMs run."""
     z, w = res
-    r = jax.lax.axis_index(AXIS)
-    down, _ = _perms(t)
-    dz, dw, cur = vary(jnp.zeros(z.shape, z.dtype), varying_axes(z)), None, g_blk
-    for i in range(t):
-        nxt = jax.lax.ppermute(cur, AXIS, down) if i < t - 1 else None
-        j = (r - i) % t                                 # dy's block j: z's rows j
-        dz = _put(dz, _input_grad(spec, cur, _w(w)).astype(z.dtype), j, axis)
-        part = weight_grad(_take(z, j, t, axis), cur)
-        dw = part if dw is None else dw + part
-        cur = nxt
-    return dz, _wgrad(w, dw)
+    dz = [vary(jnp.zeros(z.shape, z.dtype), varying_axes(z))]
+    dw = [None]
+
+    def visit(j, blk):
+        dz[0] = _put(dz[0], _input_grad(spec, blk, _w(w)).astype(z.dtype), j, axis)
+        _accumulate(dw, 0, weight_grad(_take(z, j, t, axis), blk))
+    _ring_gather(g_blk, t, visit)
+    return dz[0], _wgrad(w, dw[0])
 
 
 _scatter.defvjp(_scatter_fwd, _scatter_bwd)
