@@ -168,7 +168,8 @@ def column_dense(sh, y_bsh, gemms, out_names):
     GEMMs that read one norm output y (ACT): `column_parallel`'s gather, or with
     parallel.tp_comm_overlap the gather decomposed around the GEMMs (models/tp_overlap.py)."""
     if _overlap(sh, [w for _, w, _ in gemms]):
-        return tuple(sh.constrain(y, out_names) for y in tp_overlap.gather_dense(sh, y_bsh, gemms))
+        return tuple(sh.constrain(y, out_names)
+                     for y in tp_overlap.gather_dense(sh, y_bsh, gemms, ACT))
     return column_parallel(sh, y_bsh, lambda y: tuple(
         sh.constrain(dense(spec, y, w, b), out_names) for spec, w, b in gemms))
 
@@ -178,7 +179,7 @@ def row_dense(sh, z, spec, w, b=None):
     into ACT: an all-reduce, a reduce-scatter under sequence parallelism, or with
     parallel.tp_comm_overlap that reduce-scatter decomposed around the GEMM."""
     if _overlap(sh, [w]):
-        return sh.constrain(tp_overlap.scatter_dense(sh, z, spec, w, b), ACT)
+        return sh.constrain(tp_overlap.scatter_dense(sh, z, spec, w, b, ACT), ACT)
     return sh.constrain(dense(spec, z, w, b), ACT)
 
 

@@ -14,8 +14,8 @@ with `parallel.sequence_parallel=true`.
                    Backward: dy's blocks travel while each block's input- and weight-gradient
                    GEMMs run.
 
-Each runs in a per-device region (manual over the mesh axes GSPMD still owns); the rings run
-over 'tensor'. The blocks are along the dim sequence parallelism splits: the rows, or the
+Each runs in a per-device region (`Sharder.per_device`: manual over the mesh axes GSPMD still
+owns); the rings run over 'tensor'. The blocks are along the dim sequence parallelism splits: the rows, or the
 sequence (`sharding.sequence_parallel_rows`). Weights are arrays, or `dense.MasterGrad`
 pairs (the weight gradient straight out of the GEMMs in float32, for the master); biases are
 added outside the region. The outputs are named "dense" as `dense.dense` names its own.
@@ -34,7 +34,6 @@ from ptdp_jax.sharding import vary, varying_axes
 AXIS = "tensor"
 # einsum letters of the layers' GEMM specs -> logical axes (layers.HEADS, FFN and the weights)
 NAMES = {"b": "batch", "s": "seq", "h": "embed", "n": "heads", "d": "head_dim", "f": "mlp"}
-ACT = ("act_batch", "act_seq", "embed")
 
 
 def supported(ws) -> bool:
@@ -192,37 +191,29 @@ _scatter.defvjp(_scatter_fwd, _scatter_bwd)
 
 # ------------------------------------------------------------------------- the regions
 
-def _region(sh, fn, in_specs, out_specs):
-    """fn per device, manual over the axes not manual yet (the mesh of the enclosing region;
-    on a (1, 1, t) mesh there is none, so the Sharder's)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return jax.shard_map(fn, mesh=sh.mesh if mesh.empty else mesh, in_specs=in_specs,
-                         out_specs=out_specs, axis_names=set(sh.rest_axes()))
+def _wnames(spec, w):
+    names = _names(_parts(spec)[1])
+    return MasterGrad(names, names) if isinstance(w, MasterGrad) else names
 
 
-def _wspec(sh, spec, w):
-    s = sh.spec(_names(_parts(spec)[1]))
-    return MasterGrad(s, s) if isinstance(w, MasterGrad) else s
-
-
-def gather_dense(sh, x_bsh, gemms):
+def gather_dense(sh, x_bsh, gemms, act):
     """[x @ w (+ b) for (spec, w, b) in gemms], x (b, s, h) split as sequence parallelism
-    splits it (ACT); the outputs whole along rows and sequence, split as their logical axes
-    say (heads, mlp). Named "dense"."""
+    splits it (logical names `act`); the outputs whole along rows and sequence, split as their
+    logical axes say (heads, mlp). Named "dense"."""
     specs = tuple(spec for spec, _, _ in gemms)
     ws = tuple(w for _, w, _ in gemms)
     t, axis = sh.mesh.shape[AXIS], 0 if sh.rows else 1
-    outs = _region(sh, lambda x, ws: _gather(specs, t, axis, x, ws),
-                   (sh.spec(ACT), tuple(_wspec(sh, s, w) for s, w in zip(specs, ws))),
-                   tuple(sh.spec(_names(_parts(s)[2])) for s in specs))(x_bsh, ws)
+    outs = sh.per_device(lambda x, ws: _gather(specs, t, axis, x, ws),
+                         (act, tuple(_wnames(s, w) for s, w in zip(specs, ws))),
+                         tuple(_names(_parts(s)[2]) for s in specs))(x_bsh, ws)
     return tuple(checkpoint_name(y if b is None else y + b, "dense")
                  for y, (_, _, b) in zip(outs, gemms))
 
 
-def scatter_dense(sh, z, spec, w, b=None):
-    """z @ w (+ b) reduced over 'tensor' and split as sequence parallelism splits it (ACT):
-    the row-parallel GEMM with its reduce-scatter. Named "dense"."""
+def scatter_dense(sh, z, spec, w, b, act):
+    """z @ w (+ b) reduced over 'tensor' and split as sequence parallelism splits it (logical
+    names `act`): the row-parallel GEMM with its reduce-scatter. Named "dense"."""
     t, axis = sh.mesh.shape[AXIS], 0 if sh.rows else 1
-    y = _region(sh, lambda z, w: _scatter(spec, t, axis, z, w),
-                (sh.spec(_names(_parts(spec)[0])), _wspec(sh, spec, w)), sh.spec(ACT))(z, w)
+    y = sh.per_device(lambda z, w: _scatter(spec, t, axis, z, w),
+                      (_names(_parts(spec)[0]), _wnames(spec, w)), act)(z, w)
     return checkpoint_name(y if b is None else y + b, "dense")
