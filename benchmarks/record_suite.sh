@@ -265,6 +265,12 @@ if [[ "${SUITE:-record}" == "s14" ]]; then
   run 7.5b-dp4-zero3-scan-sel $ours $Z75 train.recompute=selective
   run 7.5b-dp4-zero3-unrolled-sel $ours $Z75 train.recompute=selective train.scan_layers=false
   run 7.5b-dp4-zero3-unrolled-none $ours $Z75 train.recompute=none train.scan_layers=false
+  # flags, last: cuBLAS instead of Triton for the micro-1 GEMMs (2048^3 at ~650 TFLOP/s in
+  # Triton at p = 2); XLA combining zero=1's per-layer reduce-scatters into larger ones (fewer
+  # NCCL kernels under the backward's element-wise work, session 9)
+  run pp4-phased-sel-cublas env XLA_FLAGS=--xla_gpu_enable_triton_gemm=false $ours $PP parallel.schedule=1f1b-phased
+  run dp4-zero1-rs256 env XLA_FLAGS=--xla_gpu_reduce_scatter_combine_threshold_bytes=268435456 $ours $DP parallel.zero=1
+  run dp4-zero1 $ours $DP parallel.zero=1
   finish
 fi
 
