@@ -201,8 +201,6 @@ class Sharder:
                 return names
             if names and isinstance(names[0], str):
                 return self.spec(names)
-            if hasattr(names, "_fields"):            # a NamedTuple of specs keeps its type
-                return type(names)(*(specs(n) for n in names))
             return tuple(specs(n) for n in names)
         mesh = jax.sharding.get_abstract_mesh()      # the enclosing region's; none on (1, 1, t)
         return jax.shard_map(fn, mesh=self.mesh if mesh.empty else mesh, in_specs=specs(in_names),

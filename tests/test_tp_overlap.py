@@ -62,3 +62,22 @@ def test_refused_before_compile(extra, words):
     with pytest.raises(ConfigError) as e:
         tiny_config("gpt", mesh, **{**OV, **extra})
     assert "parallel.tp_comm_overlap" in str(e.value) and words in str(e.value), str(e.value)
+
+
+def test_evaluation_keeps_gspmd_collectives_and_the_loss():
+    """Evaluation scans its layers, where the overlap steps aside (layers._overlap): the same
+    loss as without the flag."""
+    import jax
+
+    from parity import batch_for
+    from ptdp_jax import state as S
+    from ptdp_jax.evaluate import make_eval_fn
+    from ptdp_jax.sharding import make_mesh
+
+    def loss(cfg):
+        mesh, tx = make_mesh(cfg.parallel.mesh_shape), S.make_optimizer(cfg)[0]
+        params = jax.jit(lambda: S.init_state(cfg, tx)["params"])()
+        return float(jax.jit(make_eval_fn(cfg, mesh))(params, batch_for(cfg)))
+    o = {"parallel.sequence_parallel": True, "train.micro_batch_size": 2}
+    assert loss(tiny_config("gpt", (1, 1, 2), **o, **{"parallel.tp_comm_overlap": True})) == \
+        pytest.approx(loss(tiny_config("gpt", (1, 1, 2), **o)), rel=1e-6)

@@ -167,7 +167,7 @@ def column_dense(sh, y_bsh, gemms, out_names):
     """[dense(spec, y, w, b) as out_names for (spec, w, b) in gemms]: the column-parallel
     GEMMs that read one norm output y (ACT): `column_parallel`'s gather, or with
     parallel.tp_comm_overlap the gather decomposed around the GEMMs (models/tp_overlap.py)."""
-    if _overlap(sh, [w for _, w, _ in gemms]):
+    if _overlap(sh):
         return tuple(sh.constrain(y, out_names)
                      for y in tp_overlap.gather_dense(sh, y_bsh, gemms, ACT))
     return column_parallel(sh, y_bsh, lambda y: tuple(
@@ -178,14 +178,15 @@ def row_dense(sh, z, spec, w, b=None):
     """dense(spec, z, w, b) for a row-parallel GEMM, its partial sums reduced over 'tensor'
     into ACT: an all-reduce, a reduce-scatter under sequence parallelism, or with
     parallel.tp_comm_overlap that reduce-scatter decomposed around the GEMM."""
-    if _overlap(sh, [w]):
+    if _overlap(sh):
         return sh.constrain(tp_overlap.scatter_dense(sh, z, spec, w, b, ACT), ACT)
     return sh.constrain(dense(spec, z, w, b), ACT)
 
 
-def _overlap(sh, ws) -> bool:
-    return (sh is not None and sh.tp_overlap and sh.mesh is not None and not sh.in_layer_scan
-            and tp_overlap.supported(ws))
+def _overlap(sh) -> bool:
+    """parallel.tp_comm_overlap, except in a layer scan (validation allows none in the train
+    step; evaluation scans its layers and keeps GSPMD's collectives: the same numbers)."""
+    return sh is not None and sh.tp_overlap and not sh.in_layer_scan
 
 
 def dropout(x, rate: float, key_rows):

@@ -16,9 +16,9 @@ with `parallel.sequence_parallel=true`.
 
 Each runs in a per-device region (`Sharder.per_device`: manual over the mesh axes GSPMD still
 owns); the rings run over 'tensor'. The blocks are along the dim sequence parallelism splits: the rows, or the
-sequence (`sharding.sequence_parallel_rows`). Weights are arrays, or `dense.MasterGrad`
-pairs (the weight gradient straight out of the GEMMs in float32, for the master); biases are
-added outside the region. The outputs are named "dense" as `dense.dense` names its own.
+sequence (`sharding.sequence_parallel_rows`). Weights are arrays (without pipelining, the only
+place validation lets this run, the layers get no `dense.MasterGrad` or zero-bubble taps);
+biases are added outside the region. The outputs are named "dense" as `dense.dense` names its own.
 """
 from __future__ import annotations
 
@@ -28,18 +28,12 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from ptdp_jax.models.dense import MasterGrad, _input_grad, weight_grad
+from ptdp_jax.models.dense import _input_grad, weight_grad
 from ptdp_jax.sharding import vary, varying_axes
 
 AXIS = "tensor"
 # einsum letters of the layers' GEMM specs -> logical axes (layers.HEADS, FFN and the weights)
 NAMES = {"b": "batch", "s": "seq", "h": "embed", "n": "heads", "d": "head_dim", "f": "mlp"}
-
-
-def supported(ws) -> bool:
-    """Whether gather_dense / scatter_dense take these weights: arrays or MasterGrad pairs
-    (not the zero-bubble taps, nor probes)."""
-    return all(isinstance(w, MasterGrad) or not isinstance(w, tuple) for w in ws)
 
 
 def _names(letters: str) -> tuple[str, ...]:
@@ -52,20 +46,12 @@ def _parts(spec: str) -> tuple[str, str, str]:
     return x, w, out
 
 
-def _w(w):
-    return w.w if isinstance(w, MasterGrad) else w
-
-
 def _wgrad(w, g):
-    """The cotangent of a weight argument from its float32 gradient, summed over the axes the
-    blocks vary over and the weight does not (on a (1, 1, t) mesh the region is manual over
-    'data' too, of size 1: rows split over ('data', 'tensor'))."""
-    target = w.master if isinstance(w, MasterGrad) else w
-    extra = tuple(sorted(varying_axes(g) - varying_axes(target)))
-    g = jax.lax.psum(g, extra) if extra else g
-    if isinstance(w, MasterGrad):
-        return MasterGrad(None, g)
-    return g.astype(w.dtype)
+    """The cotangent of a weight from its float32 gradient, summed over the axes the blocks
+    vary over and the weight does not (on a (1, 1, t) mesh the region is manual over 'data'
+    too, of size 1: rows split over ('data', 'tensor'))."""
+    extra = tuple(sorted(varying_axes(g) - varying_axes(w)))
+    return (jax.lax.psum(g, extra) if extra else g).astype(w.dtype)
 
 
 def _take(x, j, t, axis):
@@ -134,7 +120,7 @@ def _gather_fwd(specs, t, axis, x_blk, ws):
 
     def visit(j, blk):
         for k, (spec, w) in enumerate(zip(specs, ws)):
-            y = jnp.einsum(spec, blk, _w(w))
+            y = jnp.einsum(spec, blk, w)
             if outs[k] is None:
                 outs[k] = vary(jnp.zeros(_full(y.shape, t, axis), y.dtype), varying_axes(y))
             outs[k] = _put(outs[k], y, j, axis)
@@ -154,7 +140,7 @@ def _gather_bwd(specs, t, axis, res, gs):
     # the barrier keeps XLA from merging this ring with the forward's (same blocks, same
     # permutes), which would keep every gathered block alive from forward to backward
     _ring_gather(jax.lax.optimization_barrier(x_blk), t, visit)
-    dx = _ring_scatter(t, lambda j: sum(_input_grad(spec, _take(g, j, t, axis), _w(w))
+    dx = _ring_scatter(t, lambda j: sum(_input_grad(spec, _take(g, j, t, axis), w)
                                         for spec, g, w in zip(specs, gs, ws)))
     return dx.astype(x_blk.dtype), tuple(_wgrad(w, dw) for w, dw in zip(ws, dws))
 
@@ -170,7 +156,7 @@ def _scatter(spec, t, axis, z, w):
 
 
 def _scatter_fwd(spec, t, axis, z, w):
-    return _ring_scatter(t, lambda j: jnp.einsum(spec, _take(z, j, t, axis), _w(w))), (z, w)
+    return _ring_scatter(t, lambda j: jnp.einsum(spec, _take(z, j, t, axis), w)), (z, w)
 
 
 def _scatter_bwd(spec, t, axis, res, g_blk):
@@ -180,7 +166,7 @@ def _scatter_bwd(spec, t, axis, res, g_blk):
     dw = [None]
 
     def visit(j, blk):
-        dz[0] = _put(dz[0], _input_grad(spec, blk, _w(w)).astype(z.dtype), j, axis)
+        dz[0] = _put(dz[0], _input_grad(spec, blk, w).astype(z.dtype), j, axis)
         _accumulate(dw, 0, weight_grad(_take(z, j, t, axis), blk))
     _ring_gather(g_blk, t, visit)
     return dz[0], _wgrad(w, dw[0])
@@ -191,11 +177,6 @@ _scatter.defvjp(_scatter_fwd, _scatter_bwd)
 
 # ------------------------------------------------------------------------- the regions
 
-def _wnames(spec, w):
-    names = _names(_parts(spec)[1])
-    return MasterGrad(names, names) if isinstance(w, MasterGrad) else names
-
-
 def gather_dense(sh, x_bsh, gemms, act):
     """[x @ w (+ b) for (spec, w, b) in gemms], x (b, s, h) split as sequence parallelism
     splits it (logical names `act`); the outputs whole along rows and sequence, split as their
@@ -204,7 +185,7 @@ def gather_dense(sh, x_bsh, gemms, act):
     ws = tuple(w for _, w, _ in gemms)
     t, axis = sh.mesh.shape[AXIS], 0 if sh.rows else 1
     outs = sh.per_device(lambda x, ws: _gather(specs, t, axis, x, ws),
-                         (act, tuple(_wnames(s, w) for s, w in zip(specs, ws))),
+                         (act, tuple(_names(_parts(s)[1]) for s in specs)),
                          tuple(_names(_parts(s)[2]) for s in specs))(x_bsh, ws)
     return tuple(checkpoint_name(y if b is None else y + b, "dense")
                  for y, (_, _, b) in zip(outs, gemms))
@@ -215,5 +196,5 @@ def scatter_dense(sh, z, spec, w, b, act):
     names `act`): the row-parallel GEMM with its reduce-scatter. Named "dense"."""
     t, axis = sh.mesh.shape[AXIS], 0 if sh.rows else 1
     y = sh.per_device(lambda z, w: _scatter(spec, t, axis, z, w),
-                      (_names(_parts(spec)[0]), _wnames(spec, w)), act)(z, w)
+                      (_names(_parts(spec)[0]), _names(_parts(spec)[1])), act)(z, w)
     return checkpoint_name(y if b is None else y + b, "dense")

@@ -110,9 +110,9 @@ def _phased_runs(ctl: dict, spread: bool) -> list[tuple[dict, str]]:
     cool-down), each run a scan of its own, so that no head runs where none is due and no
     conditional decides it. Each run's switches hold only the branches it uses (`_phase`):
     the warm-up's backward switch and the cool-down's forward switch are idle only."""
-    due = ctl["head_tick"][0::2, 0] == 1
     if not spread:
         return [(ctl, "none")]
+    due = ctl["head_tick"][0::2, 0] == 1
     runs, start = [], 0
     for T in range(1, len(due) + 1):
         if T == len(due) or due[T] != due[start]:
