@@ -245,8 +245,6 @@ if [[ "${SUITE:-record}" == "s14" ]]; then
   og=$(step_of 1gpu-none-mb8)
   run pp4-phased-sel $ours $PP parallel.schedule=1f1b-phased --trace-dir /tmp/s4 --trace-steps 2
   prof pp4-phased-sel /tmp/s4 1,4,1 $PROF_PH ${og:+--one-gpu-step $og}
-  # A/B: the head skipped in warm-up and cool-down, against BASE (carried: ffa9aca, before it)
-  run base-pp4-phased-sel env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py $PP parallel.schedule=1f1b-phased
   run 7.5b-pp4-int3-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective parallel.schedule=interleaved parallel.virtual_stages=3 --steps 3
   run dp4-zero0 $ours $DP
   run dp4-zero1-after $ours $DP parallel.zero=1 parallel.overlap_grad_reduce=false

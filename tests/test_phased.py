@@ -102,32 +102,3 @@ def test_head_runs_in_the_tick_loop_without_a_conditional():
     assert "all-reduce(" in phased and "all-reduce(" not in halves
     assert phased.count(" conditional(") == 2          # the forward and the backward switch
     assert halves.count(" conditional(") == 2          # the switch and the head's conditional
-
-
-@pytest.mark.parametrize("p,m", [(2, 4), (4, 8)])
-def test_no_head_in_warm_up_and_cool_down(p, m):
-    """The spread head runs in the m macro ticks where a last-chunk forward is due, not in
-    the p - 1 of warm-up and of cool-down: three runs, each a scan of its own."""
-    from ptdp_jax.pipeline.executor import _phased_runs
-    from ptdp_jax.pipeline.routing import control_table
-    from ptdp_jax.pipeline.schedule import build_schedule
-    _, ctl = control_table(build_schedule("1f1b-phased", p, m), [2] * p, static_stash=True)
-    runs = _phased_runs(ctl, spread=True)
-    assert [(len(r["branch"]) // 2, head) for r, head in runs] == \
-        [(p - 1, "none"), (m, "always"), (p - 1, "none")]
-    assert sum(len(r["branch"]) for r, _ in runs) == len(ctl["branch"])
-    assert _phased_runs(ctl, spread=False) == [(ctl, "none")]
-
-
-def test_warm_up_and_cool_down_loops_hold_no_head():
-    """(1,4,1): the warm-up's and cool-down's loops permute but run no head collective; the
-    steady state's loop holds the head's all-reduces and the two switches."""
-    from compiled import compile_grad_fn
-    from parity import tiny_config
-    from test_hlo import _while_bodies
-    hlo = compile_grad_fn(tiny_config("gpt", (1, 4, 1), **{
-        "parallel.schedule": "1f1b-phased", "train.micro_batch_size": 1})).as_text()
-    bodies = [b for b in _while_bodies(hlo).values() if "collective-permute" in b]
-    with_head = [b for b in bodies if "all-reduce(" in b]
-    assert len(bodies) == 3 and len(with_head) == 1, len(bodies)
-    assert with_head[0].count(" conditional(") == 2

@@ -15,8 +15,7 @@ Each tick, on every stage:
               and gradients up, or for ZB-V's second leg the other way (pipeline/routing.py)
 
 1f1b-phased tables run as (forward row, backward row) pairs, the head unconditional after the
-forward row (no conditional holding collectives, so no host round trip per tick), in three
-scans: warm-up and cool-down without the head, the steady state with it (`_phased_runs`). There is
+forward row (no conditional holding collectives, so no host round trip per tick). There is
 one switch per tick and no other conditional but the head's: a buffer passes through exactly
 one branch, which either leaves it alone (no copy) or updates one slot of it in place. Branches are
 specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk's layers
@@ -102,24 +101,6 @@ def _phase(ctl: dict, ops: list, k: int):
     local[used] = np.arange(len(used), dtype=np.int32)
     rows = {n: jnp.asarray(local[a[k::2]] if n == "branch" else a[k::2]) for n, a in ctl.items()}
     return [ops[i] for i in used], rows
-
-
-def _phased_runs(ctl: dict, spread: bool) -> list[tuple[dict, str]]:
-    """1f1b-phased: the table's macro ticks (row pairs) cut into runs with and without a head
-    due (a last-chunk forward: the steady state, not the p - 1 macro ticks of warm-up and of
-    cool-down), each run a scan of its own, so that no head runs where none is due and no
-    conditional decides it. Each run's switches hold only the branches it uses (`_phase`):
-    the warm-up's backward switch and the cool-down's forward switch are idle only."""
-    if not spread:
-        return [(ctl, "none")]
-    due = ctl["head_tick"][0::2, 0] == 1
-    runs, start = [], 0
-    for T in range(1, len(due) + 1):
-        if T == len(due) or due[T] != due[start]:
-            runs.append(({n: a[2 * start:2 * T] for n, a in ctl.items()},
-                         "always" if due[start] else "none"))
-            start = T
-    return runs
 
 
 # ----------------------------------------------------------------------------- the executor
@@ -350,13 +331,12 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         return router.send(st, stage), None
 
     if sched.name == "1f1b-phased":   # (forward row, backward row) pairs, the head static
-        for part, mode in _phased_runs(ctl, spread):
-            (f_ops, f_rows), (b_ops, b_rows) = (_phase(part, ops, k) for k in (0, 1))
+        (f_ops, f_rows), (b_ops, b_rows) = (_phase(ctl, ops, k) for k in (0, 1))
 
-            def pair(st: PipeState, rows, f_ops=f_ops, b_ops=b_ops, mode=mode):
-                st, _ = tick(st, rows[0], f_ops, head=mode)
-                return tick(st, rows[1], b_ops, head="none")
-            state, _ = jax.lax.scan(pair, state, (f_rows, b_rows))
+        def pair(st: PipeState, rows):
+            st, _ = tick(st, rows[0], f_ops, head="always")
+            return tick(st, rows[1], b_ops, head="none")
+        state, _ = jax.lax.scan(pair, state, (f_rows, b_rows))
     else:
         state, _ = jax.lax.scan(tick, state, {k: jnp.asarray(a) for k, a in ctl.items()})
     g_layers = jax.tree.map(lambda *ls: jnp.stack(ls), *[jax.tree.map(
