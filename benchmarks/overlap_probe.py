@@ -141,10 +141,15 @@ def main(argv=None) -> int:
         ms = (time.perf_counter() - t0) / 20 * 1e3
         if kind == "plain":
             ref = out
-        diff = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32)))) \
-            if ref is not None and kind == "ring" else None
+        diff = rel = None
+        if ref is not None and kind == "ring":
+            # bf16 sums in another order: t = 2 adds two terms (exact), t = 4 does not, and the
+            # chain's residual stream grows to hundreds, where one bf16 step is 2-4
+            err = jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))
+            diff = float(jnp.max(err))
+            rel = float(jnp.max(err) / jnp.max(jnp.abs(ref.astype(jnp.float32))))
         line = {"case": kind, "t": t, "ms": round(ms, 3), "max_abs_diff_vs_plain": diff,
-                "device": jax.devices()[0].device_kind}
+                "max_diff_over_max_abs": rel, "device": jax.devices()[0].device_kind}
         if a.trace:
             line.update(traced(f, (x, w1, w2), os.path.join(a.trace, kind)))
         print(json.dumps(line), flush=True)

@@ -50,8 +50,13 @@ for l in open(sys.argv[1]):
     r = json.loads(l)
     if r.get("tag") == sys.argv[2] and "step_time_s" in r: print(r["step_time_s"])' "$out/record.jsonl" "$1"; }
 
+newest_trace() {   # newest_trace DIR: the newest perfetto trace under DIR, or nothing (a skipped
+  # case leaves no DIR: `ls -t` with no arguments would list the working directory)
+  find "$1" -name 'perfetto_trace.json.gz' -printf '%T@ %p\n' 2>/dev/null | sort -n | tail -1 | cut -d' ' -f2-
+}
+
 traced() {   # traced TAG TRACEDIR: host-time summary of the case's trace into OUTDIR/host_TAG.md
-  local f; f=$(ls -t $(find "$2" -name 'perfetto_trace.json.gz' 2>/dev/null) 2>/dev/null | head -1)
+  local f; f=$(newest_trace "$2")
   [[ -n "$f" ]] && python3 benchmarks/host_time.py "$f" --ticks "${3:-57}" > "$out/host_$1.md" 2>&1
   [[ -n "$f" && -n "${KEEP_TRACE:-}" && "$1" == "$KEEP_TRACE" ]] && cp "$f" "$out/trace_$1.json.gz"
   rm -rf "$2"
@@ -59,7 +64,7 @@ traced() {   # traced TAG TRACEDIR: host-time summary of the case's trace into O
 
 prof() {   # prof TAG TRACEDIR MESH [key=value ...]: kernel time by category into OUTDIR/prof_TAG.md
   local tag=$1 dir=$2 mesh=$3; shift 3
-  local f; f=$(ls -t $(find "$dir" -name 'perfetto_trace.json.gz' 2>/dev/null) 2>/dev/null | head -1)
+  local f; f=$(newest_trace "$dir")
   [[ -n "$f" ]] && python3 benchmarks/profile_step.py $B13 --mesh "$mesh" --trace "$f" \
     --trace-steps "${TRACE_STEPS:-1}" "$@" > "$out/prof_$tag.md" 2>&1
   [[ -n "$f" ]] && python3 benchmarks/idle_gaps.py "$f" --top 12 >> "$out/prof_$tag.md" 2>&1
@@ -241,6 +246,8 @@ if [[ "${SUITE:-record}" == "s14" ]]; then
   PP="$B13 --mesh 1,4,1 train.micro_batch_size=1"
   DP="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none"
   TP="$B13 --mesh 1,1,4 train.micro_batch_size=4 train.recompute=none"
+  # Two calls: S14_PART=a (up to the probes), then S14_PART=b (the 7.5B cases and the flags).
+  if [[ "${S14_PART:-a}" == "a" ]]; then
   one_gpu
   og=$(step_of 1gpu-none-mb8)
   run pp4-phased-sel $ours $PP parallel.schedule=1f1b-phased --trace-dir /tmp/s4 --trace-steps 2
@@ -254,6 +261,9 @@ if [[ "${SUITE:-record}" == "s14" ]]; then
   prof tp4-sp-ov-mb4 /tmp/s5 1,1,4 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true
   python3 benchmarks/overlap_probe.py 2>&1 | grep '^{' | tee -a "$out/record.jsonl"
   CUDA_VISIBLE_DEVICES=0,1 python3 benchmarks/overlap_probe.py 2>&1 | grep '^{' | tee -a "$out/record.jsonl"
+  finish
+  fi
+  run tp4-sp-ov-mb4 $ours $TP parallel.sequence_parallel=true parallel.tp_comm_overlap=true
   # issue 11 target 1: the 7.5B at (1,1,4) without recomputation fits with sequence
   # parallelism at micro 4 (estimate 43.4 GiB; without it 53.3), split by rows
   T75="$B75 --mesh 1,1,4 train.global_batch_size=32 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true --steps 3"
@@ -271,6 +281,32 @@ if [[ "${SUITE:-record}" == "s14" ]]; then
   run pp4-phased-sel-cublas env XLA_FLAGS=--xla_gpu_enable_triton_gemm=false $ours $PP parallel.schedule=1f1b-phased
   run dp4-zero1-rs256 env XLA_FLAGS=--xla_gpu_reduce_scatter_combine_threshold_bytes=268435456 $ours $DP parallel.zero=1
   run dp4-zero1 $ours $DP parallel.zero=1
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s14c" ]]; then
+  # 4 GPUs, the same lease as s14 b: the flags and what s14's deadline skipped
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-150}
+  PP="$B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased"
+  DP="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none"
+  T75="$B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none --steps 3"
+  run pp4-phased-sel-cublas env XLA_FLAGS=--xla_gpu_enable_triton_gemm=false $ours $PP
+  run 7.5b-tp4-sp-none-mb8 $ours $T75 train.micro_batch_size=8 parallel.sequence_parallel=true
+  run 7.5b-tp4-none-mb4 $ours $T75 train.micro_batch_size=4
+  run dp4-zero0-bf16 $ours $DP parallel.grad_reduce_dtype=bfloat16
+  run 7.5b-dp4-zero3-unrolled-none $ours $B75 --mesh 4,1,1 train.global_batch_size=32 train.micro_batch_size=1 parallel.zero=3 --steps 3 train.recompute=none train.scan_layers=false
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s14d" ]]; then
+  # 4 GPUs, the same lease: issue 11 target 2, the 1.3B with tensor parallelism at larger micro
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-120}
+  T13="$B13 train.recompute=none"
+  run tp4-sp-mb16 $ours $T13 --mesh 1,1,4 train.micro_batch_size=16 parallel.sequence_parallel=true
+  run tp4-sp-mb8 $ours $T13 --mesh 1,1,4 train.micro_batch_size=8 parallel.sequence_parallel=true
+  run dp2tp2-sp-mb8 $ours $T13 --mesh 2,1,2 train.micro_batch_size=8 parallel.sequence_parallel=true
+  run pp2tp2-sp-mb2 $ours $T13 --mesh 1,2,2 train.micro_batch_size=2 parallel.sequence_parallel=true parallel.schedule=1f1b-phased
+  run tp4-mb16 $ours $T13 --mesh 1,1,4 train.micro_batch_size=16
   finish
 fi
 
@@ -502,7 +538,7 @@ if [[ "${SUITE:-record}" == "flags" ]]; then
   run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
   run pp4-1f1b-default $ours $B13 --mesh 1,4,1 train.micro_batch_size=1
   run pp4-1f1b-cb-coll env XLA_FLAGS="$CB=+COLLECTIVES" python3 benchmarks/capture_step.py $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/flags_trace
-  cp "$(ls -t $(find /tmp/flags_trace -name 'perfetto_trace.json.gz' 2>/dev/null) 2>/dev/null | head -1)" "$out/trace_pp4_1f1b_flags.json.gz" 2>/dev/null
+  cp "$(newest_trace /tmp/flags_trace)" "$out/trace_pp4_1f1b_flags.json.gz" 2>/dev/null
   best=""; bt=9; for v in default cb-coll cb-coll-while; do
     t=$(step_of "pp4-1f1b-$v"); [[ -n "$t" ]] && python3 -c "import sys; sys.exit(0 if $t < $bt else 1)" && { best=$v; bt=$t; }
   done
@@ -517,7 +553,7 @@ fi
 
 run 1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8
 run pp4-1f1b-m16-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 --trace-dir /tmp/record_trace
-cp "$(ls -t $(find /tmp/record_trace -name 'perfetto_trace.json.gz') | head -1)" "$out/trace_pp4_1f1b.json.gz" 2>/dev/null
+cp "$(newest_trace /tmp/record_trace)" "$out/trace_pp4_1f1b.json.gz" 2>/dev/null
 run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
 run pp4-int2-m16-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=interleaved parallel.virtual_stages=2
 run 7.5b-pp4-1f1b-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 4

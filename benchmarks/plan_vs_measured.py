@@ -1,0 +1,71 @@
+"""How far `ptdp-plan`'s model is from the measured steps: for every case of one or more
+record.jsonl files (benchmarks/record_suite.sh), the planner's predicted step and peak memory
+against the measured ones, in a Markdown table.
+
+    python benchmarks/plan_vs_measured.py benchmarks/results/2026-11-26-s14/*/record.jsonl
+
+The GPU kind is read from each case's device name (H100 or H200); the layout from its config,
+mesh and overrides. Cases that set XLA flags or are not train steps are left out.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+
+def gpu_of(device: str) -> str:
+    """'NVIDIA H200' -> 'h200'; the planner's kinds are named by the chip."""
+    name = device.lower()
+    for kind in ("h200", "h100", "a100"):
+        if kind in name:
+            return kind
+    raise ValueError(f"no planner GPU kind for device {device!r}")
+
+
+def predict(case: dict, gpus_per_host: int = 8) -> tuple[float, float]:
+    """(predicted step s, predicted peak GiB per device) of one record.jsonl case."""
+    from ptdp_jax.config import load_config, parse_cli_overrides
+    from ptdp_jax.memory import GiB
+    from ptdp_jax.plan.estimate import estimate_step
+    from ptdp_jax.plan.hardware import gpu_kind
+    cfg = load_config(case["config"], parse_cli_overrides(case["overrides"]))
+    d, p, t = case["mesh"]
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, data=d, pipe=p,
+                                                                tensor=t))
+    est = estimate_step(cfg, gpu_kind(gpu_of(case["device"])), gpus_per_host)
+    return est.step_time_s, est.memory.total / GiB
+
+
+def rows(paths: list[str]) -> list[str]:
+    out = ["| file | case | device | measured s | predicted s | pred/meas | measured GiB | "
+           "predicted GiB | pred/meas |", "|---|---|---|---|---|---|---|---|---|"]
+    for path in paths:
+        for line in open(path):
+            case = json.loads(line)
+            if "step_time_s" not in case or "mesh" not in case:
+                continue
+            try:
+                step, gib = predict(case)
+            except Exception as e:   # a layout the planner refuses: say why, go on
+                out.append(f"| {path} | {case['tag']} | {case['device']} | {case['step_time_s']} "
+                           f"| {type(e).__name__}: {e} | | | | |")
+                continue
+            meas_gib = max(case.get("peak_mem_gib") or [float("nan")])
+            out.append(f"| {path.split('/')[-2]} | {case['tag']} | {case['device']} | "
+                       f"{case['step_time_s']:.4f} | {step:.4f} | {step / case['step_time_s']:.2f} | "
+                       f"{meas_gib:.2f} | {gib:.2f} | {gib / meas_gib:.2f} |")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("records", nargs="+", help="record.jsonl files")
+    a = ap.parse_args(argv)
+    print("\n".join(rows(a.records)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
