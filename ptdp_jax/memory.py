@@ -37,8 +37,11 @@ The model (bytes per device; the most loaded device of the layout):
 
   with parallel.sequence_parallel (t > 1) the terms not yet divided by t are divided by t
   too (Korthikanti et al.'s 34 s b h / t): the (b, s, h) residuals each tensor rank kept whole
-  (layer input, norms, dropout; the gathered GEMM inputs are gathered again in the backward)
-  are split by sequence, as in the compiled step (tests/test_sequence_parallel.py);
+  (layer input, norms, dropout) are split by sequence, as in the compiled step
+  (tests/test_sequence_parallel.py). Exception, measured on GPU (4x H200, session 14): without
+  pipelining and without recomputation XLA keeps the two gathered GEMM inputs (the norms'
+  outputs, 2 x 2 h bytes) whole for the weight gradients instead of gathering them again, so
+  4 h (1 - 1/t) bytes are added back (`SP_GATHERED_BYTES_PER_H`);
   times the layers of the largest model chunk times the stash slots of the schedule
   (`Schedule.num_stash_slots`, + the executor's trash slot unless parallel.static_stash;
   one microbatch without pipelining),
@@ -70,7 +73,12 @@ uneven chunks (the stash is allocated for the largest chunk; XLA seems to reuse 
 Not yet modelled, measured on 4x H100: 7.5B (4,1,1) parallel.zero=3, selective, micro 1
 measured 45.6 GiB against an estimate of 37.8 (an UNDERestimate by 17%: something of the
 scanned, layer-by-layer gathered step that is not understood yet); 1.3B (4,1,1) micro 4 no
-recompute, zero 0: 33.5 against 38.4, zero 1: 33.2 against 27.3.
+recompute, zero 0: 33.5 against 38.4, zero 1: 33.2 against 27.3. On 4x H200 (session 14):
+7.5B (4,1,1) zero=3 micro 1, scanned selective 46.17 GiB, unrolled selective 41.60, unrolled
+none 55.97, against estimates of 38.4, 38.4 and 43.4 (underestimates of 8-22%: the unrolled
+layers' gathers are scheduled early, more than two layers' weights live at once); 1.3B
+(4,1,1) micro 4 none, zero 1 after the backward 22.56 against 27.33; 1.3B (1,1,4) micro 16
+none without sequence parallelism 29.08 against 34.51 (an overestimate of 19%).
 No jax at module level: the model's parameter shapes and the chunk layout are imported when
 an estimate is made.
 """
@@ -91,6 +99,9 @@ NONE_BYTES_PER_H_AT_T1 = 78.0       # recompute=none residuals per token per lay
                                     # bytes (16-bit compute, t = 1), fitted to 1.3B (1,4,1) none
 NONE_BYTES_PER_H_NO_PIPE = 40.0     # the same without pipelining (autodiff through the layers),
                                     # fitted to 1.3B (1,1,1) none micro 8 (53.43 GiB)
+SP_GATHERED_BYTES_PER_H = 4.0       # sequence parallelism, p = 1, recompute=none: the two
+                                    # gathered GEMM inputs XLA keeps whole (16-bit), fitted to
+                                    # 1.3B and 7.5B (1,1,4) on 4x H200 (session 14)
 WORKSPACE_BYTES = int(0.5 * GiB)    # XLA temporaries and allocator slack (fitted)
 MESSAGE_BUFFERS = 6                 # executor's (b, s, h) send/receive/mid/head_y buffers
 
@@ -167,7 +178,9 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
         return 2.0 * (3 * h / sp + sharded / t) * scale + flash_attention_bytes_per_token(cfg)
     if mode == "none":
         per_h = NONE_BYTES_PER_H_AT_T1 if cfg.parallel.pipe > 1 else NONE_BYTES_PER_H_NO_PIPE
-        return per_h * (10 * h / sp + 24 * h / t) / 34 * scale
+        gathered = SP_GATHERED_BYTES_PER_H * h * (1 - 1 / t) \
+            if sp > 1 and cfg.parallel.pipe == 1 else 0.0
+        return (per_h * (10 * h / sp + 24 * h / t) / 34 + gathered) * scale
     raise ValueError(f"train.recompute={mode!r} is not one of ['none', 'selective', 'full']")
 
 

@@ -18,6 +18,8 @@ DYN = {"parallel.static_stash": False}      # the peaks measured before the stat
 OLD = {"_attention_recomputed": True}       # measured while selective recomputation still ran
                                             # the flash attention forward again (before session 12)
 PH = {"parallel.schedule": "1f1b-phased"}
+NONE = {"train.recompute": "none"}
+SPN = {**NONE, "parallel.sequence_parallel": True}
 ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
 
@@ -47,6 +49,19 @@ MEASURED = [
     # session 12, 2x H100: selective keeps the flash attention's output (results/2026-11-26-s12)
     (B13, (1, 1, 1), {"train.micro_batch_size": 8}, 38.43, 0.05),
     (B13, (1, 2, 1), {**MB1, **PH}, 16.60, 0.06),
+    # session 14, 4x H200, no recomputation: (1,1,4) with and without sequence parallelism
+    # (SP keeps the gathered GEMM inputs without pipelining), (1,2,2) SP phased
+    (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 4}, 10.89, 0.05),
+    (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 8}, 16.05, 0.05),
+    (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 16}, 25.36, 0.05),
+    (B13, (1, 1, 4), {**NONE, "train.micro_batch_size": 16}, 29.08, 0.20),   # over by 19%
+    (B13, (1, 2, 2), {**SPN, **PH, "train.micro_batch_size": 2}, 18.04, 0.05),
+    (B75, (1, 1, 4), {**SPN, "train.global_batch_size": 32, "train.micro_batch_size": 4}, 47.0,
+     0.05),
+    (B75, (1, 1, 4), {**SPN, "train.global_batch_size": 32, "train.micro_batch_size": 8}, 62.67,
+     0.05),
+    (B75, (1, 1, 4), {**NONE, "train.global_batch_size": 32, "train.micro_batch_size": 4},
+     51.33, 0.05),
 ]
 
 

@@ -185,6 +185,45 @@ def test_static_stash_measurements(overrides, measured_s, monkeypatch):
     assert est.step_time_s == pytest.approx(measured_s, rel=0.08)
 
 
+# session 14, 4x H200, one lease (benchmarks/results/2026-11-26-s14): the current code, each
+# layout the planner searches; (d, p, t), overrides, measured step s
+NONE_SP = dict(train__recompute="none", parallel__sequence_parallel=True)
+H200_S14 = [
+    ("bench-1.3b", (1, 1, 1), dict(train__micro_batch_size=8, train__recompute="none"), 0.5301),
+    ("bench-1.3b", (1, 4, 1), dict(B13, parallel__schedule="1f1b-phased"), 0.2011),
+    ("bench-1.3b", (4, 1, 1), dict(train__micro_batch_size=4, train__recompute="none"), 0.1641),
+    ("bench-1.3b", (1, 1, 4), dict(NONE_SP, train__micro_batch_size=16), 0.2097),
+    ("bench-1.3b", (2, 1, 2), dict(NONE_SP, train__micro_batch_size=8), 0.1798),  # cuDNN's
+    ("bench-1.3b", (1, 2, 2), dict(NONE_SP, train__micro_batch_size=2,            # attention
+                                   parallel__schedule="1f1b-phased"), 0.2601),
+    ("gpt-7.5b", (1, 4, 1), dict(B13, train__global_batch_size=32, train__recompute="selective",
+                                 parallel__schedule="interleaved", parallel__virtual_stages=3),
+     1.8181),
+    ("gpt-7.5b", (1, 1, 4), dict(NONE_SP, train__global_batch_size=32, train__micro_batch_size=8),
+     1.7523),
+]
+
+
+@pytest.mark.parametrize("name,mesh,overrides,measured_s", H200_S14,
+                         ids=["1gpu", "141-phased", "411", "114-sp", "212-sp", "122-sp",
+                              "7.5b-141-int3", "7.5b-114-sp"])
+def test_our_h200_measurements(name, mesh, overrides, measured_s):
+    d, p, t = mesh
+    cfg = config(name, **overrides, parallel__data=d, parallel__pipe=p, parallel__tensor=t)
+    est = estimate_step(cfg, gpu_kind("h200"), 8)
+    assert est.step_time_s == pytest.approx(measured_s, rel=0.12)
+
+
+def test_xla_attention_only_in_a_layer_scan():
+    """cuDNN's attention runs on (d, 1, t) meshes unless the layers are scanned (zero=3)."""
+    base = dict(parallel__data=2, parallel__tensor=2, parallel__pipe=1)
+    assert not plan_cost.uses_xla_attention(config("bench-1.3b", **base), H100)
+    assert plan_cost.uses_xla_attention(config("bench-1.3b", **base, parallel__zero=3), H100)
+    assert plan_cost.uses_xla_attention(config("bench-1.3b", **base, train__scan_layers=True),
+                                        H100)
+    assert not plan_cost.uses_xla_attention(config("bench-1.3b", **base, parallel__zero=3), A100)
+
+
 def test_selective_keeps_the_flash_attention():
     """Session 12, 2x H100, one lease: (1,2,1) 1f1b-phased selective 0.3710 s with the
     attention forward run again, 0.3625 s with its outputs kept."""

@@ -89,10 +89,13 @@ def _memory_seconds(nbytes: float, gpu: GpuKind) -> float:
 
 
 def uses_xla_attention(cfg, gpu: GpuKind) -> bool:
-    """ptdp_jax runs XLA's attention (not cuDNN's) on (d > 1, 1, t > 1) meshes
-    (models/layers.causal_attention)."""
+    """ptdp_jax runs XLA's attention (not cuDNN's) only on (d > 1, 1, t > 1) meshes whose layers
+    run in a scan (train.scan_layers, on by default for zero=3; models/layers.causal_attention).
+    Other layouts run cuDNN's: (2,1,2) micro 8 measured 0.1798 s on 4x H200 (session 14),
+    where XLA's attention would take the 0.46 s this rule used to predict for every (d,1,t)."""
     par = cfg.parallel
-    return bool(gpu.xla_attention_flops) and par.pipe == 1 and par.tensor > 1 and par.data > 1
+    return (bool(gpu.xla_attention_flops) and par.pipe == 1 and par.tensor > 1 and par.data > 1
+            and cfg.scan_layers_on)
 
 
 def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
