@@ -20,6 +20,7 @@ OLD = {"_attention_recomputed": True}       # measured while selective recomputa
 PH = {"parallel.schedule": "1f1b-phased"}
 NONE = {"train.recompute": "none"}
 SPN = {**NONE, "parallel.sequence_parallel": True}
+Z3 = {**MB1, "train.global_batch_size": 32, "parallel.zero": 3}
 ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
 
@@ -62,6 +63,12 @@ MEASURED = [
      0.05),
     (B75, (1, 1, 4), {**NONE, "train.global_batch_size": 32, "train.micro_batch_size": 4},
      51.33, 0.05),
+    # zero=3 (4,1,1), micro 1: scanned layers (the residuals twice), unrolled (gathers early;
+    # without recomputation every gathered weight kept for the backward)
+    (B75, (4, 1, 1), {**Z3, "train.recompute": "selective"}, 46.17, 0.05),
+    (B75, (4, 1, 1), {**Z3, "train.recompute": "selective", "train.scan_layers": False}, 41.60,
+     0.05),
+    (B75, (4, 1, 1), {**Z3, **NONE, "train.scan_layers": False}, 55.97, 0.05),
 ]
 
 
