@@ -80,7 +80,11 @@ def main(argv=None):
         with jax.profiler.trace(a.trace_dir, create_perfetto_trace=True):
             for _ in range(a.trace_steps):       # each waited for: a gap between them
                 state, out = c.step(state, batches[0])
-                float(out["loss"])
+                # the whole state, not only the loss (ready on some devices before the update
+                # ends on all: session 14 found no idle gap between two traced steps at p = 4),
+                # then a pause every device idles through, where profiling.last_run cuts
+                jax.block_until_ready((state, out))
+                time.sleep(0.1)
         found = sorted(glob.glob(os.path.join(a.trace_dir, "**", "perfetto_trace.json.gz"),
                                  recursive=True), key=os.path.getmtime)
         trace = found[-1] if found else None

@@ -141,6 +141,9 @@ def _category(name: str, threads: int) -> str:
     return "other"
 
 
+MIN_RUN_GAP_US = 20_000      # capture_step.py pauses 100 ms between traced steps
+
+
 def last_run(devices: dict[int, list[Kernel]], runs: int) -> dict[int, list[Kernel]]:
     """The kernels of the last of `runs` executions traced one after the other, each waited
     for before the next (benchmarks/capture_step.py --trace-steps): cut at the runs - 1
@@ -158,7 +161,13 @@ def last_run(devices: dict[int, list[Kernel]], runs: int) -> dict[int, list[Kern
     if len(gaps) < runs - 1:
         raise ValueError(f"expected {runs} traced runs, found {len(gaps) + 1} (no gap between "
                          f"them in which every device is idle)")
-    cut = max(start for _, start in sorted(gaps)[-(runs - 1):])
+    chosen = sorted(gaps)[-(runs - 1):]
+    if chosen[0][0] < MIN_RUN_GAP_US:
+        raise ValueError(f"expected {runs} traced runs, but the longest {runs - 1} interval(s) "
+                         f"in which every device is idle last only {chosen[0][0] / 1e3:.2f} ms "
+                         f"(< {MIN_RUN_GAP_US / 1e3:.0f} ms): the runs overlap (wait for each "
+                         f"run's whole output and pause before the next)")
+    cut = max(start for _, start in chosen)
     return {d: [k for k in ks if k.ts_us >= cut] for d, ks in devices.items()}
 
 

@@ -292,16 +292,24 @@ def test_last_run_keeps_the_last_of_several_traced_steps():
     only the second's kernels are kept. Gaps inside a step (device 1 idle while device 0
     works) are shorter than the one between the steps and do not cut."""
     ar = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(x)"
+    second = 100_000.0        # capture_step.py pauses 100 ms between the traced steps
     devs = kernels({0: [k("gemm_a", 0.0, 10.0), k(ar, 10.0, 300.0), k("gemm_b", 310.0, 10.0),
-                        k("gemm_a", 900.0, 10.0), k(ar, 910.0, 5.0), k("gemm_b", 930.0, 10.0)],
+                        k("gemm_a", second, 10.0), k(ar, second + 10, 5.0),
+                        k("gemm_b", second + 30, 10.0)],
                     1: [k("gemm_a", 290.0, 10.0), k(ar, 300.0, 10.0),
-                        k("gemm_a", 901.0, 10.0), k(ar, 911.0, 4.0), k("gemm_c", 960.0, 5.0)]})
+                        k("gemm_a", second + 1, 10.0), k(ar, second + 11, 4.0),
+                        k("gemm_c", second + 60, 5.0)]})
     last = P.last_run(devs, 2)
-    assert [x.ts_us for x in last[0]] == [900.0, 910.0, 930.0]
-    assert [x.ts_us for x in last[1]] == [901.0, 911.0, 960.0]
+    assert [x.ts_us for x in last[0]] == [second, second + 10, second + 30]
+    assert [x.ts_us for x in last[1]] == [second + 1, second + 11, second + 60]
     assert P.last_run(devs, 1) is devs
     with pytest.raises(ValueError, match="expected 9 traced runs"):
         P.last_run(devs, 9)
+    # runs that overlap (no pause every device idles through): refused, not cut inside a step
+    close = kernels({0: [k("gemm_a", 0.0, 10.0), k("gemm_b", 600.0, 10.0)],
+                     1: [k("gemm_a", 5.0, 10.0), k("gemm_b", 605.0, 10.0)]})
+    with pytest.raises(ValueError, match=r"last only 0.58 ms .* the runs overlap"):
+        P.last_run(close, 2)
 
 
 def test_host_time_sums_host_events_and_gpu_idle():
