@@ -201,12 +201,22 @@ H200_S14 = [
      1.8181),
     ("gpt-7.5b", (1, 1, 4), dict(NONE_SP, train__global_batch_size=32, train__micro_batch_size=8),
      1.7523),
+    # the data-parallel traffic by parallel.grad_reduce_dtype and parallel.zero
+    ("bench-1.3b", (4, 1, 1), dict(train__micro_batch_size=4, train__recompute="none",
+                                   parallel__grad_reduce_dtype="bfloat16"), 0.1554),
+    ("bench-1.3b", (4, 1, 1), dict(train__micro_batch_size=4, train__recompute="none",
+                                   parallel__zero=1, parallel__overlap_grad_reduce=False), 0.1646),
+    ("gpt-7.5b", (4, 1, 1), dict(B13, train__global_batch_size=32, parallel__zero=3,
+                                 train__recompute="none", train__scan_layers=False), 2.4872),
+    ("gpt-7.5b", (4, 1, 1), dict(B13, train__global_batch_size=32, parallel__zero=3,
+                                 train__recompute="selective", train__scan_layers=False), 2.5685),
 ]
 
 
 @pytest.mark.parametrize("name,mesh,overrides,measured_s", H200_S14,
                          ids=["1gpu", "141-phased", "411", "114-sp", "212-sp", "122-sp",
-                              "7.5b-141-int3", "7.5b-114-sp"])
+                              "7.5b-141-int3", "7.5b-114-sp", "411-bf16", "411-zero1",
+                              "7.5b-411-zero3-none", "7.5b-411-zero3-sel"])
 def test_our_h200_measurements(name, mesh, overrides, measured_s):
     d, p, t = mesh
     cfg = config(name, **overrides, parallel__data=d, parallel__pipe=p, parallel__tensor=t)
