@@ -124,7 +124,9 @@ class ParallelConfig:
                                          # at hand (keys given as overrides or --mesh still win)
     zero: int = 0                        # 0: state replicated over 'data'; 1: distributed optimizer
                                          # (fp32 master weights and AdamW moments split over 'data');
-                                         # 3: also the weights gathered layer by layer (ZeRO-3, FSDP)
+                                         # 2: also the gradients, reduce-scattered in every
+                                         # microbatch's backward (ZeRO-2); 3: also the weights,
+                                         # gathered layer by layer (ZeRO-3, FSDP)
     grad_reduce_dtype: str = "float32"   # float32 | bfloat16: the data-parallel gradient reduction
     overlap_grad_reduce: bool | str = "auto"  # ZeRO's reduce-scatters inside the last microbatch's
                                          # backward, layer by layer (true), or once after the
@@ -144,12 +146,12 @@ class ParallelConfig:
     @property
     def overlap_grad_reduce_on(self) -> bool:
         """overlap_grad_reduce resolved. Only ZeRO without pipelining reduces inside the
-        backward: zero=3 always (a layer's full gradient never outlives it), zero=1 unless
-        false; zero=0 and pipelines reduce after the backward (zero=0's all-reduce per layer
-        measured slower: benchmarks/NOTES.md, issue 10)."""
+        backward: zero=2 and 3 always (a layer's full gradient never outlives it), zero=1
+        unless false; zero=0 and pipelines reduce after the backward (zero=0's all-reduce per
+        layer measured slower: benchmarks/NOTES.md, issue 10)."""
         if self.zero == 0 or self.pipe > 1:
             return False
-        return self.zero == 3 or self.overlap_grad_reduce in (True, "auto")
+        return self.zero in (2, 3) or self.overlap_grad_reduce in (True, "auto")
 
     @property
     def static_stash_on(self) -> bool:
@@ -221,7 +223,7 @@ CHOICES = {
     "train.recompute": ("none", "selective", "full"),
     "parallel.schedule": ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v"),
     "parallel.layout": ("manual", "auto"),
-    "parallel.zero": (0, 1, 3),
+    "parallel.zero": (0, 1, 2, 3),
     "parallel.grad_reduce_dtype": ("float32", "bfloat16"),
 }
 

@@ -12,13 +12,15 @@ The model (bytes per device; the most loaded device of the layout):
 * parallel.zero (d > 1) splits the state over 'data' (each tensor by d along its ZeRO dim,
   `sharding.zero_axes`; a tensor with none stays whole): zero=1 holds 1/d of the master weights
   and AdamW moments plus the weights gathered for the step in the compute dtype (full size)
-  and full float32 gradient accumulators; zero=3 without pipelining also holds the gradients
+  and full float32 gradient accumulators; zero=2 (p = 1) the same but its gradient sums split
+  (plus two layers' full-size float32 gradients before their reduce-scatters); zero=3 without
+  pipelining also holds the gradients
   split, and of the gathered weights only the embedding, head and two layers (the one in use
   and the next; four with unrolled layers, whose gathers XLA starts early) in the compute
   dtype, plus their float32 gradients before the reduce-scatter, but every layer's gathered
   weight when the layers are unrolled without recomputation (autodiff keeps them for the
   backward); scanned layers hold their residuals twice (`SCAN_RESIDUAL_COPIES`);
-  zero=3 with p > 1 gathers a stage's weights once per step, as zero=1.
+  zero=2 and 3 with p > 1 gather a stage's weights once per step, as zero=1.
   The parameters held by a device: the layers of its pipeline stage in the padded stage layout
   (p, v, max layers per chunk, ...) of `ptdp_jax.pipeline.balance.chunk_layers`, plus the
   embedding and head, which every pipeline stage holds today; each tensor divided by t along
@@ -314,6 +316,10 @@ def _state_bytes(cfg) -> tuple[float, float, float]:
     par = cfg.parallel
     from ptdp_jax.pipeline.balance import chunk_layers
     layer = used["layers"] / (par.virtual_stages * max(chunk_layers(cfg)))
+    if zero == 2:
+        # whole weights for the step; shard-sized gradient sums, plus two layers' full-size
+        # float32 gradients waiting for their reduce-scatters
+        return master + n * compute, (held + 2 * layer) * GRAD_BYTES_PER_PARAM, adam
     # gathered at once: the layer in use and the next, or with unrolled layers (XLA schedules
     # their gathers early, fitted: 7.5B selective, 41.6 GiB on 4x H200) four
     live = used["embed"] + used["head"] + (2 if cfg.scan_layers_on else 4) * layer

@@ -62,7 +62,7 @@ def _candidates(cfg, n_devices: int):
     for r in lighter:
         out.append({"train.recompute": r})
     if par.data > 1:                 # the state split over the data-parallel replicas
-        out += [{"parallel.zero": z} for z in (1, 3) if z > par.zero]
+        out += [{"parallel.zero": z} for z in (1, 2, 3) if z > par.zero]
     mbs = [b for b in range(t.micro_batch_size - 1, 0, -1)
            if t.global_batch_size % (b * par.data) == 0]
     for b in mbs:

@@ -76,15 +76,15 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
     ogr = p.overlap_grad_reduce
     need(ogr is True or ogr is False or ogr == "auto",
          f"parallel.overlap_grad_reduce must be true, false or auto, got {ogr!r}")
-    need(ogr is not True or (p.zero in (1, 3) and pp == 1),
-         f"parallel.overlap_grad_reduce=true needs parallel.zero=1 or 3 without pipelining, got "
+    need(ogr is not True or (p.zero in (1, 2, 3) and pp == 1),
+         f"parallel.overlap_grad_reduce=true needs parallel.zero=1, 2 or 3 without pipelining, got "
          f"parallel.zero={p.zero}, parallel.pipe={pp}: zero=0 all-reduces after the backward (its "
          f"per-layer all-reduce measured slower, benchmarks/NOTES.md) and a pipeline "
          f"reduce-scatters after its last tick")
-    need(ogr is not False or p.zero != 3 or pp > 1,
-         "parallel.overlap_grad_reduce=false with parallel.zero=3 and parallel.pipe=1: ZeRO-3 "
-         "reduce-scatters each layer's gradient in its backward, no full-size gradient is kept "
-         "to reduce later")
+    need(ogr is not False or p.zero not in (2, 3) or pp > 1,
+         f"parallel.overlap_grad_reduce=false with parallel.zero={p.zero} and parallel.pipe=1: "
+         f"ZeRO-{p.zero} reduce-scatters each layer's gradient in its backward, no full-size "
+         f"gradient is kept to reduce later (parallel.zero=1 reduces after the backward)")
     v = p.virtual_stages
     if p.schedule == "interleaved":
         need(v >= 2, f"parallel.schedule=interleaved needs parallel.virtual_stages >= 2, got {v}")

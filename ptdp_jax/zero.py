@@ -10,12 +10,16 @@ shards:
             the compute dtype; the gradients of all microbatches but the last accumulate
             locally (float32, full size) and the last microbatch's backward adds them and
             reduce-scatters, per layer inside the backward layer scan (`weight(..., full, acc)`).
+    zero=2  (ZeRO-2) the weights are all-gathered once per step, as zero=1, but each
+            microbatch's backward reduce-scatters its gradients per layer into float32
+            accumulators of the shard's size: no full-size gradient outlives a layer, and the
+            weights are not gathered again per microbatch as with zero=3.
     zero=3  (ZeRO-3, FSDP) the weights are gathered layer by layer inside the layer scan (or,
             with train.scan_layers=false, by each unrolled layer) and
             gathered again in the backward (never saved), each microbatch's backward
             reduce-scatters its gradients per layer: no full-size weight or gradient outlives a
             layer (embedding and head: gathered per microbatch).
-    p > 1   both: the stage's weights are gathered once per step at the shard_map boundary (the
+    p > 1   all: the stage's weights are gathered once per step at the shard_map boundary (the
             executor's branches take them as loop constants) and the accumulated gradients
             reduce-scattered after the last tick.
 
@@ -135,22 +139,22 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
     shards = _layers(params)
     zeros = lambda t: jax.tree.map(lambda x: vary(jnp.zeros(x.shape, F32), manual), t)
 
-    if cfg.parallel.zero == 3:
+    if cfg.parallel.zero in (2, 3):
+        # every microbatch's backward reduce-scatters per layer into shard-sized sums; zero=2
+        # gathers the weights once for all of them, zero=3 in each layer's forward and backward
         make = _maker(cfg, axes)
+        fl = _only(_gather_all(cfg, shards, axes), axes) if cfg.parallel.zero == 2 else None
 
         def body(acc, xs):
             tokens, key_rows = xs
             loss, g = jax.value_and_grad(
-                lambda s: _loss(cfg, sh, make, s, None, None, tokens, key_rows))(shards)
+                lambda s: _loss(cfg, sh, make, s, fl, None, tokens, key_rows))(shards)
             return jax.tree.map(jnp.add, acc, (loss, g)), None
         (loss, grads), _ = jax.lax.scan(body, zeros((jnp.zeros(()), shards)), (mbs, keys))
         return loss, _unlayers(grads)
 
     # zero=1: gather once; microbatches 0 .. m-2 accumulate full-size gradients locally.
-    dtype = M.DTYPES[cfg.train.dtype]
-    local_axes = {g: {k: (None if a is None else a - 2 * (g == "layers")) for k, a in grp.items()}
-                  for g, grp in axes.items()}
-    fulls = map2(lambda x, ax: gather(x, ax, dtype), shards, local_axes)
+    fulls = _gather_all(cfg, shards, axes)
     loss, acc = zeros((jnp.zeros(()), fulls))
     if m > 1:
         def body(carry, xs):
@@ -170,6 +174,15 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
     # replicated leaves: their local sums (earlier microbatches added here)
     g = map2(lambda x, a, ax: x if ax is not None else x + a, g, acc, axes)
     return loss + loss_last, _unlayers(g)
+
+
+def _gather_all(cfg, shards, axes):
+    """Every weight whole, in the compute dtype, from this replica's shards (p == 1 layout:
+    layers (L, ...), whose 'data' dims sit 2 lower than in the stage layout)."""
+    dtype = M.DTYPES[cfg.train.dtype]
+    local_axes = {g: {k: (None if a is None else a - 2 * (g == "layers")) for k, a in grp.items()}
+                  for g, grp in axes.items()}
+    return map2(lambda x, ax: gather(x, ax, dtype), shards, local_axes)
 
 
 def _only(tree, axes):

@@ -32,6 +32,10 @@ CASES = [
     ("gpt", (8, 1, 1), 1, {"parallel.overlap_grad_reduce": False}),
     ("llama", (4, 1, 2), 1, {"parallel.overlap_grad_reduce": False,
                              "train.recompute": "selective"}),
+    # zero=2: weights gathered once, every microbatch's gradients reduce-scattered per layer
+    ("gpt", (8, 1, 1), 2, {"train.recompute": "selective"}),   # m = 1
+    ("llama", (4, 1, 2), 2, {}),                                # m = 2: shard-sized sums
+    ("gpt", (2, 2, 2), 2, F1),                                  # p > 1: as zero=1
     # train.scan_layers=false: zero=3 with the layers unrolled, each gathering its weights
     ("gpt", (4, 1, 2), 3, {"train.scan_layers": False}),
     ("llama", (8, 1, 1), 3, {"train.scan_layers": False, "train.recompute": "selective"}),
@@ -156,6 +160,37 @@ def test_hlo_reduce_scatters_instead_of_all_reduce(compiled_steps):
     assert len(gathering) >= 2, "zero=3: expected all-gathers in the forward and backward scans"
 
 
+def test_zero2_reduces_every_microbatch_and_gathers_once():
+    """zero=2 against zero=1, m = 2 per replica, layers unrolled: the same arguments (the state
+    split by 8); zero=1's temporaries hold full-size float32 gradient sums, zero=2's only
+    shard-sized ones (at least 3/4 of P less); zero=2's reduce-scatters run inside the
+    microbatch loop and its all-gathers outside it (once a step), zero=1's reduce-scatters
+    only after it (in the last microbatch's backward)."""
+    from ptdp_jax import state as S
+    from ptdp_jax.models import model as M
+    from ptdp_jax.sharding import make_mesh
+    from ptdp_jax.step import compile_all
+    exe = {}
+    for zero in (1, 2):
+        cfg = tiny_config("llama", (8, 1, 1), **MEM_MODEL, **{
+            "parallel.zero": zero, "train.global_batch_size": 16, "train.micro_batch_size": 1})
+        assert cfg.num_microbatches == 2
+        tx, _ = S.make_optimizer(cfg)
+        c = compile_all(cfg, make_mesh((8, 1, 1)), tx)
+        batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1),
+                                     np.int32, sharding=c.batch_sharding)
+        exe[zero] = c.step.lower(S.abstract_state(cfg, tx, c.shardings), batch).compile()
+    P = 4 * M.num_params(cfg.model)
+    ma = {z: e.memory_analysis() for z, e in exe.items()}
+    assert ma[1].argument_size_in_bytes == ma[2].argument_size_in_bytes
+    assert ma[2].temp_size_in_bytes < ma[1].temp_size_in_bytes - 3 * P / 4, \
+        (ma[1].temp_size_in_bytes, ma[2].temp_size_in_bytes, P)
+    loops = {z: _while_bodies(e.as_text()) for z, e in exe.items()}
+    assert any("reduce-scatter" in b for b in loops[2].values())
+    assert not any("all-gather" in b for b in loops[2].values())
+    assert not any("reduce-scatter" in b for b in loops[1].values())
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 def test_checkpoints_move_between_zero_values(tmp_path, data_cache):
@@ -210,24 +245,28 @@ def test_zero_dim_rule():
 def test_validation_and_estimate():
     from ptdp_jax.config import ConfigError
     from ptdp_jax.memory import estimate_memory
-    with pytest.raises(ConfigError, match=r"parallel.zero=2 is not one of \[0, 1, 3\]"):
-        tiny_config("gpt", (8, 1, 1), **{"parallel.zero": 2})
+    with pytest.raises(ConfigError, match=r"parallel.zero=4 is not one of \[0, 1, 2, 3\]"):
+        tiny_config("gpt", (8, 1, 1), **{"parallel.zero": 4})
     with pytest.raises(ConfigError, match="parallel.grad_reduce_dtype='float16'"):
         tiny_config("gpt", (8, 1, 1), **{"parallel.grad_reduce_dtype": "float16"})
     ogr = "parallel.overlap_grad_reduce"
     with pytest.raises(ConfigError, match=r"overlap_grad_reduce must be true, false or auto, "
                                           r"got 'sometimes'"):
         tiny_config("gpt", (8, 1, 1), **{ogr: "sometimes"})
-    with pytest.raises(ConfigError, match=r"overlap_grad_reduce=true needs parallel.zero=1 or 3 "
+    with pytest.raises(ConfigError, match=r"overlap_grad_reduce=true needs parallel.zero=1, 2 or 3 "
                                           r"without pipelining, got parallel.zero=0, parallel.pipe=1"):
         tiny_config("gpt", (8, 1, 1), **{ogr: True})
     with pytest.raises(ConfigError, match=r"parallel.zero=1, parallel.pipe=2"):
         tiny_config("gpt", (4, 2, 1), **{ogr: True, "parallel.zero": 1})
     with pytest.raises(ConfigError, match=r"overlap_grad_reduce=false with parallel.zero=3"):
         tiny_config("gpt", (8, 1, 1), **{ogr: False, "parallel.zero": 3})
+    with pytest.raises(ConfigError, match=r"overlap_grad_reduce=false with parallel.zero=2 and "
+                                          r"parallel.pipe=1: ZeRO-2 reduce-scatters"):
+        tiny_config("gpt", (8, 1, 1), **{ogr: False, "parallel.zero": 2})
     on = lambda mesh, z, o="auto": tiny_config("gpt", mesh, **{ogr: o, "parallel.zero": z}) \
         .parallel.overlap_grad_reduce_on
-    assert on((8, 1, 1), 1) and on((8, 1, 1), 3) and not on((8, 1, 1), 1, False)
+    assert on((8, 1, 1), 1) and on((8, 1, 1), 2) and on((8, 1, 1), 3)
+    assert not on((8, 1, 1), 1, False) and not on((4, 2, 1), 2)
     assert not on((8, 1, 1), 0) and not on((4, 2, 1), 1) and on((8, 1, 1), 1, True)
     deep = {**MEM_MODEL, "model.num_layers": 32}      # zero=3 keeps 2 layers' weights whole
     est = {z: estimate_memory(tiny_config("llama", (8, 1, 1), **deep, **{"parallel.zero": z}))
