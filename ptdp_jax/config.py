@@ -131,7 +131,7 @@ class ParallelConfig:
     overlap_grad_reduce: bool | str = "auto"  # ZeRO's reduce-scatters inside the last microbatch's
                                          # backward, layer by layer (true), or once after the
                                          # backward (false; Megatron's default). auto: true for
-                                         # zero 1 and 3 without pipelining, false otherwise (see
+                                         # zero 1, 2 and 3 without pipelining, false otherwise (see
                                          # overlap_grad_reduce_on)
     static_stash: bool | str = "auto"    # pipelines: a switch branch per (op, residual stash slot),
                                          # so layers write and read residuals in place (no
