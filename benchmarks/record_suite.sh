@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -281,6 +281,36 @@ if [[ "${SUITE:-record}" == "s14" ]]; then
   run pp4-phased-sel-cublas env XLA_FLAGS=--xla_gpu_enable_triton_gemm=false $ours $PP parallel.schedule=1f1b-phased
   run dp4-zero1-rs256 env XLA_FLAGS=--xla_gpu_reduce_scatter_combine_threshold_bytes=268435456 $ours $DP parallel.zero=1
   run dp4-zero1 $ours $DP parallel.zero=1
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s15" ]]; then
+  # 4 GPUs, session 15 (predictions in NOTES, issue 10 "Session 14" and "zero 2"): a, the 7.5B
+  # data-parallel layouts against the peer's FSDP in the same lease (issue 10 target 2), then
+  # the pipeline traced with a pause between the two traced steps (issue 8). b: the rest.
+  # Carry .peer.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-200} TRACE_STEPS=2
+  Z75="$B75 --mesh 4,1,1 train.global_batch_size=32 train.recompute=selective --steps 3"
+  if [[ "${S15_PART:-a}" == "a" ]]; then
+  one_gpu
+  run 7.5b-dp4-zero1-sel-mb1 $ours $Z75 train.micro_batch_size=1 parallel.zero=1
+  run 7.5b-dp4-zero2-sel-mb2 $ours $Z75 train.micro_batch_size=2 parallel.zero=2
+  run 7.5b-dp4-zero2-sel-mb2-bf16 $ours $Z75 train.micro_batch_size=2 parallel.zero=2 parallel.grad_reduce_dtype=bfloat16
+  run 7.5b-dp4-zero2-sel-mb1 $ours $Z75 train.micro_batch_size=1 parallel.zero=2
+  run peer-7.5b-dp4-fsdp $peer --dp 4 --pp 1 --tp 1 $P75
+  run 7.5b-dp4-zero3-unrolled-sel-mb2 $ours $Z75 train.micro_batch_size=2 parallel.zero=3 train.scan_layers=false
+  finish
+  fi
+  og=$(step_of 1gpu-none-mb8)
+  run pp4-phased-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased --trace-dir /tmp/s6 --trace-steps 2
+  prof pp4-phased-sel /tmp/s6 1,4,1 $PROF_PH ${og:+--one-gpu-step $og}
+  DP="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none"
+  run dp4-zero1-after-bf16 $ours $DP parallel.zero=1 parallel.overlap_grad_reduce=false parallel.grad_reduce_dtype=bfloat16
+  run dp2tp2-sp-mb8-bf16 $ours $B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16
+  TP2="$B13 --mesh 1,1,2 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true"
+  run tp2-sp-mb4 env CUDA_VISIBLE_DEVICES=0,1 $ours $TP2
+  run tp2-sp-ov-mb4 env CUDA_VISIBLE_DEVICES=0,1 $ours $TP2 parallel.tp_comm_overlap=true --trace-dir /tmp/s7
+  prof tp2-sp-ov-mb4 /tmp/s7 1,1,2 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true
   finish
 fi
 
