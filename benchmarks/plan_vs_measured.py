@@ -5,7 +5,8 @@ against the measured ones, in a Markdown table.
     python benchmarks/plan_vs_measured.py benchmarks/results/2026-11-26-s14/*/record.jsonl
 
 The GPU kind is read from each case's device name (H100 or H200); the layout from its config,
-mesh and overrides. Cases that set XLA flags or are not train steps are left out.
+mesh and overrides. Cases that are not train steps are left out; a case run under XLA flags
+(its tag says so; record.jsonl does not) is predicted as without them.
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def rows(paths: list[str]) -> list[str]:
                 out.append(f"| {path} | {case['tag']} | {case['device']} | {case['step_time_s']} "
                            f"| {type(e).__name__}: {e} | | | | |")
                 continue
-            meas_gib = max(case.get("peak_mem_gib") or [float("nan")])
+            meas_gib = max(case.get("peak_mem_gib") or [0.0]) or float("nan")   # no stats: nan
             out.append(f"| {path.split('/')[-2]} | {case['tag']} | {case['device']} | "
                        f"{case['step_time_s']:.4f} | {step:.4f} | {step / case['step_time_s']:.2f} | "
                        f"{meas_gib:.2f} | {gib:.2f} | {gib / meas_gib:.2f} |")

@@ -19,7 +19,7 @@ The model (bytes per device; the most loaded device of the layout):
   and the next; four with unrolled layers, whose gathers XLA starts early) in the compute
   dtype, plus their float32 gradients before the reduce-scatter, but every layer's gathered
   weight when the layers are unrolled without recomputation (autodiff keeps them for the
-  backward); scanned layers hold their residuals twice (`SCAN_RESIDUAL_COPIES`);
+  backward); zero=3's scanned layers hold their residuals twice (`SCAN_RESIDUAL_COPIES`);
   zero=2 and 3 with p > 1 gather a stage's weights once per step, as zero=1.
   The parameters held by a device: the layers of its pipeline stage in the padded stage layout
   (p, v, max layers per chunk, ...) of `ptdp_jax.pipeline.balance.chunk_layers`, plus the
@@ -107,9 +107,10 @@ NONE_BYTES_PER_H_NO_PIPE = 40.0     # the same without pipelining (autodiff thro
 SP_GATHERED_BYTES_PER_H = 4.0       # sequence parallelism, p = 1, recompute=none: the two
                                     # gathered GEMM inputs XLA keeps whole (16-bit), fitted to
                                     # 1.3B and 7.5B (1,1,4) on 4x H200 (session 14)
-SCAN_RESIDUAL_COPIES = 2            # train.scan_layers (p = 1): the residuals twice, fitted to
-                                    # the 7.5B (4,1,1) zero=3 selective (4x H100 session 8,
-                                    # 4x H200 session 14: 45.6 and 46.17 GiB)
+SCAN_RESIDUAL_COPIES = 2            # zero=3's layer scan (p = 1): the residuals twice, fitted
+                                    # to the 7.5B (4,1,1) zero=3 selective (4x H100 session 8,
+                                    # 4x H200 session 14: 45.6 and 46.17 GiB); other scanned
+                                    # layouts not measured, so not applied to them
 WORKSPACE_BYTES = int(0.5 * GiB)    # XLA temporaries and allocator slack (fitted)
 MESSAGE_BUFFERS = 6                 # executor's (b, s, h) send/receive/mid/head_y buffers
 
@@ -278,9 +279,10 @@ def activation_bytes(cfg) -> float:
     dtype_bytes = 4 if tr.dtype == "float32" else 2
     if par.pipe == 1:
         stash = m.num_layers * layer_activation_bytes_per_token(cfg) * tokens
-        # layers in a scan: the residuals are stacked per layer and copied once more into the
-        # stacked buffers the backward scan reads (issue 12's stacked-residual copies)
-        stash *= SCAN_RESIDUAL_COPIES if cfg.scan_layers_on else 1
+        # zero=3's layer scan: the residuals twice (the stacked buffers the forward scan writes
+        # and the backward scan reads, issue 12's copies, is a guess at why); measured only there
+        from ptdp_jax.state import zero_stage
+        stash *= SCAN_RESIDUAL_COPIES if cfg.scan_layers_on and zero_stage(cfg) == 3 else 1
         buffers = 0.0
     else:
         per_layer = layer_activation_bytes_per_token(cfg) * tokens
@@ -319,10 +321,12 @@ def _state_bytes(cfg) -> tuple[float, float, float]:
     if zero == 2:
         # whole weights for the step; shard-sized gradient sums, plus two layers' full-size
         # float32 gradients waiting for their reduce-scatters
-        return master + n * compute, (held + 2 * layer) * GRAD_BYTES_PER_PARAM, adam
+        # (embedding and head too: the tied embedding's gradient is whole only at the end)
+        pending = min(used["embed"] + used["head"] + 2 * layer, n)
+        return master + n * compute, (held + pending) * GRAD_BYTES_PER_PARAM, adam
     # gathered at once: the layer in use and the next, or with unrolled layers (XLA schedules
     # their gathers early, fitted: 7.5B selective, 41.6 GiB on 4x H200) four
-    live = used["embed"] + used["head"] + (2 if cfg.scan_layers_on else 4) * layer
+    live = min(used["embed"] + used["head"] + (2 if cfg.scan_layers_on else 4) * layer, n)
     gathered = live
     if cfg.train.recompute == "none" and not cfg.scan_layers_on:
         # unrolled layers without recomputation: autodiff keeps every layer's gathered weight

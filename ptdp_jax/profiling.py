@@ -146,10 +146,10 @@ MIN_RUN_GAP_US = 20_000      # capture_step.py pauses 100 ms between traced step
 
 def last_run(devices: dict[int, list[Kernel]], runs: int) -> dict[int, list[Kernel]]:
     """The kernels of the last of `runs` executions traced one after the other, each waited
-    for before the next (benchmarks/capture_step.py --trace-steps): cut at the runs - 1
-    longest intervals in which no device runs a kernel. The first traced step can be skewed by
-    the profiler's start (4x H200, session 13: a 410 ms window for a 200 ms step), the next
-    one is not."""
+    for before the next and a pause between them (benchmarks/capture_step.py --trace-steps):
+    cut at the latest interval of at least MIN_RUN_GAP_US in which no device runs a kernel
+    (runs - 1 of them needed). The first traced step can be skewed by the profiler's start
+    (4x H200, session 13: a 410 ms window for a 200 ms step), the next one is not."""
     if runs <= 1:
         return devices
     spans = sorted((k.ts_us, k.end_us) for ks in devices.values() for k in ks)
@@ -161,13 +161,16 @@ def last_run(devices: dict[int, list[Kernel]], runs: int) -> dict[int, list[Kern
     if len(gaps) < runs - 1:
         raise ValueError(f"expected {runs} traced runs, found {len(gaps) + 1} (no gap between "
                          f"them in which every device is idle)")
-    chosen = sorted(gaps)[-(runs - 1):]
-    if chosen[0][0] < MIN_RUN_GAP_US:
-        raise ValueError(f"expected {runs} traced runs, but the longest {runs - 1} interval(s) "
-                         f"in which every device is idle last only {chosen[0][0] / 1e3:.2f} ms "
-                         f"(< {MIN_RUN_GAP_US / 1e3:.0f} ms): the runs overlap (wait for each "
+    pauses = [start for length, start in gaps if length >= MIN_RUN_GAP_US]
+    if len(pauses) < runs - 1:
+        longest = max(length for length, _ in gaps) / 1e3
+        raise ValueError(f"expected {runs} traced runs, but only {len(pauses)} interval(s) in "
+                         f"which every device is idle last {MIN_RUN_GAP_US / 1e3:.0f} ms or more "
+                         f"(the longest: {longest:.2f} ms): the runs overlap (wait for each "
                          f"run's whole output and pause before the next)")
-    cut = max(start for _, start in chosen)
+    # the latest such pause: a long idle interval the profiler's start causes inside the first
+    # run comes before it
+    cut = max(pauses)
     return {d: [k for k in ks if k.ts_us >= cut] for d, ks in devices.items()}
 
 

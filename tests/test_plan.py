@@ -224,6 +224,26 @@ def test_our_h200_measurements(name, mesh, overrides, measured_s):
     assert est.step_time_s == pytest.approx(measured_s, rel=0.12)
 
 
+def test_data_parallel_traffic_by_zero():
+    """zero 1: the weights gathered and the gradients reduce-scattered once a step; zero 2: the
+    gather once, a reduce-scatter per microbatch; zero 3: two gathers and a reduce-scatter per
+    microbatch; a bfloat16 reduction halves zero 0's all-reduce; AdamW over 1/d of the state."""
+    base = dict(parallel__data=4, parallel__pipe=1, parallel__tensor=1,
+                train__global_batch_size=32, train__micro_batch_size=1)
+    t = {z: plan_cost.dp_allreduce_seconds(config("gpt-7.5b", **base, parallel__zero=z), H100, 8)
+         for z in (0, 1, 2, 3)}
+    m = 8
+    gather, scatter = t[1] / 3, 2 * t[1] / 3      # bf16 weights, f32 gradients: 1 : 2 bytes
+    assert t[2] == pytest.approx(gather + m * scatter, rel=1e-3)
+    assert t[3] == pytest.approx(m * (2 * gather + scatter), rel=1e-3)
+    bf16 = plan_cost.dp_allreduce_seconds(config("gpt-7.5b", **base,
+                                                 parallel__grad_reduce_dtype="bfloat16"), H100, 8)
+    assert bf16 == pytest.approx(t[0] / 2, rel=1e-3)
+    opt = {z: plan_cost.optimizer_seconds(config("gpt-7.5b", **base, parallel__zero=z), H100)
+           for z in (0, 1)}
+    assert opt[1] == pytest.approx(opt[0] / 4, rel=1e-2)
+
+
 def test_xla_attention_only_in_a_layer_scan():
     """cuDNN's attention runs on (d, 1, t) meshes unless the layers are scanned (zero=3)."""
     base = dict(parallel__data=2, parallel__tensor=2, parallel__pipe=1)

@@ -308,8 +308,15 @@ def test_last_run_keeps_the_last_of_several_traced_steps():
     # runs that overlap (no pause every device idles through): refused, not cut inside a step
     close = kernels({0: [k("gemm_a", 0.0, 10.0), k("gemm_b", 600.0, 10.0)],
                      1: [k("gemm_a", 5.0, 10.0), k("gemm_b", 605.0, 10.0)]})
-    with pytest.raises(ValueError, match=r"last only 0.58 ms .* the runs overlap"):
+    with pytest.raises(ValueError, match=r"only 0 interval.*the longest: 0.58 ms.*the runs "
+                                         r"overlap"):
         P.last_run(close, 2)
+    # a long all-idle interval inside the first run (the profiler's start) is not the cut:
+    # the latest pause is
+    skewed = kernels({0: [k("gemm_a", 0.0, 10.0), k("gemm_b", 300_000.0, 10.0),
+                          k("gemm_a", 350_000.0, 10.0)],
+                      1: [k("gemm_a", 300_005.0, 10.0), k("gemm_a", 350_001.0, 10.0)]})
+    assert [x.ts_us for x in P.last_run(skewed, 2)[0]] == [350_000.0]
 
 
 def test_host_time_sums_host_events_and_gpu_idle():

@@ -161,7 +161,7 @@ def test_hlo_reduce_scatters_instead_of_all_reduce(compiled_steps):
 
 
 def test_zero2_reduces_every_microbatch_and_gathers_once():
-    """zero=2 against zero=1, m = 2 per replica, layers unrolled: the same arguments (the state
+    """zero=2 against zero=1, m = 3 per replica, layers unrolled: the same arguments (the state
     split by 8); zero=1's temporaries hold full-size float32 gradient sums, zero=2's only
     shard-sized ones (at least 3/4 of P less); zero=2's reduce-scatters run inside the
     microbatch loop and its all-gathers outside it (once a step), zero=1's reduce-scatters
@@ -173,8 +173,8 @@ def test_zero2_reduces_every_microbatch_and_gathers_once():
     exe = {}
     for zero in (1, 2):
         cfg = tiny_config("llama", (8, 1, 1), **MEM_MODEL, **{
-            "parallel.zero": zero, "train.global_batch_size": 16, "train.micro_batch_size": 1})
-        assert cfg.num_microbatches == 2
+            "parallel.zero": zero, "train.global_batch_size": 24, "train.micro_batch_size": 1})
+        assert cfg.num_microbatches == 3     # zero=1's loop: 2 microbatches (m = 2 unrolls it)
         tx, _ = S.make_optimizer(cfg)
         c = compile_all(cfg, make_mesh((8, 1, 1)), tx)
         batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1),
@@ -186,6 +186,7 @@ def test_zero2_reduces_every_microbatch_and_gathers_once():
     assert ma[2].temp_size_in_bytes < ma[1].temp_size_in_bytes - 3 * P / 4, \
         (ma[1].temp_size_in_bytes, ma[2].temp_size_in_bytes, P)
     loops = {z: _while_bodies(e.as_text()) for z, e in exe.items()}
+    assert loops[1] and loops[2]
     assert any("reduce-scatter" in b for b in loops[2].values())
     assert not any("all-gather" in b for b in loops[2].values())
     assert not any("reduce-scatter" in b for b in loops[1].values())
@@ -270,7 +271,10 @@ def test_validation_and_estimate():
     assert not on((8, 1, 1), 0) and not on((4, 2, 1), 1) and on((8, 1, 1), 1, True)
     deep = {**MEM_MODEL, "model.num_layers": 32}      # zero=3 keeps 2 layers' weights whole
     est = {z: estimate_memory(tiny_config("llama", (8, 1, 1), **deep, **{"parallel.zero": z}))
-           for z in (0, 1, 3)}
+           for z in (0, 1, 2, 3)}
     assert est[1].optimizer == est[3].optimizer == pytest.approx(est[0].optimizer / 8, rel=1e-6)
+    assert est[2].optimizer == est[1].optimizer
     assert est[1].grads == est[0].grads and est[3].grads < est[0].grads / 2
-    assert est[3].params < est[1].params and est[3].total < est[1].total < est[0].total
+    assert est[2].params == est[1].params and est[2].grads < est[1].grads / 2   # split sums
+    assert est[3].params < est[1].params
+    assert est[3].total < est[2].total < est[1].total < est[0].total
