@@ -47,14 +47,16 @@ def rows(paths: list[str]) -> list[str]:
             case = json.loads(line)
             if "step_time_s" not in case or "mesh" not in case:
                 continue
+            # a direct capture_step.py line has no tag: its mesh and overrides name it
+            tag = case.get("tag") or " ".join([",".join(map(str, case["mesh"]))] + case["overrides"])
             try:
                 step, gib = predict(case)
             except Exception as e:   # a layout the planner refuses: say why, go on
-                out.append(f"| {path} | {case['tag']} | {case['device']} | {case['step_time_s']} "
+                out.append(f"| {path} | {tag} | {case['device']} | {case['step_time_s']} "
                            f"| {type(e).__name__}: {e} | | | | |")
                 continue
             meas_gib = max(case.get("peak_mem_gib") or [0.0]) or float("nan")   # no stats: nan
-            out.append(f"| {path.split('/')[-2]} | {case['tag']} | {case['device']} | "
+            out.append(f"| {path.split('/')[-2]} | {tag} | {case['device']} | "
                        f"{case['step_time_s']:.4f} | {step:.4f} | {step / case['step_time_s']:.2f} | "
                        f"{meas_gib:.2f} | {gib:.2f} | {gib / meas_gib:.2f} |")
     return out

@@ -12,8 +12,10 @@ The model (bytes per device; the most loaded device of the layout):
 * parallel.zero (d > 1) splits the state over 'data' (each tensor by d along its ZeRO dim,
   `sharding.zero_axes`; a tensor with none stays whole): zero=1 holds 1/d of the master weights
   and AdamW moments plus the weights gathered for the step in the compute dtype (full size)
-  and full float32 gradient accumulators; zero=2 (p = 1) the same but its gradient sums split
-  (plus two layers' full-size float32 gradients before their reduce-scatters); zero=3 without
+  and full float32 gradient accumulators (twice without pipelining when m > 1: the
+  microbatch loop's carry, `ACC_CARRY_COPIES`); zero=2 (p = 1) the same but its gradient sums
+  split, twice, plus two layers' full-size float32 gradients before their reduce-scatters
+  (fitted, session 15: estimates 4-7% under the 7.5B's measured peaks); zero=3 without
   pipelining also holds the gradients
   split, and of the gathered weights only the embedding, head and two layers (the one in use
   and the next; four with unrolled layers, whose gathers XLA starts early) in the compute
@@ -83,7 +85,9 @@ recompute, zero 0: 33.5 against 38.4, zero 1: 33.2 against 27.3. On 4x H200 (ses
 none 55.97, against estimates of 38.4, 38.4 and 43.4 (underestimates of 8-22%: the unrolled
 layers' gathers are scheduled early, more than two layers' weights live at once); 1.3B
 (4,1,1) micro 4 none, zero 1 after the backward 22.56 against 27.33; 1.3B (1,1,4) micro 16
-none without sequence parallelism 29.08 against 34.51 (an overestimate of 19%).
+none without sequence parallelism 29.08 against 34.51 (an overestimate of 19%). Session 15
+(4x H200): 7.5B (4,1,1) zero=2 micro 2 without recomputation 94.41 against 74.78 (under by
+21%: the unrolled layers without recomputation keep more than modelled, as zero=3's do).
 No jax at module level: the model's parameter shapes and the chunk layout are imported when
 an estimate is made.
 """
@@ -107,6 +111,8 @@ NONE_BYTES_PER_H_NO_PIPE = 40.0     # the same without pipelining (autodiff thro
 SP_GATHERED_BYTES_PER_H = 4.0       # sequence parallelism, p = 1, recompute=none: the two
                                     # gathered GEMM inputs XLA keeps whole (16-bit), fitted to
                                     # 1.3B and 7.5B (1,1,4) on 4x H200 (session 14)
+ACC_CARRY_COPIES = 2                # zero=1 (p = 1, m > 1) and zero=2: the float32 gradient
+                                    # sums twice (see _state_bytes)
 SCAN_RESIDUAL_COPIES = 2            # zero=3's layer scan (p = 1): the residuals twice, fitted
                                     # to the 7.5B (4,1,1) zero=3 selective (4x H100 session 8,
                                     # 4x H200 session 14: 45.6 and 46.17 GiB); other scanned
@@ -163,7 +169,7 @@ def params_per_device(cfg, state: bool = False) -> dict[str, float]:
     layer_slots = par.virtual_stages * max(counts)
     out = {}
     for group, spec_group in (("embed", "embed"), ("layers", "layer"), ("head", "head")):
-        n = sum(_tensor_sharded(zero_axes(names, shape, par.data) if split else names, shape, ways)
+        n = sum(_tensor_sharded(zero_axes(names, shape, par.data, par.tensor) if split else names, shape, ways)
                 for shape, names, _ in specs[spec_group].values())
         out[group] = n * (layer_slots if group == "layers" else 1)
     return out
@@ -314,7 +320,11 @@ def _state_bytes(cfg) -> tuple[float, float, float]:
     compute = 2 if cfg.train.dtype == "bfloat16" else 4      # bytes of a gathered weight
     master, adam = held * MASTER_BYTES_PER_PARAM, held * ADAM_BYTES_PER_PARAM
     if zero == 1 or cfg.parallel.pipe > 1:
-        return master + n * compute, n * GRAD_BYTES_PER_PARAM, adam
+        # zero=1 without pipelining and m > 1: the full-size float32 accumulators are the
+        # microbatch loop's carry, in and out both live (fitted: 7.5B (4,1,1) micro 1 and 2,
+        # 102.3 and 113.0 GiB on 4x H200, session 15)
+        acc = ACC_CARRY_COPIES if cfg.parallel.pipe == 1 and cfg.num_microbatches > 1 else 1
+        return master + n * compute, acc * n * GRAD_BYTES_PER_PARAM, adam
     par = cfg.parallel
     from ptdp_jax.pipeline.balance import chunk_layers
     layer = used["layers"] / (par.virtual_stages * max(chunk_layers(cfg)))
@@ -322,8 +332,10 @@ def _state_bytes(cfg) -> tuple[float, float, float]:
         # whole weights for the step; shard-sized gradient sums, plus two layers' full-size
         # float32 gradients waiting for their reduce-scatters
         # (embedding and head too: the tied embedding's gradient is whole only at the end)
+        # (the sums twice, as zero=1's: fitted to the 7.5B (4,1,1) at micro 1, 2, 4 and 8,
+        # 61.5-106.4 GiB on 4x H200, session 15, even at m = 1)
         pending = min(used["embed"] + used["head"] + 2 * layer, n)
-        return master + n * compute, (held + pending) * GRAD_BYTES_PER_PARAM, adam
+        return master + n * compute, (ACC_CARRY_COPIES * held + pending) * GRAD_BYTES_PER_PARAM, adam
     # gathered at once: the layer in use and the next, or with unrolled layers (XLA schedules
     # their gathers early, fitted: 7.5B selective, 41.6 GiB on 4x H200) four
     live = min(used["embed"] + used["head"] + (2 if cfg.scan_layers_on else 4) * layer, n)

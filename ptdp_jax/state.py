@@ -109,7 +109,7 @@ def state_param_axes(cfg, stage_layout: bool = False):
         return axes
     layer = M.arch(cfg.model).param_specs(cfg.model)
     shapes = {"embed": layer["embed"], "layers": layer["layer"], "head": layer["head"]}
-    return {g: {k: zero_axes(names, shapes[g][k][0], cfg.parallel.data)
+    return {g: {k: zero_axes(names, shapes[g][k][0], cfg.parallel.data, cfg.parallel.tensor)
                 for k, names in grp.items()} for g, grp in axes.items()}
 
 

@@ -69,6 +69,14 @@ MEASURED = [
     (B75, (4, 1, 1), {**Z3, "train.recompute": "selective", "train.scan_layers": False}, 41.60,
      0.05),
     (B75, (4, 1, 1), {**Z3, **NONE, "train.scan_layers": False}, 55.97, 0.05),
+    # session 15, 4x H200, 7.5B (4,1,1) selective: zero=1 and zero=2 (the float32 gradient
+    # sums twice, ACC_CARRY_COPIES); estimates 4-7% under
+    (B75, (4, 1, 1), {**B75_32, "parallel.zero": 1}, 102.28, 0.06),
+    (B75, (4, 1, 1), {**B75_32, "parallel.zero": 1, "train.micro_batch_size": 2}, 112.96, 0.09),
+    (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2}, 61.45, 0.06),
+    (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2, "train.micro_batch_size": 2}, 67.64, 0.06),
+    (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2, "train.micro_batch_size": 4}, 82.80, 0.08),
+    (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2, "train.micro_batch_size": 8}, 106.37, 0.06),
 ]
 
 

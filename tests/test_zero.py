@@ -231,14 +231,22 @@ def test_scan_layers_auto_scans_for_zero3_only():
 
 
 def test_zero_dim_rule():
-    """The largest dim no rule splits, that d divides; none: replicated over 'data'."""
+    """The first (major-most) dim no rule splits (a 'tensor' dim counts as unsplit at t = 1),
+    that d divides; none: replicated over 'data'."""
     from ptdp_jax.sharding import logical_to_spec, zero_axes
-    assert zero_axes(("embed", "mlp"), (32, 128), 8) == ("zero", "mlp")
+    assert zero_axes(("embed", "mlp"), (32, 128), 8, tensor=2) == ("zero", "mlp")
+    assert zero_axes(("mlp", "embed"), (128, 32), 8, tensor=2) == ("mlp", "zero")
+    assert zero_axes(("mlp", "embed"), (128, 32), 8) == ("zero", "embed")   # t = 1: f, major
     assert logical_to_spec(zero_axes(("stage", "chunk", "layers", "embed", "heads", "head_dim"),
-                                     (32, 8, 4), 4)) == \
+                                     (32, 8, 4), 4, tensor=2)) == \
         jax.sharding.PartitionSpec("pipe", None, None, "data", "tensor", None)
-    assert zero_axes(("seq", "embed"), (16, 32), 8) == ("seq", "zero")       # the larger one
-    assert zero_axes(("heads", "head_dim"), (8, 4), 8) == ("heads", "head_dim")  # a q bias
+    assert zero_axes(("seq", "embed"), (16, 32), 8) == ("zero", "embed")     # the major one
+    assert zero_axes(("seq", "embed"), (12, 32), 8) == ("seq", "zero")       # 8 divides only h
+    # the 7.5B GPT at t = 1: fc2 (f, h) split on f and out (n, d, h) on n, their major dims
+    # (split on h, a transpose of every gradient shard followed the backward)
+    assert zero_axes(("layers", "mlp", "embed"), (16384, 4096), 4) == ("layers", "zero", "embed")
+    assert zero_axes(("heads", "head_dim", "embed"), (32, 128, 4096), 4)[0] == "zero"
+    assert zero_axes(("heads", "head_dim"), (8, 4), 8, 2) == ("heads", "head_dim")  # a q bias
     assert zero_axes(("embed",), (36,), 8) == ("embed",)                     # 8 does not divide 36
     assert zero_axes(("embed",), (32,), 1) == ("embed",)
 
