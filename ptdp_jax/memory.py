@@ -113,6 +113,11 @@ SP_GATHERED_BYTES_PER_H = 4.0       # sequence parallelism, p = 1, recompute=non
                                     # 1.3B and 7.5B (1,1,4) on 4x H200 (session 14)
 ACC_CARRY_COPIES = 2                # zero=1 (p = 1, m > 1) and zero=2: the float32 gradient
                                     # sums twice (see _state_bytes)
+ZERO2_NONE_RESIDUAL_FACTOR = 1.85   # zero=2 without recomputation (p = 1): the layers run as
+                                    # jax.checkpoint(everything saveable but the weights), which
+                                    # keeps more than plain autodiff; fitted to the 7.5B (4,1,1)
+                                    # micro 2 (94.4 GiB) and micro 4 (out of memory at 133 GiB),
+                                    # 4x H200, session 15
 SCAN_RESIDUAL_COPIES = 2            # zero=3's layer scan (p = 1): the residuals twice, fitted
                                     # to the 7.5B (4,1,1) zero=3 selective (4x H100 session 8,
                                     # 4x H200 session 14: 45.6 and 46.17 GiB); other scanned
@@ -289,6 +294,8 @@ def activation_bytes(cfg) -> float:
         # and the backward scan reads, issue 12's copies, is a guess at why); measured only there
         from ptdp_jax.state import zero_stage
         stash *= SCAN_RESIDUAL_COPIES if cfg.scan_layers_on and zero_stage(cfg) == 3 else 1
+        if zero_stage(cfg) == 2 and tr.recompute == "none":
+            stash *= ZERO2_NONE_RESIDUAL_FACTOR
         buffers = 0.0
     else:
         per_layer = layer_activation_bytes_per_token(cfg) * tokens

@@ -77,6 +77,8 @@ MEASURED = [
     (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2, "train.micro_batch_size": 2}, 67.64, 0.06),
     (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2, "train.micro_batch_size": 4}, 82.80, 0.08),
     (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2, "train.micro_batch_size": 8}, 106.37, 0.06),
+    (B75, (4, 1, 1), {**B75_32, **NONE, "parallel.zero": 2, "train.micro_batch_size": 2}, 94.41,
+     0.05),
 ]
 
 

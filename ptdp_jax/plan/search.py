@@ -2,7 +2,9 @@
 the rest, rank them.
 
 A layout: data x pipe x tensor = n, micro batch b, schedule (1f1b, interleaved with v virtual
-stages, gpipe on request), recompute (none, selective, full), scatter/gather (p > 1, t > 1).
+stages, gpipe on request), recompute (none, selective, full), scatter/gather (p > 1, t > 1),
+parallel.zero (d > 1: 0-3 without pipelining, 0 and 1 with it, where 2 and 3 gather a stage's
+weights once a step as 1 does).
 Rejected, with the reason in words:
 
     not divisible        t into heads / FFN / padded vocabulary, p x v into the layers, d x b
@@ -27,11 +29,12 @@ from ptdp_jax.plan.hardware import GpuKind, detect_gpu_kind, gpu_kind
 
 LAYOUT_KEYS = ("parallel.data", "parallel.pipe", "parallel.tensor", "train.micro_batch_size",
                "parallel.schedule", "parallel.virtual_stages", "train.recompute",
-               "parallel.scatter_gather")
+               "parallel.scatter_gather", "parallel.zero")
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)      # tried where they divide the batch of a replica
 RECOMPUTES = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "1f1b-phased", "interleaved")   # gpipe: never faster than 1f1b, m slots
 MAX_VIRTUAL_STAGES = 8
+ZEROS = (0, 1, 2, 3)                      # parallel.zero, tried where d > 1 (see _zeros)
 DEFAULT_TOKENS = 300e9                    # the paper's GPT-3 example
 
 
@@ -46,6 +49,7 @@ class Candidate:
     recompute: str
     scatter_gather: bool
     num_microbatches: int
+    zero: int = 0                         # parallel.zero
     reason: str = ""                      # "" = a valid layout
     fits: bool = False
     params_per_device: float = 0.0         # parameters held by the most loaded device
@@ -63,7 +67,8 @@ class Candidate:
         return {"parallel.data": self.data, "parallel.pipe": self.pipe,
                 "parallel.tensor": self.tensor, "train.micro_batch_size": self.micro_batch_size,
                 "parallel.schedule": self.schedule, "parallel.virtual_stages": self.virtual_stages,
-                "train.recompute": self.recompute, "parallel.scatter_gather": self.scatter_gather}
+                "train.recompute": self.recompute, "parallel.scatter_gather": self.scatter_gather,
+                "parallel.zero": self.zero}
 
     def to_json(self) -> dict:
         e, mem = self.estimate, self.memory
@@ -73,7 +78,7 @@ class Candidate:
             "micro_batch_size": self.micro_batch_size, "num_microbatches": self.num_microbatches,
             "schedule": self.schedule, "virtual_stages": self.virtual_stages,
             "recompute": self.recompute, "scatter_gather": self.scatter_gather,
-            "fits": self.fits, "reason": self.reason,
+            "zero": self.zero, "fits": self.fits, "reason": self.reason,
             "params_per_device": int(self.params_per_device) if mem else None,
             "memory_per_device_gib": g(mem.total) if mem else None,
             "weights_gib": g(mem.params) if mem else None,
@@ -152,12 +157,19 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
                     for rc in pick("train.recompute", recomputes):
                         sgs = [False, True] if (p > 1 and t > 1) else [False]
                         for sg in pick("parallel.scatter_gather", sgs):
-                            c = Candidate(**base, micro_batch_size=b, schedule=sched,
-                                          virtual_stages=v, recompute=rc, scatter_gather=sg,
-                                          num_microbatches=m, reason=hard or treason)
-                            # a tensor group across hosts is slow, not impossible
-                            # (parallel.allow_cross_host_tensor): still predicted
-                            yield c, None if hard else layout_config(cfg, c)
+                            for z in pick("parallel.zero", _zeros(d, p)):
+                                c = Candidate(**base, micro_batch_size=b, schedule=sched,
+                                              virtual_stages=v, recompute=rc, scatter_gather=sg,
+                                              num_microbatches=m, zero=z, reason=hard or treason)
+                                # a tensor group across hosts is slow, not impossible
+                                # (parallel.allow_cross_host_tensor): still predicted
+                                yield c, None if hard else layout_config(cfg, c)
+
+
+def _zeros(d: int, p: int) -> tuple[int, ...]:
+    """parallel.zero values worth pricing: none without data parallelism; with pipelining 2
+    and 3 gather a stage's weights once a step, as 1 does (the same step and memory)."""
+    return (0,) if d == 1 else (0, 1) if p > 1 else ZEROS
 
 
 def _schedules(p: int, L: int, fixed: dict, schedules):
@@ -180,7 +192,8 @@ def layout_config(cfg, c: Candidate):
     """cfg with the candidate's layout (stage_layers reset: the planner splits evenly)."""
     return replace(cfg, parallel=replace(cfg.parallel, data=c.data, pipe=c.pipe, tensor=c.tensor,
                                          schedule=c.schedule, virtual_stages=c.virtual_stages,
-                                         scatter_gather=c.scatter_gather, stage_layers=()),
+                                         scatter_gather=c.scatter_gather, zero=c.zero,
+                                         stage_layers=()),
                    train=replace(cfg.train, micro_batch_size=c.micro_batch_size,
                                  recompute=c.recompute))
 
@@ -245,7 +258,7 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
 def choose_layout(cfg, num_devices: int, gpus_per_host: int, gpu: GpuKind | str | None = None,
                   fixed: dict | None = None) -> dict:
     """The planner's layout for the devices at hand, as dotted overrides: parallel.data, .pipe,
-    .tensor, .schedule, .virtual_stages, .scatter_gather, train.micro_batch_size and
+    .tensor, .schedule, .virtual_stages, .scatter_gather, .zero, train.micro_batch_size and
     train.recompute (stage_layers is left to the config: the planner splits evenly).
     fixed: the user's explicit keys (any of those), which win: they are not searched and come
     back unchanged. gpu: a kind, its name, or None for the kind of jax's first local device
