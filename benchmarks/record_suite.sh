@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | s16 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -323,6 +323,35 @@ if [[ "${SUITE:-record}" == "s15" ]]; then
   run tp2-sp-mb4 env CUDA_VISIBLE_DEVICES=0,1 $ours $TP2
   run tp2-sp-ov-mb4 env CUDA_VISIBLE_DEVICES=0,1 $ours $TP2 parallel.tp_comm_overlap=true --trace-dir /tmp/s7
   prof tp2-sp-ov-mb4 /tmp/s7 1,1,2 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s16" ]]; then
+  # 4 GPUs, session 16, two calls in one lease (carry .peer). Predictions: NOTES, issue 10
+  # "Session 15". S16_PART=a: the zero-dim change on the 7.5B zero 2 micro 8 (traced: are the
+  # optimizer's transposes gone?), zero 3 at m = 1 (its per-layer gathers under the layers),
+  # the peer's FSDP in the lease (issue 10 target 2). b: the 1.3B data-parallel rows
+  # (target 1) and (2,1,2) (issue 11 target 2) against the same lease's one-GPU step.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-200} TRACE_STEPS=2
+  Z75="$B75 --mesh 4,1,1 train.global_batch_size=32 train.recompute=selective --steps 3"
+  if [[ "${S16_PART:-a}" == "a" ]]; then
+  run 7.5b-dp4-zero2-mb8-bf16 $ours $Z75 train.micro_batch_size=8 parallel.zero=2 parallel.grad_reduce_dtype=bfloat16 --trace-dir /tmp/s8 --trace-steps 2
+  f=$(newest_trace /tmp/s8); [[ -n "$f" ]] && python3 benchmarks/idle_gaps.py "$f" --top 12 > "$out/gaps_zero2.md" 2>&1
+  [[ -n "$f" ]] && cp "$f" "$out/trace_7.5b-dp4-zero2-mb8-bf16.json.gz"; rm -rf /tmp/s8
+  run peer-7.5b-dp4-fsdp $peer --dp 4 --pp 1 --tp 1 $P75
+  run 7.5b-dp4-zero3-unrolled-mb8-bf16 $ours $Z75 train.micro_batch_size=8 parallel.zero=3 train.scan_layers=false parallel.grad_reduce_dtype=bfloat16
+  run 7.5b-dp4-zero2-mb8 $ours $Z75 train.micro_batch_size=8 parallel.zero=2
+  run 7.5b-dp4-zero2-mb2 $ours $Z75 train.micro_batch_size=2 parallel.zero=2
+  run peer-7.5b-dp4-fsdp-again $peer --dp 4 --pp 1 --tp 1 $P75
+  finish
+  fi
+  one_gpu
+  DP="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16"
+  run dp4-zero0-bf16 $ours $DP
+  run dp4-zero2-bf16 $ours $DP parallel.zero=2
+  run dp4-zero1-bf16 $ours $DP parallel.zero=1
+  run dp2tp2-sp-mb8-bf16 $ours $B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16
+  run pp4-phased-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased
   finish
 fi
 
