@@ -228,15 +228,19 @@ def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None,
     policies. scan: a `lax.scan` over the layers, so compile time does not grow with depth;
     otherwise the layers unrolled (longer compile, and no stacked residual buffers for the
     backward to be written into and read from). weights: see layer_fn (layers_p is then
-    whatever the hook takes, with the layer axis leading)."""
+    whatever the hook takes, with the layer axis leading). Unrolled, layers_p may also be a
+    list of per-layer pytrees (what the hook takes for each layer)."""
     if scan and sh is not None:
         sh = dataclasses.replace(sh, in_layer_scan=True)
     f = layer_fn(cfg, sh, recompute, weights)
-    n = jax.tree.leaves(layers_p)[0].shape[0]
     if not scan:
+        per_layer = isinstance(layers_p, list)
+        n = len(layers_p) if per_layer else jax.tree.leaves(layers_p)[0].shape[0]
         for i in range(n):
-            x_bsh = f(jax.tree.map(lambda a: a[i], layers_p), x_bsh, first_layer + i, key_rows)
+            lp = layers_p[i] if per_layer else jax.tree.map(lambda a: a[i], layers_p)
+            x_bsh = f(lp, x_bsh, first_layer + i, key_rows)
         return x_bsh
+    n = jax.tree.leaves(layers_p)[0].shape[0]
     idx = first_layer + jnp.arange(n, dtype=jnp.int32)
     x_bsh, _ = jax.lax.scan(lambda x, sc: (f(sc[0], x, sc[1], key_rows), None),
                             x_bsh, (layers_p, idx))
