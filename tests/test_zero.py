@@ -192,6 +192,25 @@ def test_zero2_reduces_every_microbatch_and_gathers_once():
     assert not any("reduce-scatter" in b for b in loops[1].values())
 
 
+def test_zero2_unrolled_gathers_each_layer_on_its_own():
+    """zero=2 with the layers unrolled: one all-gather per layer and split weight (so later
+    layers' gathers can run under earlier layers' forward), not one per stacked weight."""
+    from ptdp_jax import state as S
+    from ptdp_jax.sharding import data_axis, make_mesh
+    from ptdp_jax.step import compile_all
+    cfg = tiny_config("llama", (8, 1, 1), **MEM_MODEL, **{"parallel.zero": 2})
+    assert not cfg.scan_layers_on and cfg.num_microbatches == 1
+    tx, _ = S.make_optimizer(cfg)
+    c = compile_all(cfg, make_mesh((8, 1, 1)), tx)
+    batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1),
+                                 np.int32, sharding=c.batch_sharding)
+    text = c.step.lower(S.abstract_state(cfg, tx, c.shardings), batch).compile().as_text()
+    split = sum(data_axis(spec) is not None for spec in jax.tree.leaves(
+        S.stage_state_specs(cfg)["layers"], is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
+    gathers = len(re.findall(r"= \S+ all-gather(?:-start)?\(", text))
+    assert split >= 4 and gathers >= cfg.model.num_layers * split, (gathers, split)
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 def test_checkpoints_move_between_zero_values(tmp_path, data_cache):
