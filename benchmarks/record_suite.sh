@@ -351,7 +351,11 @@ if [[ "${SUITE:-record}" == "s16" ]]; then
   run dp4-zero2-bf16 $ours $DP parallel.zero=2
   run dp4-zero1-bf16 $ours $DP parallel.zero=1
   run dp2tp2-sp-mb8-bf16 $ours $B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16
-  run pp4-phased-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased
+  # the pipeline traced with the device tracer only: does the 2.2x stretch of session 15's
+  # traced step (444 ms against 201) go? (NOTES issue 8 section 17)
+  run pp4-phased-sel-devtrace $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased --trace-dir /tmp/s9 --trace-steps 2 --trace-host-level 0
+  og=$(step_of 1gpu-none-mb8)
+  prof pp4-phased-sel-devtrace /tmp/s9 1,4,1 $PROF_PH ${og:+--one-gpu-step $og}
   finish
 fi
 
