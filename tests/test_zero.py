@@ -36,6 +36,7 @@ CASES = [
     ("gpt", (8, 1, 1), 2, {"train.recompute": "selective"}),   # m = 1
     ("llama", (4, 1, 2), 2, {}),                                # m = 2: shard-sized sums
     ("gpt", (2, 2, 2), 2, F1),                                  # p > 1: as zero=1
+    ("llama", (8, 1, 1), 2, {"train.scan_layers": True}),       # stacked gathers, a layer scan
     # train.scan_layers=false: zero=3 with the layers unrolled, each gathering its weights
     ("gpt", (4, 1, 2), 3, {"train.scan_layers": False}),
     ("llama", (8, 1, 1), 3, {"train.scan_layers": False, "train.recompute": "selective"}),
