@@ -334,13 +334,16 @@ if [[ "${SUITE:-record}" == "s16" ]]; then
   # (target 1) and (2,1,2) (issue 11 target 2) against the same lease's one-GPU step.
   export CASE_TIMEOUT=${CASE_TIMEOUT:-200} TRACE_STEPS=2
   Z75="$B75 --mesh 4,1,1 train.global_batch_size=32 train.recompute=selective --steps 3"
+  # micro 8 needs ~106 GiB (H200); on 80 GB cards micro 2 (67.6 GiB) is the largest that fits
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+  MB=8; (( ${mib:-0} < 100000 )) && MB=2
   if [[ "${S16_PART:-a}" == "a" ]]; then
-  run 7.5b-dp4-zero2-mb8-bf16 $ours $Z75 train.micro_batch_size=8 parallel.zero=2 parallel.grad_reduce_dtype=bfloat16 --trace-dir /tmp/s8 --trace-steps 2
+  run 7.5b-dp4-zero2-mb$MB-bf16 $ours $Z75 train.micro_batch_size=$MB parallel.zero=2 parallel.grad_reduce_dtype=bfloat16 --trace-dir /tmp/s8 --trace-steps 2
   f=$(newest_trace /tmp/s8); [[ -n "$f" ]] && python3 benchmarks/idle_gaps.py "$f" --top 12 > "$out/gaps_zero2.md" 2>&1
-  [[ -n "$f" ]] && cp "$f" "$out/trace_7.5b-dp4-zero2-mb8-bf16.json.gz"; rm -rf /tmp/s8
+  [[ -n "$f" ]] && cp "$f" "$out/trace_7.5b-dp4-zero2-mb$MB-bf16.json.gz"; rm -rf /tmp/s8
   run peer-7.5b-dp4-fsdp $peer --dp 4 --pp 1 --tp 1 $P75
-  run 7.5b-dp4-zero3-unrolled-mb8-bf16 $ours $Z75 train.micro_batch_size=8 parallel.zero=3 train.scan_layers=false parallel.grad_reduce_dtype=bfloat16
-  run 7.5b-dp4-zero2-mb8 $ours $Z75 train.micro_batch_size=8 parallel.zero=2
+  run 7.5b-dp4-zero3-unrolled-mb$MB-bf16 $ours $Z75 train.micro_batch_size=$MB parallel.zero=3 train.scan_layers=false parallel.grad_reduce_dtype=bfloat16
+  run 7.5b-dp4-zero2-mb$MB $ours $Z75 train.micro_batch_size=$MB parallel.zero=2
   run 7.5b-dp4-zero2-mb2 $ours $Z75 train.micro_batch_size=2 parallel.zero=2
   run peer-7.5b-dp4-fsdp-again $peer --dp 4 --pp 1 --tp 1 $P75
   finish
