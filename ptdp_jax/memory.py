@@ -174,7 +174,8 @@ def params_per_device(cfg, state: bool = False) -> dict[str, float]:
     layer_slots = par.virtual_stages * max(counts)
     out = {}
     for group, spec_group in (("embed", "embed"), ("layers", "layer"), ("head", "head")):
-        n = sum(_tensor_sharded(zero_axes(names, shape, par.data, par.tensor) if split else names, shape, ways)
+        n = sum(_tensor_sharded(zero_axes(names, shape, par.data, par.tensor) if split
+                                else names, shape, ways)
                 for shape, names, _ in specs[spec_group].values())
         out[group] = n * (layer_slots if group == "layers" else 1)
     return out
@@ -342,7 +343,8 @@ def _state_bytes(cfg) -> tuple[float, float, float]:
         # (the sums twice, as zero=1's: fitted to the 7.5B (4,1,1) at micro 1, 2, 4 and 8,
         # 61.5-106.4 GiB on 4x H200, session 15, even at m = 1)
         pending = min(used["embed"] + used["head"] + 2 * layer, n)
-        return master + n * compute, (ACC_CARRY_COPIES * held + pending) * GRAD_BYTES_PER_PARAM, adam
+        sums = ACC_CARRY_COPIES * held + pending
+        return master + n * compute, sums * GRAD_BYTES_PER_PARAM, adam
     # gathered at once: the layer in use and the next, or with unrolled layers (XLA schedules
     # their gathers early, fitted: 7.5B selective, 41.6 GiB on 4x H200) four
     live = min(used["embed"] + used["head"] + (2 if cfg.scan_layers_on else 4) * layer, n)

@@ -133,7 +133,8 @@ def zero_axes(names: tuple[str, ...], shape: tuple[int, ...], d: int,
     best = None
     for i, (name, size) in enumerate(zip(names[lead:], shape)):
         rule = LOGICAL_RULES.get(name)
-        if name in STACK_AXES or size % d or not (rule is None or (rule == "tensor" and tensor == 1)):
+        unsplit = rule is None or (rule == "tensor" and tensor == 1)
+        if name in STACK_AXES or size % d or not unsplit:
             continue
         best = i
         break
