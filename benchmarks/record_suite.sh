@@ -347,6 +347,8 @@ if [[ "${SUITE:-record}" == "s16" ]]; then
   run 7.5b-dp4-zero2-mb2 $ours $Z75 train.micro_batch_size=2 parallel.zero=2
   # on 80 GB cards the pipeline is the other candidate (session 13: 1.556 s on 4x H200)
   (( MB == 2 )) && run 7.5b-pp4-phased-sel $ours $B75 --mesh 1,4,1 $L75 train.recompute=selective parallel.schedule=1f1b-phased --steps 3
+  # ptdp-plan's pick on 4x H100 (predicted 1.487 s): (2,2,1) 1f1b-phased zero 1, micro 1
+  (( MB == 2 )) && run 7.5b-dp2pp2-phased-zero1 $ours $B75 --mesh 2,2,1 train.global_batch_size=32 train.micro_batch_size=1 train.recompute=selective parallel.schedule=1f1b-phased parallel.zero=1 --steps 3
   run peer-7.5b-dp4-fsdp-again $peer --dp 4 --pp 1 --tp 1 $P75
   finish
   fi
