@@ -150,13 +150,14 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
         make = _maker(cfg, axes)
         fl = None
         if cfg.parallel.zero == 2:
-            fl = _only(_gather_all(cfg, dict(shards, layers={}), axes), axes)
-            # unrolled layers: each layer's weights gathered on their own, so that (m = 1) the
-            # gathers of later layers can run under the forward of earlier ones instead of
-            # all before the first (24 ms a step exposed on the 7.5B, 4x H200, session 15)
-            fl["layers"] = (_gather_layers(cfg, shards["layers"], axes["layers"])
-                            if not cfg.scan_layers_on else
-                            _only(_gather_all(cfg, shards, axes), axes)["layers"])
+            unrolled = not cfg.scan_layers_on
+            fl = _only(_gather_all(cfg, dict(shards, layers={}) if unrolled else shards, axes),
+                       axes)
+            if unrolled:
+                # each layer's weights gathered on their own, so that (m = 1) the gathers of
+                # later layers can run under the forward of earlier ones instead of all before
+                # the first (24 ms a step exposed on the 7.5B, 4x H200, session 15)
+                fl["layers"] = _gather_layers(cfg, shards["layers"], axes["layers"])
 
         def body(acc, xs):
             tokens, key_rows = xs
