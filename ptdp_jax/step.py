@@ -46,10 +46,14 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
         return M.loss_sum(cfg.model, prm, tokens_bs1[:, :-1], tokens_bs1[:, 1:], sh,
                           cfg.train.recompute, dtype, key_rows, cfg.scan_layers_on)
 
+    unrolled = not cfg.scan_layers_on
+
     def body(acc, xs):
         tokens, key_rows = xs
-        loss, g = jax.value_and_grad(loss_fn)(params, tokens, key_rows)
-        return jax.tree.map(jnp.add, acc, (loss, g)), None
+        # unrolled: each layer's gradient on its own, added into the stack in place
+        prm = dict(params, layers=M.unstack_layers(params["layers"])) if unrolled else params
+        loss, g = jax.value_and_grad(loss_fn)(prm, tokens, key_rows)
+        return (acc[0] + loss, M.add_grads(acc[1], g)), None
 
     zero = jax.tree.map(lambda x: vary(jnp.zeros(x.shape, jnp.float32), manual),
                         (jnp.zeros(()), params))

@@ -120,14 +120,21 @@ def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows):
         e = make("embed", shards["embed"], grp(fulls, "embed"), grp(accs, "embed"))
         hd = make("head", shards["head"], grp(fulls, "head"), grp(accs, "head"))
         layers = (shards["layers"], grp(fulls, "layers"), grp(accs, "layers"))
-        if fulls is not None and isinstance(fulls["layers"], list):    # gathered per layer
-            layers = [({k: v[i] for k, v in shards["layers"].items()}, full, None)
-                      for i, full in enumerate(fulls["layers"])]
+        if isinstance(shards["layers"], list):      # unrolled: per layer (M.unstack_layers)
+            layers = [(s, _layer(grp(fulls, "layers"), i), _layer(grp(accs, "layers"), i))
+                      for i, s in enumerate(shards["layers"])]
     x = M.embed(mc, sh, e, tokens_bs1[:, :-1], key_rows)
     x = M.run_layers(mc, sh, layers, x, cfg.train.recompute, key_rows,
                      scan=cfg.scan_layers_on,     # auto: zero=3 scans (a layer at a time)
                      weights=None if make is None else (lambda lp: make("layers", *lp)))
     return M.head_loss(mc, sh, e, hd, x, tokens_bs1[:, 1:])
+
+
+def _layer(stack_or_list, i):
+    """Layer i of a (L, ...) stack or of a per-layer list; None stays None."""
+    if stack_or_list is None or isinstance(stack_or_list, list):
+        return None if stack_or_list is None else stack_or_list[i]
+    return jax.tree.map(lambda a: a[i], stack_or_list)
 
 
 def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
@@ -143,6 +150,10 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
     keys = None if keys_r is None else keys_r.reshape((m, b) + keys_r.shape[1:])
     shards = _layers(params)
     zeros = lambda t: jax.tree.map(lambda x: vary(jnp.zeros(x.shape, F32), manual), t)
+    unrolled = not cfg.scan_layers_on
+    # unrolled: gradients taken per layer, added into the stacks in place (M.unstack_layers)
+    per_layer = ((lambda t: dict(t, layers=M.unstack_layers(t["layers"]))) if unrolled
+                 else (lambda t: t))
 
     if cfg.parallel.zero in (2, 3):
         # every microbatch's backward reduce-scatters per layer into shard-sized sums; zero=2
@@ -150,7 +161,6 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
         make = _maker(cfg, axes)
         fl = None
         if cfg.parallel.zero == 2:
-            unrolled = not cfg.scan_layers_on
             fl = _only(_gather_all(cfg, dict(shards, layers={}) if unrolled else shards, axes),
                        axes)
             if unrolled:
@@ -162,8 +172,8 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
         def body(acc, xs):
             tokens, key_rows = xs
             loss, g = jax.value_and_grad(
-                lambda s: _loss(cfg, sh, make, s, fl, None, tokens, key_rows))(shards)
-            return jax.tree.map(jnp.add, acc, (loss, g)), None
+                lambda s: _loss(cfg, sh, make, s, fl, None, tokens, key_rows))(per_layer(shards))
+            return (acc[0] + loss, M.add_grads(acc[1], g)), None
         (loss, grads), _ = jax.lax.scan(body, zeros((jnp.zeros(()), shards)), (mbs, keys))
         return loss, _unlayers(grads)
 
@@ -174,8 +184,8 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
         def body(carry, xs):
             tokens, key_rows = xs
             loss, g = jax.value_and_grad(
-                lambda w: _loss(cfg, sh, None, w, None, None, tokens, key_rows))(fulls)
-            return jax.tree.map(lambda a, x: a + x.astype(F32), carry, (loss, g)), None
+                lambda w: _loss(cfg, sh, None, w, None, None, tokens, key_rows))(per_layer(fulls))
+            return (carry[0] + loss, M.add_grads(carry[1], g)), None
         (loss, acc), _ = jax.lax.scan(body, (loss, acc), jax.tree.map(lambda a: a[:-1],
                                                                         (mbs, keys)))
     # The last microbatch: its backward adds the accumulators and reduce-scatters per layer.
@@ -184,7 +194,9 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
     fl = _only(fulls, axes)
     ac = _only(acc, axes) if m > 1 else None
     loss_last, g = jax.value_and_grad(
-        lambda s: _loss(cfg, sh, make, s, fl, ac, *last))(shards)
+        lambda s: _loss(cfg, sh, make, s, fl, ac, *last))(per_layer(shards))
+    if unrolled:                                             # the per-layer shards stacked
+        g = dict(g, layers=jax.tree.map(lambda *x: jnp.stack(x), *g["layers"]))
     # replicated leaves: their local sums (earlier microbatches added here)
     g = map2(lambda x, a, ax: x if ax is not None else x + a, g, acc, axes)
     return loss + loss_last, _unlayers(g)

@@ -69,3 +69,20 @@ def test_data_parallel_gradients_are_reduced_once_per_step():
         for name, body in bodies.items():
             assert "all-reduce" not in body, f"all-reduce inside loop body {name}"
         assert "all-reduce" in hlo
+
+
+def test_unrolled_layer_gradients_are_not_summed_from_padded_slices():
+    """Unrolled layers (p = 1): each layer's gradient is added into its slot of the float32
+    stack in place, not built as the sum of L zero-padded copies (the transpose of L slices of
+    the stack: one fusion of L pads, ~3x the bandwidth-bound time on GPUs). One device, ZeRO-2
+    (per-layer reduce-scatters) and ZeRO-1 (full-size sums), each with m > 1."""
+    for mesh, extra in (((1, 1, 1), {}), ((4, 1, 1), {"parallel.zero": 2}),
+                        ((4, 1, 1), {"parallel.zero": 1})):
+        cfg = tiny_config("gpt", mesh, **{"train.scan_layers": False, **extra})
+        assert cfg.num_microbatches > 1 and not cfg.scan_layers_on
+        hlo = compile_grad_fn(cfg).as_text()
+        L = cfg.model.num_layers
+        # a pad into the stack at layer i > 0 (low padding i on the layer dim); layer 0 into
+        # zeros (0_{L-1}) is only how a zero-initialised sum's first add is written
+        pads = re.findall(rf"= \w+\[{L},[0-9,]*\]\S* pad\(.*padding=([1-9][0-9]*)_", hlo)
+        assert not pads, f"{mesh} {extra}: layer stack built from pads at layers {pads}"
