@@ -51,13 +51,14 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     def body(acc, xs):
         tokens, key_rows = xs
         # unrolled: each layer's gradient on its own, added into the stack in place
-        prm = dict(params, layers=M.unstack_layers(params["layers"])) if unrolled else params
-        loss, g = jax.value_and_grad(loss_fn)(prm, tokens, key_rows)
-        return (acc[0] + loss, M.add_grads(acc[1], g)), None
+        loss, g = jax.value_and_grad(loss_fn)(split(params), tokens, key_rows)
+        return jax.tree.map(jnp.add, acc, (loss, g)), None
 
+    split = M.per_layer if unrolled else (lambda t: t)
     zero = jax.tree.map(lambda x: vary(jnp.zeros(x.shape, jnp.float32), manual),
-                        (jnp.zeros(()), params))
+                        (jnp.zeros(()), split(params)))
     (loss, grads), _ = jax.lax.scan(body, zero, (mbs, keys))
+    grads = M.stack_layers(grads)
     grads = dict(grads, layers=jax.tree.map(lambda x: x[None, None], grads["layers"]))
     return loss, grads
 

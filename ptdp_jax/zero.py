@@ -152,8 +152,7 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
     zeros = lambda t: jax.tree.map(lambda x: vary(jnp.zeros(x.shape, F32), manual), t)
     unrolled = not cfg.scan_layers_on
     # unrolled: gradients taken per layer, added into the stacks in place (M.unstack_layers)
-    per_layer = ((lambda t: dict(t, layers=M.unstack_layers(t["layers"]))) if unrolled
-                 else (lambda t: t))
+    per_layer = M.per_layer if unrolled else (lambda t: t)
 
     if cfg.parallel.zero in (2, 3):
         # every microbatch's backward reduce-scatters per layer into shard-sized sums; zero=2
@@ -173,19 +172,20 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
             tokens, key_rows = xs
             loss, g = jax.value_and_grad(
                 lambda s: _loss(cfg, sh, make, s, fl, None, tokens, key_rows))(per_layer(shards))
-            return (acc[0] + loss, M.add_grads(acc[1], g)), None
-        (loss, grads), _ = jax.lax.scan(body, zeros((jnp.zeros(()), shards)), (mbs, keys))
-        return loss, _unlayers(grads)
+            return jax.tree.map(jnp.add, acc, (loss, g)), None
+        (loss, grads), _ = jax.lax.scan(body, zeros((jnp.zeros(()), per_layer(shards))),
+                                        (mbs, keys))
+        return loss, _unlayers(M.stack_layers(grads))
 
     # zero=1: gather once; microbatches 0 .. m-2 accumulate full-size gradients locally.
     fulls = _gather_all(cfg, shards, axes)
-    loss, acc = zeros((jnp.zeros(()), fulls))
+    loss, acc = zeros((jnp.zeros(()), per_layer(fulls)))
     if m > 1:
         def body(carry, xs):
             tokens, key_rows = xs
             loss, g = jax.value_and_grad(
                 lambda w: _loss(cfg, sh, None, w, None, None, tokens, key_rows))(per_layer(fulls))
-            return (carry[0] + loss, M.add_grads(carry[1], g)), None
+            return jax.tree.map(lambda a, x: a + x.astype(F32), carry, (loss, g)), None
         (loss, acc), _ = jax.lax.scan(body, (loss, acc), jax.tree.map(lambda a: a[:-1],
                                                                         (mbs, keys)))
     # The last microbatch: its backward adds the accumulators and reduce-scatters per layer.
@@ -195,8 +195,7 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
     ac = _only(acc, axes) if m > 1 else None
     loss_last, g = jax.value_and_grad(
         lambda s: _loss(cfg, sh, make, s, fl, ac, *last))(per_layer(shards))
-    if unrolled:                                             # the per-layer shards stacked
-        g = dict(g, layers=jax.tree.map(lambda *x: jnp.stack(x), *g["layers"]))
+    g, acc = M.stack_layers(g), M.stack_layers(acc)
     # replicated leaves: their local sums (earlier microbatches added here)
     g = map2(lambda x, a, ax: x if ax is not None else x + a, g, acc, axes)
     return loss + loss_last, _unlayers(g)
@@ -222,7 +221,11 @@ def _gather_layers(cfg, layers, axes):
 
 
 def _only(tree, axes):
-    """tree with None where a parameter is replicated over 'data' (no ZeRO dim)."""
+    """tree with None where a parameter is replicated over 'data' (no ZeRO dim); 'layers' may
+    be per layer (M.per_layer)."""
+    if isinstance(tree["layers"], list):
+        rest = _only(dict(tree, layers={}), dict(axes, layers={}))
+        return dict(rest, layers=[_only({"layers": t}, axes)["layers"] for t in tree["layers"]])
     return map2(lambda x, ax: None if ax is None else x, tree, axes)
 
 

@@ -251,26 +251,23 @@ def unstack_layers(layers_L):
     """(L, ...) layer stack -> [layer i's pytree for i < L]. Differentiating with respect to
     these slices (taken outside the function differentiated) gives each layer's gradient on its
     own; differentiating through slices of the stack instead sums L zero-padded copies, one
-    fusion of L pads that ran at ~1/3 of the memory bandwidth on GPUs (issue 10, session 16)."""
+    fusion of L pads that ran at ~1/3 of the memory bandwidth on GPUs (issue 10, session 16).
+    Sums of such gradients are kept per layer too and stacked once (`stack_layers`): adding
+    each into its slot of a stack (scatter-add) made XLA:GPU copy the stack per layer."""
     n = jax.tree.leaves(layers_L)[0].shape[0]
     return [jax.tree.map(lambda a: a[i], layers_L) for i in range(n)]
 
 
-def add_layers(acc_L, per_layer):
-    """acc (L, ...) + [layer i's pytree]: one in-place dynamic-update-slice add per layer."""
-    def add(a, *gs):
-        for i, g in enumerate(gs):
-            a = a.at[i].add(g.astype(a.dtype), unique_indices=True, indices_are_sorted=True)
-        return a
-    return jax.tree.map(add, acc_L, *per_layer)
+def per_layer(tree):
+    """{group: ...} with 'layers' (L, ...) as [layer i's pytree] (`unstack_layers`)."""
+    return dict(tree, layers=unstack_layers(tree["layers"]))
 
 
-def add_grads(acc, grads):
-    """acc + grads, {group: ...} trees; grads' 'layers' may be per layer (`unstack_layers`)."""
-    if not isinstance(grads["layers"], list):
-        return jax.tree.map(jnp.add, acc, grads)
-    rest = jax.tree.map(jnp.add, dict(acc, layers={}), dict(grads, layers={}))
-    return dict(rest, layers=add_layers(acc["layers"], grads["layers"]))
+def stack_layers(tree):
+    """The inverse of `per_layer`: one stacking pass (trees whose 'layers' is stacked: as is)."""
+    if not isinstance(tree["layers"], list):
+        return tree
+    return dict(tree, layers=jax.tree.map(lambda *x: jnp.stack(x), *tree["layers"]))
 
 
 def logits(cfg, sh, embed_p, head_p, x_bsh):
