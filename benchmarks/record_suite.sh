@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | s16 | s16c | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | s16 | s16c | s16d | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -385,6 +385,20 @@ if [[ "${SUITE:-record}" == "s16c" ]]; then
   run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
   run pp4-phased-sel $ours $B13 --mesh 1,4,1 $PROF_PH
   run 7.5b-tp4-sp-mb8 $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none train.micro_batch_size=8 parallel.sequence_parallel=true --steps 3
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s16d" ]]; then
+  # lease 3: the per-layer sums kept as a list (s16c's scatter-add into the stack: +25%)
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-110}
+  base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
+  Z75="$B75 --mesh 4,1,1 train.global_batch_size=32 train.recompute=selective --steps 3"
+  Z75="$Z75 train.micro_batch_size=2 parallel.zero=2 parallel.grad_reduce_dtype=bfloat16"
+  ONE="$B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none --steps 6"
+  run base-1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 $base $ONE
+  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 $ours $ONE
+  run 7.5b-dp4-zero2-mb2-bf16 $ours $Z75
+  run base-7.5b-dp4-zero2-mb2-bf16 $base $Z75
   finish
 fi
 
