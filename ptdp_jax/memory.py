@@ -13,7 +13,8 @@ The model (bytes per device; the most loaded device of the layout):
   `sharding.zero_axes`; a tensor with none stays whole): zero=1 holds 1/d of the master weights
   and AdamW moments plus the weights gathered for the step in the compute dtype (full size)
   and full float32 gradient accumulators (twice without pipelining when m > 1: the
-  microbatch loop's carry, `ACC_CARRY_COPIES`); zero=2 (p = 1) the same but its gradient sums
+  microbatch loop's carry, `ACC_CARRY_COPIES`, and at m = 1 with the reduce-scatters in the
+  backward); zero=2 (p = 1) the same but its gradient sums
   split, twice, plus two layers' full-size float32 gradients before their reduce-scatters
   (fitted, session 15: estimates 4-7% under the 7.5B's measured peaks); zero=3 without
   pipelining also holds the gradients
@@ -22,7 +23,8 @@ The model (bytes per device; the most loaded device of the layout):
   dtype, plus their float32 gradients before the reduce-scatter, but every layer's gathered
   weight when the layers are unrolled without recomputation (autodiff keeps them for the
   backward); zero=3's scanned layers hold their residuals twice (`SCAN_RESIDUAL_COPIES`);
-  zero=2 and 3 with p > 1 gather a stage's weights once per step, as zero=1.
+  With p > 1 every zero value gathers a stage's weights once per step and upcasts them to
+  float32 for the executor (4 B/param of the stage, full size).
   The parameters held by a device: the layers of its pipeline stage in the padded stage layout
   (p, v, max layers per chunk, ...) of `ptdp_jax.pipeline.balance.chunk_layers`, plus the
   embedding and head, which every pipeline stage holds today; each tensor divided by t along
@@ -80,7 +82,8 @@ uneven chunks (the stash is allocated for the largest chunk; XLA seems to reuse 
 Not yet modelled, measured on 4x H100: 7.5B (4,1,1) parallel.zero=3, selective, micro 1
 measured 45.6 GiB against an estimate of 37.8 (an UNDERestimate by 17%: something of the
 scanned, layer-by-layer gathered step that is not understood yet); 1.3B (4,1,1) micro 4 no
-recompute, zero 0: 33.5 against 38.4, zero 1: 33.2 against 27.3. On 4x H200 (session 14):
+recompute, zero 0: 33.5 against 38.4, zero 1: 33.2 against 27.3 (now 32.2: session 16's
+fit, below). On 4x H200 (session 14):
 7.5B (4,1,1) zero=3 micro 1, scanned selective 46.17 GiB, unrolled selective 41.60, unrolled
 none 55.97, against estimates of 38.4, 38.4 and 43.4 (underestimates of 8-22%: the unrolled
 layers' gathers are scheduled early, more than two layers' weights live at once); 1.3B
@@ -327,11 +330,20 @@ def _state_bytes(cfg) -> tuple[float, float, float]:
     held = sum(params_per_device(cfg, state=True).values())
     compute = 2 if cfg.train.dtype == "bfloat16" else 4      # bytes of a gathered weight
     master, adam = held * MASTER_BYTES_PER_PARAM, held * ADAM_BYTES_PER_PARAM
-    if zero == 1 or cfg.parallel.pipe > 1:
+    if cfg.parallel.pipe > 1:
+        # the stage's weights gathered once per step and upcast to float32 for the executor
+        # (zero.gather_stage; fitted: 7.5B (2,2,1) 1f1b-phased zero 1, 59.97 GiB on 4x H100,
+        # session 16, against 53.09 when counted in the compute dtype)
+        return master + n * MASTER_BYTES_PER_PARAM, n * GRAD_BYTES_PER_PARAM, adam
+    if zero == 1:
         # zero=1 without pipelining and m > 1: the full-size float32 accumulators are the
         # microbatch loop's carry, in and out both live (fitted: 7.5B (4,1,1) micro 1 and 2,
-        # 102.3 and 113.0 GiB on 4x H200, session 15)
-        acc = ACC_CARRY_COPIES if cfg.parallel.pipe == 1 and cfg.num_microbatches > 1 else 1
+        # 102.3 and 113.0 GiB on 4x H200, session 15); at m = 1 with the reduce-scatters in
+        # the backward, the last microbatch's full-size float32 gradients and what waits for
+        # its reduce-scatter (1.3B (4,1,1) micro 4 none, 33.02 GiB on 4x H100, session 16:
+        # counted once the estimate was 17% under)
+        twice = cfg.num_microbatches > 1 or cfg.parallel.overlap_grad_reduce_on
+        acc = ACC_CARRY_COPIES if twice else 1
         return master + n * compute, acc * n * GRAD_BYTES_PER_PARAM, adam
     par = cfg.parallel
     from ptdp_jax.pipeline.balance import chunk_layers

@@ -23,6 +23,7 @@ SPN = {**NONE, "parallel.sequence_parallel": True}
 Z3 = {**MB1, "train.global_batch_size": 32, "parallel.zero": 3}
 ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
+BF16R = {"parallel.grad_reduce_dtype": "bfloat16"}
 
 # (config, (d, p, t), overrides, measured peak GiB per GPU, tolerance): RESULTS.md, 2026-11-26
 # (the one-GPU rows: the afternoon leases, layers unrolled and the head loss fused).
@@ -79,6 +80,17 @@ MEASURED = [
     (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2, "train.micro_batch_size": 8}, 106.37, 0.06),
     (B75, (4, 1, 1), {**B75_32, **NONE, "parallel.zero": 2, "train.micro_batch_size": 2}, 94.41,
      0.05),
+    # session 16, 4x H100: zero 1 with pipelining (the stage's weights gathered in float32),
+    # zero 1 at m = 1 (reduce-scatters in the backward), zero 3 unrolled and zero 2 at micro 2
+    # (bf16 reduction; zero 2 with the per-layer sums; the same case took 67.64 on H200: the
+    # peak follows the card's memory)
+    (B75, (2, 2, 1), {**B75_32, **PH, "parallel.zero": 1}, 59.97, 0.05),
+    (B13, (4, 1, 1), {**NONE, **BF16R, "train.micro_batch_size": 4, "parallel.zero": 1}, 33.02,
+     0.07),
+    (B75, (4, 1, 1), {**B75_32, **BF16R, "parallel.zero": 3, "train.scan_layers": False,
+                      "train.micro_batch_size": 2}, 47.49, 0.05),
+    (B75, (4, 1, 1), {**B75_32, **BF16R, "parallel.zero": 2, "train.micro_batch_size": 2}, 59.28,
+     0.10),
 ]
 
 
