@@ -72,12 +72,43 @@ def stage_of_device(mesh: tuple[int, int, int]) -> dict[int, int]:
     return {i: (i // t) % p for i in range(d * p * t)}
 
 
+def bubble(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
+    """(p-1)/m, or (p-1)/(v m) for interleaved (0 if p = 1)."""
+    return (p - 1) / (v * m if schedule == "interleaved" else m)
+
+
 def ideal_step_s(one_gpu_step_s: float, mesh: tuple[int, int, int], m: int, v: int = 1,
                  schedule: str = "1f1b") -> float:
-    """S / (d p t) x (1 + bubble); bubble (p-1)/m, or (p-1)/(v m) for interleaved (0 if p = 1)."""
+    """S / (d p t) x (1 + bubble)."""
     d, p, t = mesh
-    bubble = (p - 1) / (v * m if schedule == "interleaved" else m)
-    return one_gpu_step_s / (d * p * t) * (1 + bubble)
+    return one_gpu_step_s / (d * p * t) * (1 + bubble(p, m, v, schedule))
+
+
+def lockstep_floor(rep: dict, mesh: tuple[int, int, int], m: int, v: int = 1,
+                   schedule: str = "1f1b", one_gpu_step_s: float | None = None,
+                   step_s: float | None = None) -> str:
+    """Markdown: each stage's kernel time (every category but collectives and idle) and the
+    floor of a lockstep step with those kernels, busiest stage x (1 + bubble). Kernel durations
+    survive the profiler where waits do not (session 16: a 208 ms pipeline step traced as 453
+    ms), so step / ideal splits into kernels / (one-GPU step / devices) x step / floor."""
+    from ptdp_jax import profiling
+    stage_ms: dict[int, float] = {}
+    for row in rep["devices"].values():
+        ms = sum(x for c, x in row["ms"].items() if c not in ("collective", "idle"))
+        stage_ms[row["stage"]] = max(stage_ms.get(row["stage"], 0.0), ms)
+    floor_ms = max(stage_ms.values()) * (1 + bubble(mesh[1], m, v, schedule))
+    n = mesh[0] * mesh[1] * mesh[2]
+    share = one_gpu_step_s * 1e3 / n if one_gpu_step_s else None
+    rows = [[s, ms] + ([ms / share] if share else []) for s, ms in sorted(stage_ms.items())]
+    out = ["### Lockstep floor: the busiest stage's kernels x (1 + bubble)",
+           profiling._table(["stage", "kernel ms"] + (["/ one-GPU share"] if share else []), rows),
+           "", f"floor {floor_ms:.1f} ms"]
+    if share:
+        out[-1] += f"; one-GPU share {share:.1f} ms (one-GPU step / {n})"
+    if step_s:
+        out[-1] += (f"; measured step {step_s * 1e3:.1f} ms = {step_s * 1e3 / floor_ms:.2f}x the "
+                    "floor (waits and per-tick fixed costs)")
+    return "\n".join(out) + "\n"
 
 
 def collectives_by_op(devices) -> str:
@@ -152,6 +183,9 @@ def main(argv=None) -> dict:
           f"ticks={sched.num_ticks} trace {trace}\n")
     print(collectives_by_op(devices), flush=True)
     print(profiling.format_report(rep), flush=True)
+    if mesh[1] > 1:
+        print("\n" + lockstep_floor(rep, mesh, sched.m, sched.v, cfg.parallel.schedule,
+                                    a.one_gpu_step, step_s), flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rep, f, indent=1)

@@ -272,6 +272,21 @@ def test_cli_ideal_labels_and_stage_map():
         [["F", "."], ["F", "FB"], ["B", "."]]
 
 
+def test_cli_lockstep_floor_from_kernel_time():
+    """The floor is the busiest stage's kernels (no collectives, no idle) x (1 + bubble); the
+    measured step is given against it, and each stage's kernels against the one-GPU share."""
+    cli = _load("benchmarks/profile_step.py", "profile_step")
+    ms = lambda work, coll, idle: {"gemm": work, "collective": coll, "idle": idle}
+    rep = {"devices": {"0": {"stage": 0, "ms": ms(150.0, 200.0, 100.0)},
+                       "1": {"stage": 1, "ms": ms(160.0, 10.0, 280.0)}}}
+    text = cli.lockstep_floor(rep, (1, 2, 1), m=16, one_gpu_step_s=0.25, step_s=0.18)
+    assert "| 1 | 160.00 | 1.28 |" in text                  # 160 ms against 250 / 2
+    assert "floor 170.0 ms" in text                          # 160 x (1 + 1/16)
+    assert "1.06x the floor" in text                         # 180 / 170
+    text = cli.lockstep_floor(rep, (1, 2, 1), m=4, v=2, schedule="interleaved")
+    assert "floor 180.0 ms" in text and "share" not in text  # 160 x (1 + 1/8)
+
+
 def test_cli_collectives_by_op_per_device():
     """The collective kernels' time per HLO op and device: the one that waits shows it."""
     cli = _load("benchmarks/profile_step.py", "profile_step")
