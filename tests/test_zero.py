@@ -302,7 +302,10 @@ def test_validation_and_estimate():
            for z in (0, 1, 2, 3)}
     assert est[1].optimizer == est[3].optimizer == pytest.approx(est[0].optimizer / 8, rel=1e-6)
     assert est[2].optimizer == est[1].optimizer
-    assert est[1].grads == est[0].grads and est[3].grads < est[0].grads / 2
+    # zero=1 at m = 1, reduce-scatters in the backward: its full-size float32 gradients
+    # twice (memory.ACC_CARRY_COPIES: fitted to 4x H100, session 16)
+    from ptdp_jax.memory import ACC_CARRY_COPIES
+    assert est[1].grads == ACC_CARRY_COPIES * est[0].grads and est[3].grads < est[0].grads / 2
     assert est[2].params == est[1].params and est[2].grads < est[1].grads / 2   # split sums
     assert est[3].params < est[1].params
     assert est[3].total < est[2].total < est[1].total < est[0].total
