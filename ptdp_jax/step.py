@@ -46,15 +46,15 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
         return M.loss_sum(cfg.model, prm, tokens_bs1[:, :-1], tokens_bs1[:, 1:], sh,
                           cfg.train.recompute, dtype, key_rows, cfg.scan_layers_on)
 
-    unrolled = not cfg.scan_layers_on
+    # unrolled layers: each layer's gradient taken and summed on its own, stacked once after
+    # the loop (M.unstack_layers)
+    split = (lambda t: t) if cfg.scan_layers_on else M.per_layer
 
     def body(acc, xs):
         tokens, key_rows = xs
-        # unrolled: each layer's gradient on its own, added into the stack in place
         loss, g = jax.value_and_grad(loss_fn)(split(params), tokens, key_rows)
         return jax.tree.map(jnp.add, acc, (loss, g)), None
 
-    split = M.per_layer if unrolled else (lambda t: t)
     zero = jax.tree.map(lambda x: vary(jnp.zeros(x.shape, jnp.float32), manual),
                         (jnp.zeros(()), split(params)))
     (loss, grads), _ = jax.lax.scan(body, zero, (mbs, keys))

@@ -151,7 +151,7 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes):
     shards = _layers(params)
     zeros = lambda t: jax.tree.map(lambda x: vary(jnp.zeros(x.shape, F32), manual), t)
     unrolled = not cfg.scan_layers_on
-    # unrolled: gradients taken per layer, added into the stacks in place (M.unstack_layers)
+    # unrolled: gradients taken and summed per layer, stacked once (M.unstack_layers)
     per_layer = M.per_layer if unrolled else (lambda t: t)
 
     if cfg.parallel.zero in (2, 3):
