@@ -355,6 +355,16 @@ if [[ "${SUITE:-record}" == "s17" ]]; then
   run peer-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P13
   run pp4-phased-sel-m8 $ours $B13 --mesh 1,4,1 $PROF_PH train.global_batch_size=8
   run pp4-phased-sel-m32 $ours $B13 --mesh 1,4,1 $PROF_PH train.global_batch_size=32
+  # NCCL's protocol: every trace shows RING_LL kernels even for 100+ MB messages (LL moves half
+  # the bytes per NVLink transfer of Simple). Tried once, on zero 0's mostly hidden all-reduce
+  # (session 10: no change); not on the exposed tensor-parallel collectives or zero 2's.
+  T13="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+  D13="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
+  run tp4-sp-mb16 $ours $T13
+  run tp4-sp-mb16-simple env NCCL_PROTO=Simple $ours $T13
+  run tp4-sp-mb16-ll128 env NCCL_PROTO=LL128 $ours $T13
+  run dp4-zero2-bf16 $ours $D13
+  run dp4-zero2-bf16-simple env NCCL_PROTO=Simple $ours $D13
   finish
 fi
 
