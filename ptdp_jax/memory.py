@@ -22,7 +22,7 @@ The model (bytes per device; the most loaded device of the layout):
   and the next; four with unrolled layers, whose gathers XLA starts early) in the compute
   dtype, plus their float32 gradients before the reduce-scatter, but every layer's gathered
   weight when the layers are unrolled without recomputation (autodiff keeps them for the
-  backward); zero=3's scanned layers hold their residuals twice (`SCAN_RESIDUAL_COPIES`);
+  backward); zero=3's scanned layers hold their residuals twice (`SCAN_RESIDUAL_COPIES`).
   With p > 1 every zero value gathers a stage's weights once per step and upcasts them to
   float32 for the executor (4 B/param of the stage, full size).
   The parameters held by a device: the layers of its pipeline stage in the padded stage layout
@@ -114,8 +114,8 @@ NONE_BYTES_PER_H_NO_PIPE = 40.0     # the same without pipelining (autodiff thro
 SP_GATHERED_BYTES_PER_H = 4.0       # sequence parallelism, p = 1, recompute=none: the two
                                     # gathered GEMM inputs XLA keeps whole (16-bit), fitted to
                                     # 1.3B and 7.5B (1,1,4) on 4x H200 (session 14)
-ACC_CARRY_COPIES = 2                # zero=1 (p = 1, m > 1) and zero=2: the float32 gradient
-                                    # sums twice (see _state_bytes)
+ACC_CARRY_COPIES = 2                # zero=1 (p = 1: m > 1, or m = 1 reducing in the backward)
+                                    # and zero=2: the float32 gradient sums twice (_state_bytes)
 ZERO2_NONE_RESIDUAL_FACTOR = 1.85   # zero=2 without recomputation (p = 1): the layers run as
                                     # jax.checkpoint(everything saveable but the weights), which
                                     # keeps more than plain autodiff; fitted to the 7.5B (4,1,1)

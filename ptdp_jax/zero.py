@@ -132,8 +132,10 @@ def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows):
 
 def _layer(stack_or_list, i):
     """Layer i of a (L, ...) stack or of a per-layer list; None stays None."""
-    if stack_or_list is None or isinstance(stack_or_list, list):
-        return None if stack_or_list is None else stack_or_list[i]
+    if stack_or_list is None:
+        return None
+    if isinstance(stack_or_list, list):
+        return stack_or_list[i]
     return jax.tree.map(lambda a: a[i], stack_or_list)
 
 
