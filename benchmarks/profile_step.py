@@ -55,14 +55,18 @@ def op_label(op) -> str:
 
 
 def tick_labels(sched, schedule: str = "") -> list[list[str]]:
-    """labels[tick][stage] of a Schedule. 1f1b-phased runs its rows in (forward, backward)
-    pairs, one loop iteration and one permute boundary a pair: a pair's label joins its two
-    ops ('FB', 'F', 'B'; '.' when both are idle)."""
+    """labels[tick][stage] of a Schedule. 1f1b-phased runs its steady rows in (forward,
+    backward) pairs, one loop iteration and one permute boundary a pair (its warm-up and
+    cool-down rows one each): a pair's label joins its two ops ('FB', 'F', 'B'; '.' when both
+    are idle)."""
     rows = [[op_label(op) for op in row] for row in sched.table]
     if schedule != "1f1b-phased":
         return rows
+    from ptdp_jax.pipeline.phased import phased_parts
+    warm, fwd, _, cool = phased_parts(sched.p, sched.m)
     join = lambda f, b: (f.strip(".") + b.strip(".")) or "."
-    return [[join(f, b) for f, b in zip(rows[i], rows[i + 1])] for i in range(0, len(rows), 2)]
+    return ([rows[t] for t in warm] + [[join(f, b) for f, b in zip(rows[t], rows[t + 1])]
+                                        for t in fwd] + [rows[t] for t in cool])
 
 
 def stage_of_device(mesh: tuple[int, int, int]) -> dict[int, int]:

@@ -6,6 +6,7 @@ from fractions import Fraction
 
 import pytest
 
+from ptdp_jax.pipeline.phased import phased_parts
 from ptdp_jax.pipeline.schedule import Op, bubble_fraction_theory, build_schedule
 from test_schedule import _positions, _simulate_executor, draw
 
@@ -29,20 +30,25 @@ def test_every_op_once_on_its_stage_after_its_inputs():
                 assert pos[pre][0] < t, (p, m, op)
 
 
-def test_rows_alternate_forward_and_backward_phases():
-    """Row 2k holds forwards only, row 2k + 1 backwards only (the executor runs them as pairs,
-    the head after the forward row); a phase with no op stays; 2 (m + p - 1) rows are busy."""
+def test_rows_are_warm_up_steady_pairs_and_cool_down():
+    """p - 1 forward rows, m (forward, backward) pairs, p - 1 backward rows: no row in which
+    every stage idles, and the parts that `phased_parts` names (the executor runs each as a
+    loop, the head after the pairs' forward rows only)."""
     for p, m in CONFIGS:
         s = build_schedule("1f1b-phased", p, m)
-        assert s.num_ticks == 2 * (m + 2 * p - 2), (p, m)
-        for t, row in enumerate(s.table):
-            assert {op.kind for op in row if op is not None} <= {"FB"[t % 2]}, (p, m, t, row)
-        busy = sum(any(op is not None for op in row) for row in s.table)
-        assert busy == 2 * (m + p - 1), (p, m)
-        # the all-idle phases: the backward ones of warm-up and the forward ones of cool-down
-        idle = [t for t, row in enumerate(s.table) if all(op is None for op in row)]
-        assert idle == [2 * T + 1 for T in range(min(p - 1, m + 2 * p - 2))
-                        if T < p - 1] + [2 * T for T in range(m + p - 1, m + 2 * p - 2)], (p, m)
+        assert s.num_ticks == 2 * (m + p - 1), (p, m)
+        assert all(any(op is not None for op in row) for row in s.table), (p, m)
+        warm, fwd, bwd, cool = phased_parts(p, m)
+        assert sorted([*warm, *fwd, *bwd, *cool]) == list(range(s.num_ticks)), (p, m)
+        assert len(warm) == len(cool) == p - 1 and len(fwd) == len(bwd) == m, (p, m)
+        kinds = lambda rows: {op.kind for t in rows for op in s.table[t] if op is not None}
+        assert kinds(warm) <= {"F"} and kinds(fwd) == {"F"}, (p, m)
+        assert kinds(bwd) == {"B"} and kinds(cool) <= {"B"}, (p, m)
+        assert list(bwd) == [t + 1 for t in fwd], (p, m)
+        # the head: a last-stage forward in every steady forward row, and nowhere else
+        last_f = [t for t, row in enumerate(s.table) if row[p - 1] is not None
+                  and row[p - 1].kind == "F"]
+        assert last_f == list(fwd), (p, m)
 
 
 @pytest.mark.parametrize("t_b", [Fraction(1), Fraction(2), Fraction(14, 5), Fraction(3)])
@@ -81,24 +87,27 @@ def test_needs_one_chunk_per_stage():
 
 def test_cli_draws_it(tmp_path, capsys):
     printed = draw(tmp_path, capsys, "--schedule", "1f1b-phased", "--p", "4", "--m", "8")
-    assert "ticks: 28" in printed and "0.375000" in printed
+    assert "ticks: 22" in printed and "0.375000" in printed
 
 
 def test_head_runs_in_the_tick_loop_without_a_conditional():
     """The spread head's collectives sit in the loop body itself (1f1b-phased: after every
-    forward row), not in a conditional whose predicate goes to the host each tick (1f1b)."""
+    steady forward row), not in a conditional whose predicate goes to the host each tick (1f1b);
+    the warm-up and cool-down loops of 1f1b-phased have no head at all."""
     from compiled import compile_grad_fn
     from parity import tiny_config
     from test_hlo import _while_bodies
 
-    def tick_body(schedule):
+    def tick_loops(schedule):
         hlo = compile_grad_fn(tiny_config("gpt", (1, 2, 1), **{
             "parallel.schedule": schedule, "train.micro_batch_size": 2})).as_text()
-        bodies = [b for b in _while_bodies(hlo).values() if "collective-permute" in b]
-        assert len(bodies) == 1
-        return bodies[0]
+        return [b for b in _while_bodies(hlo).values() if "collective-permute" in b]
 
-    phased, halves = tick_body("1f1b-phased"), tick_body("1f1b")
-    assert "all-reduce(" in phased and "all-reduce(" not in halves
-    assert phased.count(" conditional(") == 2          # the forward and the backward switch
-    assert halves.count(" conditional(") == 2          # the switch and the head's conditional
+    phased, halves = tick_loops("1f1b-phased"), tick_loops("1f1b")
+    assert len(halves) == 1 and "all-reduce(" not in halves[0]
+    assert halves[0].count(" conditional(") == 2       # the switch and the head's conditional
+    heads = [b for b in phased if "all-reduce(" in b]
+    assert len(heads) == 1
+    assert heads[0].count(" conditional(") == 2        # the forward and the backward switch
+    # the warm-up and cool-down loops (p = 2: one row each, which XLA may unroll): one switch
+    assert all(b.count(" conditional(") == 1 for b in phased if b is not heads[0])

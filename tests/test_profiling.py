@@ -265,11 +265,11 @@ def test_cli_ideal_labels_and_stage_map():
     table = ((FakeOp("F"), None), (FakeOp("B", half="upper"), FakeOp("F")),
              (FakeOp("B", half="lower"), FakeOp("B", half="full")))
     assert cli.tick_labels(SimpleNamespace(table=table)) == [["F", "."], ["b", "F"], ["B", "B"]]
-    # 1f1b-phased runs (forward row, backward row) pairs: one label a pair
-    phased = ((FakeOp("F"), None), (None, None), (FakeOp("F"), FakeOp("F")),
-              (None, FakeOp("B")), (None, None), (FakeOp("B"), None))
-    assert cli.tick_labels(SimpleNamespace(table=phased), "1f1b-phased") == \
-        [["F", "."], ["F", "FB"], ["B", "."]]
+    # 1f1b-phased: a warm-up row, (forward row, backward row) pairs (one label a pair), a
+    # cool-down row (p = 2, m = 1)
+    phased = ((FakeOp("F"), None), (None, FakeOp("F")), (None, FakeOp("B")), (FakeOp("B"), None))
+    assert cli.tick_labels(SimpleNamespace(table=phased, p=2, m=1), "1f1b-phased") == \
+        [["F", "."], [".", "FB"], ["B", "."]]
 
 
 def test_cli_lockstep_floor_from_kernel_time():

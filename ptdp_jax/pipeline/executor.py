@@ -14,8 +14,10 @@ Each tick, on every stage:
     send      one `ppermute` down (stage s -> s+1) and one up (s -> s-1): activations down
               and gradients up, or for ZB-V's second leg the other way (pipeline/routing.py)
 
-1f1b-phased tables run as (forward row, backward row) pairs, the head unconditional after the
-forward row (no conditional holding collectives, so no host round trip per tick). There is
+1f1b-phased tables run as three loops: the warm-up's forward rows, the steady (forward row,
+backward row) pairs with the head unconditional after the forward row (every such row holds a
+last-chunk forward; no conditional holding collectives, so no host round trip per tick), and
+the cool-down's backward rows (pipeline/phased.py). There is
 one switch per tick and no other conditional but the head's: a buffer passes through exactly
 one branch, which either leaves it alone (no copy) or updates one slot of it in place. Branches are
 specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk's layers
@@ -41,6 +43,7 @@ from ptdp_jax.models.residuals import Residuals
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
+from ptdp_jax.pipeline.phased import phased_parts
 from ptdp_jax.pipeline.routing import (  # noqa: F401  (re-exported)
     MSG, MSG_SCATTERED, Branch, Router, TickControl, control_table)
 from ptdp_jax.sharding import vary
@@ -92,14 +95,15 @@ def _set(tup: tuple, i: int, value) -> tuple:
     return tup[:i] + (value,) + tup[i + 1:]
 
 
-def _phase(ctl: dict, ops: list, k: int):
-    """1f1b-phased: the rows k, k + 2, ... (k = 0: forward phases, 1: backward phases) and the
-    switch branches they use, renumbered (idle stays 0), so that each phase's switch holds only
+def _rows(ctl: dict, ops: list, idx: range):
+    """1f1b-phased: the control rows idx (one part of the table, pipeline/phased.py) and the
+    switch branches they use, renumbered (idle stays 0), so that each loop's switch holds only
     its own ops."""
-    used = sorted(set(np.unique(ctl["branch"][k::2]).tolist()) | {0})
+    idx = np.asarray(idx, np.int64)
+    used = sorted(set(np.unique(ctl["branch"][idx]).tolist()) | {0})
     local = np.zeros(len(ops), np.int32)
     local[used] = np.arange(len(used), dtype=np.int32)
-    rows = {n: jnp.asarray(local[a[k::2]] if n == "branch" else a[k::2]) for n, a in ctl.items()}
+    rows = {n: jnp.asarray(local[a[idx]] if n == "branch" else a[idx]) for n, a in ctl.items()}
     return [ops[i] for i in used], rows
 
 
@@ -270,21 +274,16 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         (g,) = pull(dx.astype(jnp.float32))
         return jax.tree.map(jnp.add, g_embed, g)
 
-    def head_spread(out: tuple, head_y, c: TickControl, valid=None) -> tuple:
+    def head_spread(out: tuple, head_y, c: TickControl) -> tuple:
         """out = (loss (), g_vocab {float32}, bwd_buf (TB+1, b, s, h)), what the head updates.
         The head of this tick's last-chunk forward, every stage taking 1/p of the
         vocabulary; the loss is counted on the last chunk's stage (p - 1; ZB-V: 0), dy lands
-        in its loss slot. valid: run unconditionally, counting only where valid (1f1b-phased;
-        dy then goes to the trash row, whose slot is -1 where no head is due). It takes and
-        returns only the state it updates, so that no other buffer passes through its
-        conditional."""
+        in its loss slot. It takes and returns only the state it updates, so that no other
+        buffer passes through its conditional (where it has one)."""
         loss_sum, g_vocab, bwd_buf = out
         last = stage == sched.stage_of(sched.last_chunk)
         loss, g, dy = head_over_pipe(cfg, sh, head_w, slices, stage, head_y, last,
                                      mbs[c.head_mb, :, 1:])
-        if valid is not None:
-            last = jnp.logical_and(last, valid)
-            g = jax.tree.map(lambda a: jnp.where(valid, a, jnp.zeros_like(a)), g)
         return (loss_sum + jnp.where(last, loss, 0.0), _f32_add(g_vocab, g),
                 bwd_buf.at[c.loss_ct_slot].set(dy.astype(dtype)))
 
@@ -325,18 +324,26 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
             if head == "cond":   # one predicate on every stage: collectives inside are fine
                 out = jax.lax.cond(c.head_tick == 1, head_spread, lambda o, y, c_: o,
                                    out, st.head_y, c)
-            else:
-                out = head_spread(out, st.head_y, c, valid=c.head_tick == 1)
+            else:                # "static": every row this loop runs has a head
+                out = head_spread(out, st.head_y, c)
             st = st._replace(loss=out[0], g_vocab=out[1], bwd_buf=out[2])
         return router.send(st, stage), None
 
-    if sched.name == "1f1b-phased":   # (forward row, backward row) pairs, the head static
-        (f_ops, f_rows), (b_ops, b_rows) = (_phase(ctl, ops, k) for k in (0, 1))
+    if sched.name == "1f1b-phased":   # warm-up, steady (forward, backward) pairs, cool-down
+        warm, fwd, bwd, cool = phased_parts(p, m)
+        assert (ctl["head_tick"][np.asarray(fwd)] == 1).all() and not ctl["head_tick"][
+            np.asarray(list(warm) + list(bwd) + list(cool), np.int64)].any()
+        (w_ops, w_rows), (f_ops, f_rows), (b_ops, b_rows), (c_ops, c_rows) = (
+            _rows(ctl, ops, part) for part in (warm, fwd, bwd, cool))
 
         def pair(st: PipeState, rows):
-            st, _ = tick(st, rows[0], f_ops, head="always")
+            st, _ = tick(st, rows[0], f_ops, head="static")
             return tick(st, rows[1], b_ops, head="none")
+        if len(warm):
+            state, _ = jax.lax.scan(lambda st, r: tick(st, r, w_ops, head="none"), state, w_rows)
         state, _ = jax.lax.scan(pair, state, (f_rows, b_rows))
+        if len(cool):
+            state, _ = jax.lax.scan(lambda st, r: tick(st, r, c_ops, head="none"), state, c_rows)
     else:
         state, _ = jax.lax.scan(tick, state, {k: jnp.asarray(a) for k, a in ctl.items()})
     g_layers = jax.tree.map(lambda *ls: jnp.stack(ls), *[jax.tree.map(

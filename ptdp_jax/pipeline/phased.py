@@ -16,12 +16,19 @@ The table, for macro tick T = 0 .. m + 2p - 3 (stage s, p stages, m microbatches
 
 A forward sent in one phase is used in the next forward phase; the last stage runs B(i) in
 the backward phase right after its F(i) (the loss gradient is made with the forward); a
-gradient sent in one backward phase is used in the next. Rows strictly alternate, forward
-first, so a phase in which every stage idles (the backward phases of the first p - 1 macro
-ticks, the forward phases of the last p - 1) stays in the table: the executor runs the table
-as (forward row, backward row) pairs, with the head at its static place after the forward
-row and no conditional around it (a conditional holding collectives costs a host round trip
-per tick). The round trip of a microbatch takes two ticks per stage, so stage s holds
+gradient sent in one backward phase is used in the next. The phases in which every stage idles
+(the backward phases of the first p - 1 macro ticks, the forward phases of the last p - 1) are
+left out, so the table has three parts, which the executor runs as three loops (picotron's
+warm-up / steady / cool-down):
+
+    warm-up    p - 1 forward rows (T = 0 .. p - 2: no last-stage forward yet, so no head)
+    steady     m (forward row, backward row) pairs (T = p - 1 .. m + p - 2), the head at its
+               static place after each forward row: every one of them holds a last-stage
+               forward, and no conditional surrounds it (a conditional holding collectives
+               costs a host round trip per tick)
+    cool-down  p - 1 backward rows (T = m + p - 1 .. m + 2p - 3)
+
+The round trip of a microbatch takes two ticks per stage, so stage s holds
 2 (p - 1 - s) + 1 microbatches in flight (stage 0: 2p - 1, against p for the halves-1F1B):
 the price of uniform ticks is activation memory, still independent of m.
 """
@@ -31,11 +38,19 @@ from ptdp_jax.pipeline.ops import Op
 
 
 def phased_1f1b_table(p: int, m: int) -> tuple[tuple[Op | None, ...], ...]:
-    """The tick table (rows = ticks, columns = stages; None = idle) of 1f1b-phased, v = 1."""
+    """The tick table (rows = ticks, columns = stages; None = idle) of 1f1b-phased, v = 1:
+    the p - 1 warm-up forward rows, m (forward, backward) pairs, p - 1 cool-down backward rows."""
     rows = []
     for T in range(m + 2 * p - 2):
         fwd = tuple(Op("F", T - s, s, "full") if 0 <= T - s < m else None for s in range(p))
         bwd = tuple(Op("B", T - 2 * (p - 1) + s, s, "full") if 0 <= T - 2 * (p - 1) + s < m
                     else None for s in range(p))
-        rows += [fwd, bwd]
+        rows += [row for row in (fwd, bwd) if any(op is not None for op in row)]
     return tuple(rows)
+
+
+def phased_parts(p: int, m: int) -> tuple[range, range, range, range]:
+    """Row indices of the table's parts: (warm-up forward rows, the steady pairs' forward rows,
+    their backward rows, cool-down backward rows)."""
+    w, n = p - 1, 2 * (m + p - 1)
+    return range(0, w), range(w, w + 2 * m, 2), range(w + 1, w + 2 * m, 2), range(w + 2 * m, n)
