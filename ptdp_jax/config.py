@@ -99,7 +99,7 @@ class TrainConfig:
     sample_top_k: int = 0                # sample among the k likeliest tokens (0: all)
 
 
-STATIC_STASH_AUTO = ("1f1b", "1f1b-phased")    # parallel.static_stash=auto: on for these
+STATIC_STASH_AUTO = ("1f1b", "1f1b-phased", "zb-phased")    # parallel.static_stash=auto: on for these
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class ParallelConfig:
     data: int = 1
     pipe: int = 1
     tensor: int = 1
-    schedule: str = "1f1b"               # gpipe | 1f1b | 1f1b-phased | interleaved | zb-h1 | zb-v
+    schedule: str = "1f1b"               # gpipe | 1f1b | 1f1b-phased | interleaved | zb-h1 | zb-v | zb-phased
     virtual_stages: int = 1
     scatter_gather: bool = False
     sequence_parallel: bool = False      # split norms, dropout, residual stream by sequence over
@@ -155,7 +155,7 @@ class ParallelConfig:
 
     @property
     def static_stash_on(self) -> bool:
-        """static_stash resolved. auto: on where the branches stay few, 1f1b and 1f1b-phased
+        """static_stash resolved. auto: on where the branches stay few, 1f1b and the phased tables
         (p = 4: 20 and 26 branches against 7 and 6); off for gpipe (its slots, so its
         branches, grow with m), interleaved and zb-v (branches x v x slots: 81 and 48 at
         p = 4, v = 2; the compile took 3.4x and 2.1x as long at p = 2) and zb-h1 (not measured)."""
@@ -221,7 +221,8 @@ CHOICES = {
     "model.attention": ("auto", "xla", "cudnn"),
     "train.dtype": ("float32", "bfloat16"),
     "train.recompute": ("none", "selective", "full"),
-    "parallel.schedule": ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v"),
+    "parallel.schedule": ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v",
+                          "zb-phased"),
     "parallel.layout": ("manual", "auto"),
     "parallel.zero": (0, 1, 2, 3),
     "parallel.grad_reduce_dtype": ("float32", "bfloat16"),

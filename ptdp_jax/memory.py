@@ -249,7 +249,7 @@ def wstash_bytes(cfg) -> float:
     gradient (b s (K + N) in the compute dtype) from B to W, for the layers of the largest
     chunk, in num_wstash_slots + 1 slots (the executor's trash slot); 0 otherwise."""
     par = cfg.parallel
-    if par.pipe == 1 or par.schedule not in ("zb-h1", "zb-v"):
+    if par.pipe == 1 or par.schedule not in ("zb-h1", "zb-v", "zb-phased"):
         return 0.0
     from ptdp_jax.pipeline.balance import chunk_layers
     dtype_bytes = 4 if cfg.train.dtype == "float32" else 2

@@ -7,7 +7,8 @@ schedule on (1,2,1), (1,4,1), (2,2,2), (1,2,4), (2,4,1), (1,4,2); v = 2 and 4 (a
 ZB-V's V placement);
 m = p, 2p, 3p; the residual stash static and indexed per tick; recompute none, selective and full; scatter/gather on and off;
 split and unsplit backward (1 layer per chunk); and uneven layers per chunk
-(parallel.stage_layers, explicit and auto); grouped-query attention."""
+(parallel.stage_layers, explicit and auto); grouped-query attention; the zero-bubble split
+alone (zb-h1, zb-v) and mixed with whole backwards (zb-phased)."""
 import pytest
 
 from parity import assert_close, loss_and_grads, reference, tiny_config
@@ -19,6 +20,7 @@ F1 = {"parallel.schedule": "1f1b"}
 ZB = {"parallel.schedule": "zb-h1"}
 ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 PH = {"parallel.schedule": "1f1b-phased"}
+ZP = {"parallel.schedule": "zb-phased"}
 FULL = {"train.recompute": "full"}
 SEL = {"train.recompute": "selective"}
 SG = {"parallel.scatter_gather": True}
@@ -84,6 +86,15 @@ CASES = [
     ("llama", (1, 2, 4), {**PH, **mb(4), **FULL}),
     ("llama", (2, 4, 1), {**PH, **mb(4, 2), "parallel.stage_layers": "auto"}),
     ("gpt", (1, 3, 1), {**PH, **mb(4), "parallel.stage_layers": (3, 3, 2),
+                        "model.vocab_size": 100}),     # the head unspread, in the last stage's F
+    # the same with the first p - 1 partial backward rows split into B and W (zb-phased)
+    ("gpt", (1, 4, 1), {**ZP, **mb(8)}),
+    ("gpt", (2, 2, 2), {**ZP, **mb(2, 2), **SEL, **SG}),
+    ("llama", (1, 2, 4), {**ZP, **mb(4), **FULL}),
+    ("llama", (2, 4, 1), {**ZP, **mb(4, 2), **SEL, "parallel.stage_layers": "auto"}),
+    ("gpt", (1, 4, 1), {**ZP, **mb(2)}),                     # m = 2 < p - 1 split backwards
+    ("llama", (1, 4, 2), {**ZP, **mb(4), **DYN}),
+    ("gpt", (1, 3, 1), {**ZP, **mb(4), "parallel.stage_layers": (3, 3, 2),
                         "model.vocab_size": 100}),     # the head unspread, in the last stage's F
     # the residual stash the other way round from parallel.static_stash=auto: indexed per tick
     # for 1f1b and 1f1b-phased, a buffer per slot for the others

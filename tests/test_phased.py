@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from ptdp_jax.pipeline.phased import phased_parts
+from ptdp_jax.pipeline.phased import phased_parts, zb_phased_table
 from ptdp_jax.pipeline.schedule import Op, bubble_fraction_theory, build_schedule
 from test_schedule import _positions, _simulate_executor, draw
 
@@ -111,3 +111,57 @@ def test_head_runs_in_the_tick_loop_without_a_conditional():
     assert heads[0].count(" conditional(") == 2        # the forward and the backward switch
     # the warm-up and cool-down loops (p = 2: one row each, which XLA may unroll): one switch
     assert all(b.count(" conditional(") == 1 for b in phased if b is not heads[0])
+
+
+# ----------------------------------------------------------------------------- zb-phased
+
+def test_zb_phased_every_op_once_after_its_inputs_w_after_its_b():
+    """zb-phased: each (microbatch, stage) runs F and one backward once on its stage; the
+    backward is a B (input gradient) followed by exactly one W exactly where j < s (stage s's
+    first backwards, in rows where stage 0 idles), a whole backward otherwise; the rows are
+    1f1b-phased's with those ops swapped in (so its order, parts and message timing hold)."""
+    for p, m in CONFIGS:
+        s = build_schedule("zb-phased", p, m)
+        plain = build_schedule("1f1b-phased", p, m)
+        assert s.num_ticks == plain.num_ticks and s.has_weight_ops == (p > 1), (p, m)
+        pos = _positions(s)
+        for st in range(p):
+            for j in range(m):
+                split = j < st
+                b = Op("B", j, st, "input" if split else "full")
+                assert pos[Op("F", j, st, "full")][1] == pos[b][1] == st, (p, m, j, st)
+                assert pos[b][0] == _positions(plain)[Op("B", j, st, "full")][0], (p, m, j, st)
+                assert (Op("W", j, st, "weight") in pos) == split, (p, m, j, st)
+                if split:
+                    assert pos[Op("W", j, st, "weight")][0] > pos[b][0], (p, m, j, st)
+                    # W only in rows where another stage runs a backward (which costs as
+                    # much or more): W adds no time
+                    row = s.table[pos[Op("W", j, st, "weight")][0]]
+                    assert any(op is not None and op.kind == "B" for op in row), (p, m, j, st)
+        assert len(pos) == 2 * p * m + sum(min(st, m) for st in range(p)), (p, m)
+        # the split rows hold no whole backward: they cost a B, not B + W
+        for row in s.table:
+            halves = {op.half for op in row if op is not None and op.kind == "B"}
+            assert halves <= {"input"} or halves <= {"full"}, (p, m, row)
+
+
+@pytest.mark.parametrize("t_b", [Fraction(1), Fraction(2), Fraction(14, 5), Fraction(3)])
+def test_zb_phased_saves_p_minus_1_half_backwards(t_b):
+    """The lockstep time is 1f1b-phased's less (p - 1) t_W, with t_B = t_W = t_b / 2: the
+    bubble 2(p - 1)/(3m) at t_b = 2 t_f (the theory), at the same activation stash."""
+    for p, m in CONFIGS:
+        s = build_schedule("zb-phased", p, m)
+        want = (m + p - 1) * (1 + t_b) - (p - 1) * t_b / 2
+        assert s.predicted_time_exact(1, t_b) == want, (p, m)
+        assert s.bubble_fraction_exact(1, 2) == bubble_fraction_theory("zb-phased", p, m), (p, m)
+        assert s.num_stash_slots == build_schedule("1f1b-phased", p, m).num_stash_slots, (p, m)
+        assert s.num_wstash_slots == max(1, min(p - 1, m)), (p, m)
+
+
+def test_zb_phased_replays_and_draws(tmp_path, capsys):
+    for p, m in CONFIGS:
+        if p * m <= 256:
+            _simulate_executor(build_schedule("zb-phased", p, m))
+    assert zb_phased_table(1, 3) == build_schedule("1f1b-phased", 1, 3).table
+    printed = draw(tmp_path, capsys, "--schedule", "zb-phased", "--p", "4", "--m", "8")
+    assert "ticks: 22" in printed and f"{2 * 3 / (3 * 8):.6f}" in printed

@@ -141,6 +141,7 @@ def _simulate_executor(s):
     stash = [[None] * s.num_stash_slots for _ in range(p)]
     fbuf = [[None] * s.num_fwd_slots for _ in range(p)]
     bbuf = [[None] * s.num_bwd_slots for _ in range(p)]
+    wbuf = [[None] * s.num_wstash_slots for _ in range(p)]    # zero bubble: B -> W
 
     def put(buf, slot, tag):
         assert 0 <= slot < len(buf) and buf[slot] is None, (slot, buf, tag)
@@ -155,7 +156,7 @@ def _simulate_executor(s):
         for st in range(p):  # arrivals, stored before this tick's op
             src, dst = (st - 1) % p, (st + 1) % p
             sent_f = t > 0 and a["op"][t - 1, src] == 1 and not a["is_last"][t - 1, src]
-            sent_b = t > 0 and a["op"][t - 1, dst] in (3, 4) and not a["is_first"][t - 1, dst]
+            sent_b = t > 0 and a["op"][t - 1, dst] in (3, 4, 5) and not a["is_first"][t - 1, dst]
             assert (a["fwd_recv_slot"][t, st] >= 0) == sent_f
             assert (a["bwd_recv_slot"][t, st] >= 0) == sent_b
             if sent_f:
@@ -172,23 +173,28 @@ def _simulate_executor(s):
             assert a["is_first"][t, st] == (c == 0) and a["is_last"][t, st] == (c == last)
             assert (a["loss_ct_slot"][t, st] >= 0) == (code == 1 and c == last)
             assert (a["fwd_in_slot"][t, st] >= 0) == (code == 1 and c > 0)
-            assert (a["bwd_in_slot"][t, st] >= 0) == (code in (2, 4))
-            if code == 1:
+            assert (a["bwd_in_slot"][t, st] >= 0) == (code in (2, 4, 5))
+            assert (a["wstash_slot"][t, st] >= 0) == (code in (5, 6))
+            if code == 6:       # W: the GEMM operands its B left
+                take(wbuf[st], a["wstash_slot"][t, st], (mb, c))
+            elif code == 1:
                 if c > 0:
                     take(fbuf[st], a["fwd_in_slot"][t, st], ("act", mb, c - 1))
                 put(stash[st], a["stash_slot"][t, st], (mb, c))
                 if c == last:
                     put(bbuf[st], a["loss_ct_slot"][t, st], ("loss", mb, c))
             else:
-                if code in (2, 4):
+                if code in (2, 4, 5):
                     want = ("loss", mb, c) if c == last else ("grad", mb, c + 1)
                     take(bbuf[st], a["bwd_in_slot"][t, st], want)
-                take(stash[st], a["stash_slot"][t, st], (mb, c), free=code in (3, 4))
-    for buf in (stash, fbuf, bbuf):
+                take(stash[st], a["stash_slot"][t, st], (mb, c), free=code in (3, 4, 5))
+                if code == 5:
+                    put(wbuf[st], a["wstash_slot"][t, st], (mb, c))
+    for buf in (stash, fbuf, bbuf, wbuf):
         assert all(x is None for per_stage in buf for x in per_stage)
     # nothing is sent at the last tick
     assert not any(a["op"][T - 1, st] == 1 and not a["is_last"][T - 1, st] for st in range(p))
-    assert not any(a["op"][T - 1, st] in (3, 4) and not a["is_first"][T - 1, st] for st in range(p))
+    assert not any(a["op"][T - 1, st] in (3, 4, 5) and not a["is_first"][T - 1, st] for st in range(p))
 
 
 @pytest.mark.parametrize("split", SPLITS)

@@ -71,6 +71,11 @@ def test_zb_h1_executor_arrays():
     assert s.num_wstash_slots >= 1
     with pytest.raises(ValueError, match="v=1"):
         build_schedule("zb-h1", 4, 8, 2)
+    # the whole control replayed: messages, stash, W stash (tests/test_schedule.py)
+    from test_schedule import _simulate_executor
+    for p in range(1, 7):
+        for m in sorted({1, 2, p, 2 * p, 3 * p}):
+            _simulate_executor(build_schedule("zb-h1", p, m))
 
 
 def test_zb_h1_memory_is_bounded_in_m():

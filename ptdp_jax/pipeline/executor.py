@@ -14,7 +14,7 @@ Each tick, on every stage:
     send      one `ppermute` down (stage s -> s+1) and one up (s -> s-1): activations down
               and gradients up, or for ZB-V's second leg the other way (pipeline/routing.py)
 
-1f1b-phased tables run as three loops: the warm-up's forward rows, the steady (forward row,
+1f1b-phased and zb-phased tables run as three loops: the warm-up's forward rows, the steady (forward row,
 backward row) pairs with the head unconditional after the forward row (every such row holds a
 last-chunk forward; no conditional holding collectives, so no host round trip per tick), and
 the cool-down's backward rows (pipeline/phased.py). There is
@@ -239,11 +239,13 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
                 wl = vjp_weights(W[br.vchunk][l])
                 pull = res.join(stash_get(st.stash, br, c, l), wl)
                 g_w, ct = pull(ct)
-                if zb:          # B: GEMM inputs and output gradients to the W stash
+                if part == S.BWD_INPUT:   # B: GEMM inputs and output gradients to the W stash
                     wstash[l] = {k: tuple(buf.at[c.wstash_slot].set(vary(a, manual))
                                           for buf, a in zip(wstash[l][k], g_w[k][1:]))
                                  for k in dense}
                     g_w = {k: a for k, a in g_w.items() if k not in dense}
+                elif zb:        # a whole backward in a table with W ops (zb-phased): W now
+                    g_w = {k: weight_grad(*a[1:]) if k in dense else a for k, a in g_w.items()}
                 g[l] = dict(g[l], **_f32_add({k: g[l][k] for k in g_w}, _grads_of(g_w)))
             layers = list(st.g_layers)
             layers[br.vchunk] = tuple(g)
@@ -329,7 +331,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
             st = st._replace(loss=out[0], g_vocab=out[1], bwd_buf=out[2])
         return router.send(st, stage), None
 
-    if sched.name == "1f1b-phased":   # warm-up, steady (forward, backward) pairs, cool-down
+    if sched.name in S.PHASED:   # warm-up, steady (forward, backward) pairs, cool-down
         warm, fwd, bwd, cool = phased_parts(p, m)
         assert (ctl["head_tick"][np.asarray(fwd)] == 1).all() and not ctl["head_tick"][
             np.asarray(list(warm) + list(bwd) + list(cool), np.int64)].any()

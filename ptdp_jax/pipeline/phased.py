@@ -54,3 +54,28 @@ def phased_parts(p: int, m: int) -> tuple[range, range, range, range]:
     their backward rows, cool-down backward rows)."""
     w, n = p - 1, 2 * (m + p - 1)
     return range(0, w), range(w, w + 2 * m, 2), range(w + 1, w + 2 * m, 2), range(w + 2 * m, n)
+
+
+def zb_phased_table(p: int, m: int) -> tuple[tuple[Op | None, ...], ...]:
+    """1F1B in phases with the zero-bubble split where it shortens rows (`zb-phased`, v = 1).
+
+    In the first p - 1 steady backward rows not every stage is busy yet: stage s runs its
+    first backwards B(0) .. B(s - 1) there, while stages below it idle. Those backwards run as
+    B (the input gradient only; its GEMM inputs and output gradients go to the W stash), so
+    each of these rows costs t_B instead of t_B + t_W. Stage s then idles in the last s
+    cool-down rows, where stage 0 still runs whole backwards, and runs W(0) .. W(s - 1) there
+    for nothing (t_W <= t_B + t_W). Saving: (p - 1) t_W a step, at the same activation stash
+    (the W stash holds up to p - 1 microbatches' GEMM operands on the last stage)."""
+    rows = [list(row) for row in phased_1f1b_table(p, m)]
+    _, _, bwd, cool = phased_parts(p, m)
+    for t in [*bwd, *cool]:     # B(j) of stage s runs at macro tick j + 2p - 2 - s, partial
+        for s, op in enumerate(rows[t]):           # (stage 0 idle) exactly where j < s
+            if op is not None and op.microbatch < s:
+                rows[t][s] = Op("B", op.microbatch, s, "input")
+    for i, t in enumerate(cool):
+        for s in range(p):
+            j = i - (p - 1 - s)          # stage s idles from cool-down row p - 1 - s on
+            if 0 <= j < min(s, m):
+                assert rows[t][s] is None
+                rows[t][s] = Op("W", j, s, "weight")
+    return tuple(tuple(row) for row in rows)

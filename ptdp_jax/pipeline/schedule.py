@@ -40,10 +40,12 @@ import numpy as np
 
 from ptdp_jax.pipeline.ops import (  # noqa: F401  (re-exported: op codes by name)
     _OP_CODE, BWD_FULL, BWD_INPUT, BWD_LOWER, BWD_UPPER, BWD_WEIGHT, FWD, IDLE, Op)
-from ptdp_jax.pipeline.phased import phased_1f1b_table
+from ptdp_jax.pipeline.phased import phased_1f1b_table, zb_phased_table
 from ptdp_jax.pipeline.zero_bubble import v_placement, zb_h1_table, zb_v_table
 
-SCHEDULES = ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v")
+SCHEDULES = ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v", "zb-phased")
+PHASED = ("1f1b-phased", "zb-phased")      # run as warm-up / steady pairs / cool-down loops
+ZERO_BUBBLE = ("zb-h1", "zb-v", "zb-phased")   # tables with W ops (a W stash from B to W)
 
 
 def chunk_placement(name: str, p: int, v: int) -> tuple[tuple[int, int], ...]:
@@ -57,10 +59,14 @@ def chunk_placement(name: str, p: int, v: int) -> tuple[tuple[int, int], ...]:
 def bubble_fraction_theory(name: str, p: int, m: int, v: int = 1) -> Fraction:
     """The papers' bubble fraction: (p-1)/m, or (p-1)/(v m) for the interleaved schedule;
     ZB-H1 (Qi et al.): (p-1)(t_F + t_B - t_W) / (m (t_F + t_B + t_W)) = (p-1)/(3m) with
-    t_B = t_W = t_b/2 = t_F; ZB-V: 0 (with t_F = t_B = t_W per chunk)."""
+    t_B = t_W = t_b/2 = t_F; ZB-V: 0 (with t_F = t_B = t_W per chunk); zb-phased (phased.py):
+    (p-1)(t_F + t_B) / (m (t_F + t_B + t_W)) = 2(p-1)/(3m), the p - 1 partial backward rows
+    costing t_B instead of t_B + t_W."""
     _validate(name, p, m, v)
     if name == "zb-h1":
         return Fraction(p - 1, 3 * m)
+    if name == "zb-phased":
+        return Fraction(2 * (p - 1), 3 * m)
     if name == "zb-v":
         return Fraction(0)
     return Fraction(p - 1, m * v if name == "interleaved" else m)
@@ -72,7 +78,7 @@ def _validate(name: str, p: int, m: int, v: int) -> None:
     for key, val in (("p", p), ("m", m), ("v", v)):
         if not isinstance(val, (int, np.integer)) or val < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {key}={val!r}")
-    if name in ("gpipe", "1f1b", "1f1b-phased", "zb-h1") and v != 1:
+    if name in ("gpipe", "1f1b", "zb-h1") + PHASED and v != 1:
         raise ValueError(f"schedule {name!r} needs v=1 (one model chunk per stage), got v={v}")
     if name == "zb-v" and v != 2:
         raise ValueError(f"schedule 'zb-v' needs v=2 (two model chunks per stage, in a V), got v={v}")
@@ -123,6 +129,8 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, split_backward: bool =
         return Schedule(name, p, 2, m, True, zb_v_table(p, m))
     if name == "1f1b-phased":      # whole backwards: every op of a tick of one kind (phased.py)
         return Schedule(name, p, 1, m, False, phased_1f1b_table(p, m))
+    if name == "zb-phased":        # the same, the first p - 1 partial rows split into B / W
+        return Schedule(name, p, 1, m, False, zb_phased_table(p, m))
     last = p * v - 1
     halves = ("upper", "lower") if split_backward else ("full",)
     queues = []
@@ -256,7 +264,8 @@ class Schedule:
             for s, op in enumerate(row):
                 if op is None:
                     continue
-                done = op.kind == "W" if self.has_weight_ops else op.completes_backward
+                # a split backward's microbatch stays until its W (it holds the W stash)
+                done = op.kind == "W" or (op.completes_backward and op.half != "input")
                 counts[s] += 1 if op.kind == "F" else -1 if done else 0
                 best[s] = max(best[s], counts[s])
         return tuple(best)
@@ -291,11 +300,13 @@ class Schedule:
                     arr["op"][t, s] = _OP_CODE[op.kind, op.half]
                     arr["mb"][t, s], arr["vchunk"][t, s] = op.microbatch, self.local_of(op.chunk)
                     arr["is_first"][t, s], arr["is_last"][t, s] = op.chunk == 0, op.chunk == last
-        if self.has_weight_ops:
-            first_b = final_b = "input"
-        else:
-            first_b = "upper" if self.split_backward else "full"
-            final_b = "lower" if self.split_backward else "full"
+        # the backward op that starts (mb, c)'s backward (takes its incoming gradient) and the
+        # one that finishes it (sends the gradient on): the halves, or one op (whole, or a
+        # zero-bubble B), per (mb, c), so tables may mix them (zb-phased)
+        first_b = {(op.microbatch, op.chunk): ts for op, ts in where.items()
+                   if op.kind == "B" and op.half != "lower"}
+        final_b = {(op.microbatch, op.chunk): ts for op, ts in where.items()
+                   if op.kind == "B" and op.half != "upper"}
         # Intervals (first tick, last tick, stage, key); receive buffers are keyed by the
         # CONSUMER (mb, chunk), so the loss cotangent and the gradient from chunk c+1 share a key.
         # Zero-bubble tables also keep what W needs (B's exported GEMM inputs and output
@@ -306,16 +317,16 @@ class Schedule:
             if op.kind == "W":
                 wstash.append((where[Op("B", mb, c, "input")][0], t, s, (mb, c)))
             elif op.kind == "F":
-                stash.append((t, where[Op("B", mb, c, final_b)][0], s, (mb, c)))
+                stash.append((t, final_b[mb, c][0], s, (mb, c)))
                 if c == last:          # loss cotangent written locally by the forward
-                    loss_cts.append((t, where[Op("B", mb, c, first_b)][0], s, (mb, c)))
+                    loss_cts.append((t, first_b[mb, c][0], s, (mb, c)))
                 else:                  # activation arrives at the next stage at t+1
                     assert t + 1 < T, "a message is sent at the last tick"
                     t_use, s_use = where[Op("F", mb, c + 1, "full")]
                     fwd_msgs.append((t + 1, t_use, s_use, (mb, c + 1)))
-            elif op.half == final_b and c > 0:   # gradient arrives upstream at t+1
+            elif op.half != "upper" and c > 0:   # gradient arrives upstream at t+1
                 assert t + 1 < T, "a message is sent at the last tick"
-                t_use, s_use = where[Op("B", mb, c - 1, first_b)]
+                t_use, s_use = first_b[mb, c - 1]
                 bwd_msgs.append((t + 1, t_use, s_use, (mb, c - 1)))
         stash_slot, _ = _allocate(stash)
         wstash_slot, n_w = _allocate(wstash)
@@ -330,7 +341,7 @@ class Schedule:
                 arr["fwd_in_slot"][t, s] = fwd_slot[key]
             if op.kind == "F" and op.chunk == last:
                 arr["loss_ct_slot"][t, s] = bwd_slot[key]
-            if op.kind == "B" and op.half == first_b:
+            if op.kind == "B" and op.half != "lower":
                 arr["bwd_in_slot"][t, s] = bwd_slot[key]
         # Arrival channels: activations come down (from stage s-1) and gradients up (from s+1),
         # cyclically for v > 1; ZB-V's chunks p..2p-1 send activations up and gradients down,

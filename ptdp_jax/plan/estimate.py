@@ -78,7 +78,7 @@ def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, floa
         ideal_ops = m * (stage_layers * (c.layer_fwd + c.layer_bwd) + (0.0 if spread else head))
         return (played + m * head_tick, ideal_ops + m * head_tick, ops / ideal_ops - 1, ticks)
     op_s = {}
-    zero_bubble = par.schedule in ("zb-h1", "zb-v")   # backward split: B (input), W (weights)
+    zero_bubble = par.schedule in ("zb-h1", "zb-v", "zb-phased")   # B (input), W (weights)
     for chunk, n in enumerate(counts):
         head_bwd = c.head_bwd if chunk == last else 0.0
         embed_bwd = c.embed_bwd if chunk == 0 else 0.0
