@@ -247,14 +247,16 @@ def _wstash_slots(schedule: str, p: int, m: int, v: int) -> int:
 def wstash_bytes(cfg) -> float:
     """Zero-bubble tables: the W stash of the most loaded device, each GEMM's input and output
     gradient (b s (K + N) in the compute dtype) from B to W, for the layers of the largest
-    chunk, in num_wstash_slots + 1 slots (the executor's trash slot); 0 otherwise."""
+    chunk, in num_wstash_slots slots (indexed per tick: + 1, the executor's trash slot); 0
+    otherwise."""
     par = cfg.parallel
     if par.pipe == 1 or par.schedule not in ("zb-h1", "zb-v", "zb-phased"):
         return 0.0
     from ptdp_jax.pipeline.balance import chunk_layers
     dtype_bytes = 4 if cfg.train.dtype == "float32" else 2
     per_layer = sum(M * (K + N) for M, K, N in layer_gemms(cfg)) * dtype_bytes
-    slots = _wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages) + 1
+    slots = (_wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages)
+             + (0 if par.static_stash_on else 1))       # indexed: and the trash slot
     return slots * max(chunk_layers(cfg)) * per_layer
 
 

@@ -39,12 +39,13 @@ def test_each_stash_branch_has_the_slot_of_its_ticks(name, p, m, v):
     assert max(br.stash_slot for br in sta) == sched.num_stash_slots - 1
 
 
-def _indexed_accesses(layers: int, static: bool) -> tuple[int, int]:
-    """(indexed writes, indexed reads) in the lowered program of a (1,2,1) 1f1b-phased step."""
+def _indexed_accesses(layers: int, static: bool, schedule: str = "1f1b-phased"
+                      ) -> tuple[int, int]:
+    """(indexed writes, indexed reads) in the lowered program of a (1,2,1) phased step."""
     from compiled import _lowered
     from parity import tiny_config
     text = _lowered(tiny_config("gpt", (1, 2, 1), **{
-        "parallel.schedule": "1f1b-phased", "train.micro_batch_size": 2,
+        "parallel.schedule": schedule, "train.micro_batch_size": 2,
         "model.num_layers": layers, "parallel.static_stash": static})).as_text()
     lines = text.splitlines()
     writes = sum("stablehlo.dynamic_update_slice" in ln or "stablehlo.scatter" in ln
@@ -63,6 +64,18 @@ def test_static_stash_indexes_no_residual():
     assert dyn8[0] > dyn4[0] and dyn8[1] > dyn4[1]
     assert sta8 == sta4
     assert sta8[0] < dyn4[0] and sta8[1] < dyn4[1]
+
+
+def test_static_w_stash_indexes_nothing():
+    """zb-phased's W stash (each split backward's GEMM operands, from B to W) is static too:
+    a buffer per slot, the slot fixed in the B and W branches, so it adds no indexed write to
+    1f1b-phased's and no access that grows with the layer count (one read more: the W branch's
+    control row); indexed, it adds some per layer and GEMM."""
+    sta4, sta8 = (_indexed_accesses(n, True, "zb-phased") for n in (4, 8))
+    assert sta4 == sta8
+    assert sta4[0] == _indexed_accesses(4, True)[0] and sta4[1] <= _indexed_accesses(4, True)[1] + 2
+    dyn4, dyn8 = (_indexed_accesses(n, False, "zb-phased") for n in (4, 8))
+    assert dyn8[0] - dyn4[0] > _indexed_accesses(8, False)[0] - _indexed_accesses(4, False)[0]
 
 
 def test_gpu_compiles_static_stash_with_region_analysis():

@@ -72,7 +72,8 @@ class PipeState(NamedTuple):
     stash: tuple            # [Lmax][leaf] (S+1, ...) forward residuals of layer l, by slot;
                             #   parallel.static_stash: [S][Lmax][leaf] (...), a buffer per slot
     wstash: tuple           # [Lmax] {GEMM weight: (x (SW+1, b, s, ...), dy (SW+1, b, s, ...))}
-                            #   what W needs, from B (zero-bubble tables; empty otherwise)
+                            #   what W needs, from B (tables with W ops; empty otherwise);
+                            #   parallel.static_stash: [SW][Lmax] {GEMM weight: (x, dy)}
     g_layers: tuple         # [v][Lmax] {name: float32 (...)} layer gradients
     g_embed: dict           # float32 embedding gradients
     g_head: dict            # float32 head gradients
@@ -187,9 +188,12 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
                tuple(tuple(zeros((TS + 1,) + a.shape, a.dtype) for a in res_abs)
                      for _ in range(lmax))),
         g_layers=tuple(tuple(f32(_grads_of(W[j][l])) for l in range(lmax)) for j in range(v)),
-        wstash=tuple({k: tuple(zeros((sched.num_wstash_slots + 1,) + sh_, dtype)
-                               for sh_ in gemm_shapes[k]) for k in dense} if zb else {}
-                     for _ in range(lmax)),
+        wstash=(tuple(tuple({k: tuple(zeros(sh_, dtype) for sh_ in gemm_shapes[k]) for k in dense}
+                            for _ in range(lmax)) for _ in range(sched.num_wstash_slots))
+                if zb and static else
+                tuple({k: tuple(zeros((sched.num_wstash_slots + 1,) + sh_, dtype)
+                                for sh_ in gemm_shapes[k]) for k in dense} if zb else {}
+                      for _ in range(lmax))),
         g_embed=f32(params["embed"]), g_head=f32(params["head"]), g_vocab=f32(head_w),
         loss=zeros((), jnp.float32))
 
@@ -209,6 +213,20 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         if not static:
             return [buf[c.stash_slot] for buf in stash[l]]
         return list(stash[br.stash_slot][l])
+
+    # The W stash (tables with W ops), the same two ways: a B writes each GEMM's (x, dy) of
+    # layer l, a W reads them.
+    def wstash_put(wstash, br, c, l, xdy: dict):
+        xdy = {k: tuple(vary(a, manual) for a in v_) for k, v_ in xdy.items()}
+        if not static:
+            return _set(wstash, l, {k: tuple(buf.at[c.wstash_slot].set(a)
+                                             for buf, a in zip(wstash[l][k], xdy[k])) for k in xdy})
+        return _set(wstash, br.wstash_slot, _set(wstash[br.wstash_slot], l, xdy))
+
+    def wstash_get(wstash, br, c, l) -> dict:
+        if not static:
+            return {k: (xb[c.wstash_slot], gb[c.wstash_slot]) for k, (xb, gb) in wstash[l].items()}
+        return wstash[br.wstash_slot][l]
 
     # ------------------------------------------------------------------ the ops
     def forward(br):
@@ -234,22 +252,20 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
         def run(st: PipeState, c: TickControl) -> PipeState:
             ct = st.mid if part == S.BWD_LOWER else st.bwd_buf[c.bwd_in_slot]
-            g, wstash = list(st.g_layers[br.vchunk]), list(st.wstash)
+            g, wstash = list(st.g_layers[br.vchunk]), st.wstash
             for l in reversed(range(lo, hi)):
                 wl = vjp_weights(W[br.vchunk][l])
                 pull = res.join(stash_get(st.stash, br, c, l), wl)
                 g_w, ct = pull(ct)
                 if part == S.BWD_INPUT:   # B: GEMM inputs and output gradients to the W stash
-                    wstash[l] = {k: tuple(buf.at[c.wstash_slot].set(vary(a, manual))
-                                          for buf, a in zip(wstash[l][k], g_w[k][1:]))
-                                 for k in dense}
+                    wstash = wstash_put(wstash, br, c, l, {k: g_w[k][1:] for k in dense})
                     g_w = {k: a for k, a in g_w.items() if k not in dense}
                 elif zb:        # a whole backward in a table with W ops (zb-phased): W now
                     g_w = {k: weight_grad(*a[1:]) if k in dense else a for k, a in g_w.items()}
                 g[l] = dict(g[l], **_f32_add({k: g[l][k] for k in g_w}, _grads_of(g_w)))
             layers = list(st.g_layers)
             layers[br.vchunk] = tuple(g)
-            st = st._replace(g_layers=tuple(layers), wstash=tuple(wstash))
+            st = st._replace(g_layers=tuple(layers), wstash=wstash)
             if part == S.BWD_UPPER:
                 return st._replace(mid=ct.astype(dtype))
             if br.first:
@@ -298,8 +314,8 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
             float32 accumulators inside the GEMMs."""
             g = list(st.g_layers[br.vchunk])
             for l in range(br.n_layers):
-                g[l] = dict(g[l], **{k: g[l][k] + weight_grad(xb[c.wstash_slot], gb[c.wstash_slot])
-                                     for k, (xb, gb) in st.wstash[l].items()})
+                g[l] = dict(g[l], **{k: g[l][k] + weight_grad(x, dy) for k, (x, dy)
+                                     in wstash_get(st.wstash, br, c, l).items()})
             layers = list(st.g_layers)
             layers[br.vchunk] = tuple(g)
             return st._replace(g_layers=tuple(layers))

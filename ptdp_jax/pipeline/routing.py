@@ -44,6 +44,7 @@ class Branch:
     last: bool = False    # last global chunk: head and loss
     stash_slot: int = -1  # parallel.static_stash: the residual stash slot this branch writes
                           #   (forward) or reads (backward), fixed at trace time; -1: dynamic
+    wstash_slot: int = -1  # parallel.static_stash: the W stash slot a B writes or a W reads
 
 
 class TickControl(NamedTuple):
@@ -92,7 +93,9 @@ def control_table(sched: S.Schedule, counts, static_stash: bool = False
                                                              S.BWD_INPUT)
             last = bool(arr["is_last"][t, s]) and op == S.FWD
             slot = int(arr["stash_slot"][t, s]) if static_stash and op in STASH_OPS else -1
-            br = Branch(op, int(arr["vchunk"][t, s]), int(counts[c]), first, last, slot)
+            wslot = (int(arr["wstash_slot"][t, s]) if static_stash and op in (S.BWD_INPUT,
+                                                                            S.BWD_WEIGHT) else -1)
+            br = Branch(op, int(arr["vchunk"][t, s]), int(counts[c]), first, last, slot, wslot)
             if br not in index:
                 index[br] = len(branches)
                 branches.append(br)
