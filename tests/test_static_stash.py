@@ -69,8 +69,8 @@ def test_static_stash_indexes_no_residual():
 def test_static_w_stash_indexes_nothing():
     """zb-phased's W stash (each split backward's GEMM operands, from B to W) is static too:
     a buffer per slot, the slot fixed in the B and W branches, so it adds no indexed write to
-    1f1b-phased's and no access that grows with the layer count (one read more: the W branch's
-    control row); indexed, it adds some per layer and GEMM."""
+    1f1b-phased's and no access that grows with the layer count (one read more, not per layer);
+    indexed, it adds some per layer and GEMM."""
     sta4, sta8 = (_indexed_accesses(n, True, "zb-phased") for n in (4, 8))
     assert sta4 == sta8
     assert sta4[0] == _indexed_accesses(4, True)[0] and sta4[1] <= _indexed_accesses(4, True)[1] + 2
