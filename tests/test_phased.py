@@ -109,6 +109,10 @@ def test_head_runs_in_the_tick_loop_without_a_conditional():
     heads = [b for b in phased if "all-reduce(" in b]
     assert len(heads) == 1
     assert heads[0].count(" conditional(") == 2        # the forward and the backward switch
+    # one permute a row: activations down after the forward row, gradients up after the
+    # backward row (1F1B's tick sends both ways)
+    assert heads[0].count("collective-permute(") == 2
+    assert halves[0].count("collective-permute(") == 2
     # the warm-up and cool-down loops (p = 2: one row each, which XLA may unroll): one switch
     assert all(b.count(" conditional(") == 1 for b in phased if b is not heads[0])
 

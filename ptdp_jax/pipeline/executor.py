@@ -14,10 +14,11 @@ Each tick, on every stage:
     send      one `ppermute` down (stage s -> s+1) and one up (s -> s-1): activations down
               and gradients up, or for ZB-V's second leg the other way (pipeline/routing.py)
 
-1f1b-phased and zb-phased tables run as three loops: the warm-up's forward rows, the steady (forward row,
-backward row) pairs with the head unconditional after the forward row (every such row holds a
-last-chunk forward; no conditional holding collectives, so no host round trip per tick), and
-the cool-down's backward rows (pipeline/phased.py). There is
+1f1b-phased and zb-phased tables run as three loops: the warm-up's forward rows, the steady
+(forward row, backward row) pairs with the head unconditional after the forward row (every
+such row holds a last-chunk forward; no conditional holding collectives, so no host round
+trip per tick), and the cool-down's backward rows (pipeline/phased.py); a forward row sends
+down only, a backward row up only. There is
 one switch per tick and no other conditional but the head's: a buffer passes through exactly
 one branch, which either leaves it alone (no copy) or updates one slot of it in place. Branches are
 specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk's layers
@@ -333,7 +334,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         return c._replace(**{k: jnp.where(getattr(c, k) >= 0, getattr(c, k), n)
                              for k, n in sizes.items() if getattr(c, k) is not None})
 
-    def tick(st: PipeState, row, branch_ops=ops, head="cond"):
+    def tick(st: PipeState, row, branch_ops=ops, head="cond", channels=("down", "up")):
         c = trash_if_none(TickControl(**{k: a[stage] for k, a in row.items()}))
         st = router.receive(st, c)
         st = jax.lax.switch(c.branch, branch_ops, st, c)
@@ -345,7 +346,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
             else:                # "static": every row this loop runs has a head
                 out = head_spread(out, st.head_y, c)
             st = st._replace(loss=out[0], g_vocab=out[1], bwd_buf=out[2])
-        return router.send(st, stage), None
+        return router.send(st, stage, channels), None
 
     if sched.name in S.PHASED:   # warm-up, steady (forward, backward) pairs, cool-down
         warm, fwd, bwd, cool = phased_parts(p, m)
@@ -354,14 +355,17 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         (w_ops, w_rows), (f_ops, f_rows), (b_ops, b_rows), (c_ops, c_rows) = (
             _rows(ctl, ops, part) for part in (warm, fwd, bwd, cool))
 
+        # a forward row sends activations down only, a backward row gradients up only
         def pair(st: PipeState, rows):
-            st, _ = tick(st, rows[0], f_ops, head="static")
-            return tick(st, rows[1], b_ops, head="none")
+            st, _ = tick(st, rows[0], f_ops, "static", ("down",))
+            return tick(st, rows[1], b_ops, "none", ("up",))
         if len(warm):
-            state, _ = jax.lax.scan(lambda st, r: tick(st, r, w_ops, head="none"), state, w_rows)
+            state, _ = jax.lax.scan(lambda st, r: tick(st, r, w_ops, "none", ("down",)),
+                                    state, w_rows)
         state, _ = jax.lax.scan(pair, state, (f_rows, b_rows))
         if len(cool):
-            state, _ = jax.lax.scan(lambda st, r: tick(st, r, c_ops, head="none"), state, c_rows)
+            state, _ = jax.lax.scan(lambda st, r: tick(st, r, c_ops, "none", ("up",)),
+                                    state, c_rows)
     else:
         state, _ = jax.lax.scan(tick, state, {k: jnp.asarray(a) for k, a in ctl.items()})
     g_layers = jax.tree.map(lambda *ls: jnp.stack(ls), *[jax.tree.map(

@@ -153,14 +153,19 @@ class Router:
             return sh.constrain(sh.constrain(out, MSG_SCATTERED), MSG)
         return jax.lax.ppermute(msg, "pipe", perm)
 
-    def send(self, st, stage):
+    def send(self, st, stage, channels=("down", "up")):
+        """channels: the ones this tick can use (a phased table's forward rows send nothing
+        up, its backward rows nothing down); the other keeps its last arrival, which the
+        control table sends to the trash slot. Not sending it also keeps a permute of a constant (a warm-up's untouched up
+        buffer) from running ahead of the tick's op on CPU: seen as an abort in CI, with
+        1f1b-phased's one-row warm-up unrolled into the entry computation."""
         send_down, send_up = st.send_down, st.send_up
         if self.ordered:      # after the head (it updates the loss), the up channel after down
             (send_down, send_up), _ = jax.lax.optimization_barrier(((send_down, send_up), st.loss))
-        down = self._move(send_down, self.down_perm)
+        down = self._move(send_down, self.down_perm) if "down" in channels else st.recv_down
         if self.ordered:
             send_up, _ = jax.lax.optimization_barrier((send_up, down))
-        up = self._move(send_up, self.up_perm)
+        up = self._move(send_up, self.up_perm) if "up" in channels else st.recv_up
         if self.two_way:    # the turn: stage p-1's down buffer comes back to it on the up channel
             up = jnp.where(stage == self.turn, send_down, up)
         return st._replace(recv_down=down, recv_up=up)
