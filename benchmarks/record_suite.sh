@@ -328,7 +328,8 @@ fi
 
 if [[ "${SUITE:-record}" == "s18" ]]; then
   # 4 GPUs, session 18 (carry .peer). Part a: zb-phased against 1f1b-phased (NOTES issue 9,
-  # "Session 17": -3% predicted at 1.3B m 16), its trace (copies of the W stash?), and the
+  # "Session 17": -3% predicted at 1.3B m 16; 1f1b-phased itself, one permute a row, -1 to
+  # -3 ms against s17's 0.1914 s), its trace (copies of the W stash?), and the
   # pipeline without recomputation traced (why +9.5%?). Part b: the 7.5B pp4 both ways and the
   # peer's pp4 (issue 9 target 2), then on H100 the 7.5B (1,1,4) SP (issue 11 target 1).
   export CASE_TIMEOUT=${CASE_TIMEOUT:-220} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
