@@ -336,8 +336,10 @@ if [[ "${SUITE:-record}" == "s18" ]]; then
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
   PP="$B13 --mesh 1,4,1 $PROF_PH"
   ZP="$B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=zb-phased"
+  base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
   if [[ "${S18_PART:-a}" == "a" ]]; then
   one_gpu
+  run base-pp4-phased-sel $base $PP      # .base: two permutes a row (git archive 2ff7c6d)
   run pp4-phased-sel $ours $PP
   run pp4-zbphased-sel $ours $ZP
   run pp4-zbphased-sel-traced $ours $ZP --trace-dir /tmp/z1 --trace-steps 2 --trace-host-level 0
