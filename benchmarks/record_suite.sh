@@ -339,7 +339,7 @@ if [[ "${SUITE:-record}" == "s18" ]]; then
   base="env PYTHONPATH=${BASE:-.base} python3 ${BASE:-.base}/benchmarks/capture_step.py"
   if [[ "${S18_PART:-a}" == "a" ]]; then
   one_gpu
-  run base-pp4-phased-sel $base $PP      # .base: two permutes a row (git archive 2ff7c6d)
+  run base-pp4-phased-sel $base $PP      # .base: two permutes a row (git archive 36654a6)
   run pp4-phased-sel $ours $PP
   run pp4-zbphased-sel $ours $ZP
   run pp4-zbphased-sel-traced $ours $ZP --trace-dir /tmp/z1 --trace-steps 2 --trace-host-level 0
