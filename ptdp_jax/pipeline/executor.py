@@ -98,7 +98,7 @@ def _set(tup: tuple, i: int, value) -> tuple:
 
 
 def _rows(ctl: dict, ops: list, idx: range):
-    """1f1b-phased: the control rows idx (one part of the table, pipeline/phased.py) and the
+    """Phased tables: the control rows idx (one part of the table, pipeline/phased.py) and the
     switch branches they use, renumbered (idle stays 0), so that each loop's switch holds only
     its own ops."""
     idx = np.asarray(idx, np.int64)

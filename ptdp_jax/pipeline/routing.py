@@ -156,9 +156,11 @@ class Router:
     def send(self, st, stage, channels=("down", "up")):
         """channels: the ones this tick can use (a phased table's forward rows send nothing
         up, its backward rows nothing down); the other keeps its last arrival, which the
-        control table sends to the trash slot. Not sending it also keeps a permute of a constant (a warm-up's untouched up
-        buffer) from running ahead of the tick's op on CPU: seen as an abort in CI, with
-        1f1b-phased's one-row warm-up unrolled into the entry computation."""
+        control table sends to the trash slot. Not sending it also keeps a permute of a
+        constant (a warm-up's untouched up buffer) from running ahead of the tick's op on CPU:
+        seen as an abort in the test suite, with 1f1b-phased's one-row warm-up unrolled into
+        the entry computation, past the ordering barrier below (the loss is not touched in a
+        warm-up tick)."""
         send_down, send_up = st.send_down, st.send_up
         if self.ordered:      # after the head (it updates the loss), the up channel after down
             (send_down, send_up), _ = jax.lax.optimization_barrier(((send_down, send_up), st.loss))
