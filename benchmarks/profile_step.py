@@ -56,10 +56,9 @@ def op_label(op) -> str:
 
 def tick_labels(sched, schedule: str = "") -> list[list[str]]:
     """labels[tick][stage] of a Schedule. The phased tables (1f1b-phased, zb-phased) run their
-    steady rows in (forward,
-    backward) pairs, one loop iteration and one permute boundary a pair (its warm-up and
-    cool-down rows one each): a pair's label joins its two ops ('FB', 'F', 'B'; '.' when both
-    are idle)."""
+    steady rows in (forward, backward) pairs, one loop iteration and one permute boundary a
+    pair (their warm-up and cool-down rows one each): a pair's label joins its two ops ('FB',
+    'F', 'B'; '.' when both are idle)."""
     rows = [[op_label(op) for op in row] for row in sched.table]
     if schedule not in ("1f1b-phased", "zb-phased"):
         return rows
