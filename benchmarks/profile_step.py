@@ -60,9 +60,10 @@ def tick_labels(sched, schedule: str = "") -> list[list[str]]:
     pair (their warm-up and cool-down rows one each): a pair's label joins its two ops ('FB',
     'F', 'B'; '.' when both are idle)."""
     rows = [[op_label(op) for op in row] for row in sched.table]
-    if schedule not in ("1f1b-phased", "zb-phased"):
-        return rows
     from ptdp_jax.pipeline.phased import phased_parts
+    from ptdp_jax.pipeline.schedule import PHASED
+    if schedule not in PHASED:
+        return rows
     warm, fwd, _, cool = phased_parts(sched.p, sched.m)
     join = lambda f, b: (f.strip(".") + b.strip(".")) or "."
     return ([rows[t] for t in warm] + [[join(f, b) for f, b in zip(rows[t], rows[t + 1])]

@@ -249,10 +249,11 @@ def wstash_bytes(cfg) -> float:
     gradient (b s (K + N) in the compute dtype) from B to W, for the layers of the largest
     chunk, in num_wstash_slots slots (indexed per tick: + 1, the executor's trash slot); 0
     otherwise."""
-    par = cfg.parallel
-    if par.pipe == 1 or par.schedule not in ("zb-h1", "zb-v", "zb-phased"):
-        return 0.0
     from ptdp_jax.pipeline.balance import chunk_layers
+    from ptdp_jax.pipeline.schedule import ZERO_BUBBLE
+    par = cfg.parallel
+    if par.pipe == 1 or par.schedule not in ZERO_BUBBLE:
+        return 0.0
     dtype_bytes = 4 if cfg.train.dtype == "float32" else 2
     per_layer = sum(M * (K + N) for M, K, N in layer_gemms(cfg)) * dtype_bytes
     slots = (_wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages)

@@ -16,6 +16,7 @@ from ptdp_jax.memory import MemoryEstimate, estimate_memory
 from ptdp_jax.metrics import SECONDS_PER_DAY, model_flops_per_iteration
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.pipeline.head import spread_over_pipe
+from ptdp_jax.pipeline.schedule import ZERO_BUBBLE
 from ptdp_jax.plan.cost import (accumulate_seconds, dp_allreduce_seconds, op_costs,
                                 optimizer_seconds, pipe_allreduce_seconds)
 from ptdp_jax.plan.hardware import GpuKind
@@ -78,7 +79,7 @@ def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, floa
         ideal_ops = m * (stage_layers * (c.layer_fwd + c.layer_bwd) + (0.0 if spread else head))
         return (played + m * head_tick, ideal_ops + m * head_tick, ops / ideal_ops - 1, ticks)
     op_s = {}
-    zero_bubble = par.schedule in ("zb-h1", "zb-v", "zb-phased")   # B (input), W (weights)
+    zero_bubble = par.schedule in ZERO_BUBBLE      # backward split: B (input), W (weights)
     for chunk, n in enumerate(counts):
         head_bwd = c.head_bwd if chunk == last else 0.0
         embed_bwd = c.embed_bwd if chunk == 0 else 0.0
