@@ -20,6 +20,7 @@ F1 = {"parallel.schedule": "1f1b"}
 ZB = {"parallel.schedule": "zb-h1"}
 ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 PH = {"parallel.schedule": "1f1b-phased"}
+PH2 = {**PH, "parallel.virtual_stages": 2}
 ZP = {"parallel.schedule": "zb-phased"}
 FULL = {"train.recompute": "full"}
 SEL = {"train.recompute": "selective"}
@@ -87,6 +88,13 @@ CASES = [
     ("llama", (2, 4, 1), {**PH, **mb(4, 2), "parallel.stage_layers": "auto"}),
     ("gpt", (1, 3, 1), {**PH, **mb(4), "parallel.stage_layers": (3, 3, 2),
                         "model.vocab_size": 100}),     # the head unspread, in the last stage's F
+    # ... interleaved: v chunks a stage, Megatron's order within each kind of row
+    ("gpt", (1, 4, 1), {**PH2, **mb(4)}),                    # m = p, 1 layer per chunk
+    ("gpt", (1, 2, 1), {**PH2, **mb(8), **SEL}),             # m = 4p: three rounds of groups
+    ("gpt", (2, 2, 2), {**PH2, **mb(2, 2), **SG}),           # m = p
+    ("llama", (1, 2, 4), {**PH, "parallel.virtual_stages": 4, **mb(4), **FULL}),
+    ("llama", (2, 2, 1), {**PH2, **mb(4, 2), "parallel.stage_layers": (3, 1, 2, 2)}),
+    ("gpt", (1, 4, 2), {**PH2, **mb(8), **DYN, **SG}),
     # the same with the first p - 1 partial backward rows split into B and W (zb-phased)
     ("gpt", (1, 4, 1), {**ZP, **mb(8)}),
     ("gpt", (2, 2, 2), {**ZP, **mb(2, 2), **SEL, **SG}),

@@ -44,7 +44,7 @@ from ptdp_jax.models.residuals import Residuals
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
-from ptdp_jax.pipeline.phased import phased_parts
+from ptdp_jax.pipeline.phased import head_pairs, phased_parts
 from ptdp_jax.pipeline.routing import (  # noqa: F401  (re-exported)
     MSG, MSG_SCATTERED, Branch, Router, TickControl, control_table)
 from ptdp_jax.sharding import vary
@@ -107,6 +107,31 @@ def _rows(ctl: dict, ops: list, idx: range):
     local[used] = np.arange(len(used), dtype=np.int32)
     rows = {n: jnp.asarray(local[a[idx]] if n == "branch" else a[idx]) for n, a in ctl.items()}
     return [ops[i] for i in used], rows
+
+
+def _steady(state, head_pair, plain_pair, h_rows, n_rows, b_rows, heads, p: int, v: int):
+    """The steady pairs of a phased table. v = 1: one loop, every pair with its head. v > 1:
+    the pairs come in groups of p (one local chunk on the last stage each): a head group, then
+    m / p - 1 rounds of (v - 1) groups without a head and one with (phased.head_pairs), run as
+    a loop over the rounds around one loop of each kind, so each body is one pair."""
+    take = lambda rows, sl: jax.tree.map(lambda a: a[sl], rows)
+    if heads.all():
+        state, _ = jax.lax.scan(head_pair, state, (h_rows, b_rows))
+        return state
+    state, _ = jax.lax.scan(head_pair, state, (take(h_rows, slice(0, p)), take(b_rows, slice(0, p))))
+    rounds, per = (len(heads) - p) // (v * p), (v - 1) * p
+    assert (heads[p:].reshape(rounds, v * p) == [False] * per + [True] * p).all()
+    shape = lambda rows, k: jax.tree.map(lambda a: a.reshape((rounds, k) + a.shape[1:]), rows)
+    b_rest = shape(take(b_rows, slice(p, None)), v * p)
+
+    def one_round(st, r):
+        n_r, h_r, b_r = r
+        st, _ = jax.lax.scan(plain_pair, st, (n_r, take(b_r, slice(0, per))))
+        st, _ = jax.lax.scan(head_pair, st, (h_r, take(b_r, slice(per, None))))
+        return st, None
+    state, _ = jax.lax.scan(one_round, state, (shape(n_rows, per),
+                                               shape(take(h_rows, slice(p, None)), p), b_rest))
+    return state
 
 
 # ----------------------------------------------------------------------------- the executor
@@ -349,20 +374,26 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         return router.send(st, stage, channels), None
 
     if sched.name in S.PHASED:   # warm-up, steady (forward, backward) pairs, cool-down
-        warm, fwd, bwd, cool = phased_parts(p, m)
-        assert (ctl["head_tick"][np.asarray(fwd)] == 1).all() and not ctl["head_tick"][
+        warm, fwd, bwd, cool = phased_parts(p, m, v)
+        heads = np.asarray(head_pairs(p, m, v))
+        fwd, bwd = np.asarray(fwd, np.int64), np.asarray(bwd, np.int64)
+        assert (ctl["head_tick"][fwd, 0] == heads).all() and not ctl["head_tick"][
             np.asarray(list(warm) + list(bwd) + list(cool), np.int64)].any()
-        (w_ops, w_rows), (f_ops, f_rows), (b_ops, b_rows), (c_ops, c_rows) = (
-            _rows(ctl, ops, part) for part in (warm, fwd, bwd, cool))
+        (w_ops, w_rows), (h_ops, h_rows), (n_ops, n_rows), (b_ops, b_rows), (c_ops, c_rows) = (
+            _rows(ctl, ops, part) for part in (warm, fwd[heads], fwd[~heads], bwd, cool))
 
-        # a forward row sends activations down only, a backward row gradients up only
-        def pair(st: PipeState, rows):
-            st, _ = tick(st, rows[0], f_ops, "static", ("down",))
-            return tick(st, rows[1], b_ops, "none", ("up",))
+        # a forward row sends activations down only, a backward row gradients up only; the
+        # head runs after the forward rows whose last stage runs the last chunk (all at v = 1)
+        def pair(f_ops, head):
+            def run(st: PipeState, rows):
+                st, _ = tick(st, rows[0], f_ops, head, ("down",))
+                return tick(st, rows[1], b_ops, "none", ("up",))
+            return run
         if len(warm):
             state, _ = jax.lax.scan(lambda st, r: tick(st, r, w_ops, "none", ("down",)),
                                     state, w_rows)
-        state, _ = jax.lax.scan(pair, state, (f_rows, b_rows))
+        state = _steady(state, pair(h_ops, "static"), pair(n_ops, "none"), h_rows, n_rows,
+                        b_rows, heads, p, v)
         if len(cool):
             state, _ = jax.lax.scan(lambda st, r: tick(st, r, c_ops, "none", ("up",)),
                                     state, c_rows)

@@ -37,23 +37,47 @@ from __future__ import annotations
 from ptdp_jax.pipeline.ops import Op
 
 
-def phased_1f1b_table(p: int, m: int) -> tuple[tuple[Op | None, ...], ...]:
-    """The tick table (rows = ticks, columns = stages; None = idle) of 1f1b-phased, v = 1:
-    the p - 1 warm-up forward rows, m (forward, backward) pairs, p - 1 cool-down backward rows."""
-    rows = []
-    for T in range(m + 2 * p - 2):
-        fwd = tuple(Op("F", T - s, s, "full") if 0 <= T - s < m else None for s in range(p))
-        bwd = tuple(Op("B", T - 2 * (p - 1) + s, s, "full") if 0 <= T - 2 * (p - 1) + s < m
-                    else None for s in range(p))
-        rows += [row for row in (fwd, bwd) if any(op is not None for op in row)]
+def _order(p: int, m: int, v: int, k: int, forward: bool) -> tuple[int, int]:
+    """(microbatch, global chunk) of a stage's k-th forward or backward, Megatron's interleaved
+    order: microbatches in groups of p, each group through the local chunks in turn (forwards
+    0 .. v-1, backwards v-1 .. 0). v = 1: microbatch k, chunk 0 (the stage adds its index)."""
+    local = (k // p) % v
+    return (k // (p * v)) * p + k % p, (local if forward else v - 1 - local) * p
+
+
+def phased_1f1b_table(p: int, m: int, v: int = 1) -> tuple[tuple[Op | None, ...], ...]:
+    """The tick table (rows = ticks, columns = stages; None = idle) of 1f1b-phased: stage s
+    runs its forward k = T - s in the forward row of macro tick T and its backward
+    k = T - D_s in the backward row, D_s = v p - 1 + (p - 1 - s) (v = 1: 2 (p - 1) - s), for
+    0 <= k < m v. Rows in which every stage idles are left out: v p - 1 warm-up forward rows,
+    m v - (v - 1) p (forward, backward) pairs, v p - 1 cool-down backward rows."""
+    rows, n = [], m * v
+    for T in range(n + v * p + p - 2):
+        fwd, bwd = [], []
+        for s in range(p):
+            kf, kb = T - s, T - (v * p - 1 + p - 1 - s)
+            mb, c = _order(p, m, v, kf, True)
+            fwd.append(Op("F", mb, c + s, "full") if 0 <= kf < n else None)
+            mb, c = _order(p, m, v, kb, False)
+            bwd.append(Op("B", mb, c + s, "full") if 0 <= kb < n else None)
+        rows += [tuple(row) for row in (fwd, bwd) if any(op is not None for op in row)]
     return tuple(rows)
 
 
-def phased_parts(p: int, m: int) -> tuple[range, range, range, range]:
+def phased_parts(p: int, m: int, v: int = 1) -> tuple[range, range, range, range]:
     """Row indices of the table's parts: (warm-up forward rows, the steady pairs' forward rows,
     their backward rows, cool-down backward rows)."""
-    w, n = p - 1, 2 * (m + p - 1)
-    return range(0, w), range(w, w + 2 * m, 2), range(w + 1, w + 2 * m, 2), range(w + 2 * m, n)
+    w, pairs = v * p - 1, m * v - (v - 1) * p
+    n = 2 * w + 2 * pairs
+    return range(0, w), range(w, w + 2 * pairs, 2), range(w + 1, w + 2 * pairs, 2), range(w + 2 * pairs, n)
+
+
+def head_pairs(p: int, m: int, v: int = 1) -> list[bool]:
+    """For each steady pair, whether its forward row holds a last-chunk forward (the head):
+    every pair at v = 1; at v > 1 the pairs come in groups of p that each run one local
+    chunk on the last stage, so groups 0, v, 2v, ... (m / p - 1 of them after the first)."""
+    pairs = m * v - (v - 1) * p
+    return [(i // p) % v == 0 for i in range(pairs)]
 
 
 def zb_phased_table(p: int, m: int) -> tuple[tuple[Op | None, ...], ...]:
