@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | s16 | s16c | s16d | s17 | s17c | s18 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | s16 | s16c | s16d | s17 | s17c | s18 | s18b | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -323,6 +323,26 @@ if [[ "${SUITE:-record}" == "s15" ]]; then
   run tp2-sp-mb4 env CUDA_VISIBLE_DEVICES=0,1 $ours $TP2
   run tp2-sp-ov-mb4 env CUDA_VISIBLE_DEVICES=0,1 $ours $TP2 parallel.tp_comm_overlap=true --trace-dir /tmp/s7
   prof tp2-sp-ov-mb4 /tmp/s7 1,1,2 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s18b" ]]; then
+  # 4 GPUs, session 18, lease 2 (carry .peer): 1f1b-phased interleaved (v > 1) against v = 1
+  # (NOTES issue 8 section 20). Part a: the 1.3B m 16, v 1 and v 2, then the 7.5B m 32 v 3 and
+  # the peer's pp4 1F1B. Part b: the 7.5B v 1 (the same lease's baseline for "interleaved
+  # faster than 1F1B"), if the budget holds.
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
+  export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+  PP="$B13 --mesh 1,4,1 $PROF_PH"
+  Q75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 3 parallel.schedule=1f1b-phased"
+  if [[ "${S18B_PART:-a}" == "a" ]]; then
+  run pp4-phased-sel $ours $PP
+  run pp4-phased-v2-sel $ours $PP parallel.virtual_stages=2
+  run 7.5b-pp4-phased-v3-sel $ours $Q75 parallel.virtual_stages=3
+  run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+  finish
+  fi
+  run 7.5b-pp4-phased-sel $ours $Q75
   finish
 fi
 

@@ -113,12 +113,15 @@ def _steady(state, head_pair, plain_pair, h_rows, n_rows, b_rows, heads, p: int,
     """The steady pairs of a phased table. v = 1: one loop, every pair with its head. v > 1:
     the pairs come in groups of p (one local chunk on the last stage each): a head group, then
     m / p - 1 rounds of (v - 1) groups without a head and one with (phased.head_pairs), run as
-    a loop over the rounds around one loop of each kind, so each body is one pair."""
+    a loop over the rounds around one loop of each kind, so each body is one pair. These loops
+    hide their trip counts from XLA (`_loop`): XLA:GPU unrolls every loop holding collectives by
+    two and copies what it calls per call site, which for loops inside a loop multiplies the
+    switches' branches (a v = 2 1.3B step did not finish compiling in 330 s on 4x H200)."""
     take = lambda rows, sl: jax.tree.map(lambda a: a[sl], rows)
     if heads.all():
         state, _ = jax.lax.scan(head_pair, state, (h_rows, b_rows))
         return state
-    state, _ = jax.lax.scan(head_pair, state, (take(h_rows, slice(0, p)), take(b_rows, slice(0, p))))
+    state = _loop(head_pair, state, (take(h_rows, slice(0, p)), take(b_rows, slice(0, p))))
     rounds, per = (len(heads) - p) // (v * p), (v - 1) * p
     assert (heads[p:].reshape(rounds, v * p) == [False] * per + [True] * p).all()
     shape = lambda rows, k: jax.tree.map(lambda a: a.reshape((rounds, k) + a.shape[1:]), rows)
@@ -126,13 +129,22 @@ def _steady(state, head_pair, plain_pair, h_rows, n_rows, b_rows, heads, p: int,
 
     def one_round(st, r):
         n_r, h_r, b_r = r
-        st, _ = jax.lax.scan(plain_pair, st, (n_r, take(b_r, slice(0, per))))
-        st, _ = jax.lax.scan(head_pair, st, (h_r, take(b_r, slice(per, None))))
-        return st, None
-    state, _ = jax.lax.scan(one_round, state, (shape(n_rows, per),
-                                               shape(take(h_rows, slice(p, None)), p), b_rest))
-    return state
+        st = _loop(plain_pair, st, (n_r, take(b_r, slice(0, per))))
+        return _loop(head_pair, st, (h_r, take(b_r, slice(per, None)))), None
+    return _loop(one_round, state, (shape(n_rows, per), shape(take(h_rows, slice(p, None)), p),
+                                    b_rest))
 
+
+def _loop(body, state, rows):
+    """lax.scan(body, state, rows)[0] as a while loop whose trip count XLA cannot compute (its
+    bound passes an optimization barrier), so that XLA:GPU neither unrolls it nor copies the
+    loop body and everything it calls."""
+    n = jax.tree.leaves(rows)[0].shape[0]
+    bound = jax.lax.optimization_barrier(jnp.int32(n))
+
+    def step(i, st):
+        return body(st, jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, 0, False), rows))[0]
+    return jax.lax.fori_loop(0, bound, step, state)
 
 # ----------------------------------------------------------------------------- the executor
 
