@@ -216,10 +216,19 @@ H200_S14 = [
 ]
 
 
-@pytest.mark.parametrize("name,mesh,overrides,measured_s", H200_S14,
+# session 18, 4x H200 (benchmarks/results/2026-11-27-s18/a, b): zb-phased, now searched
+H200_S18 = [
+    ("bench-1.3b", (1, 4, 1), dict(B13, parallel__schedule="zb-phased"), 0.1882),
+    ("gpt-7.5b", (1, 4, 1), dict(B13, train__global_batch_size=32, train__recompute="selective",
+                                 parallel__schedule="zb-phased"), 1.5293),
+]
+
+
+@pytest.mark.parametrize("name,mesh,overrides,measured_s", H200_S14 + H200_S18,
                          ids=["1gpu", "141-phased", "411", "114-sp", "212-sp", "122-sp",
                               "7.5b-141-int3", "7.5b-114-sp", "411-bf16", "411-zero1",
-                              "7.5b-411-zero3-none", "7.5b-411-zero3-sel"])
+                              "7.5b-411-zero3-none", "7.5b-411-zero3-sel", "141-zbphased",
+                              "7.5b-141-zbphased"])
 def test_our_h200_measurements(name, mesh, overrides, measured_s):
     d, p, t = mesh
     cfg = config(name, **overrides, parallel__data=d, parallel__pipe=p, parallel__tensor=t)

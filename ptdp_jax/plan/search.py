@@ -32,7 +32,9 @@ LAYOUT_KEYS = ("parallel.data", "parallel.pipe", "parallel.tensor", "train.micro
                "parallel.scatter_gather", "parallel.zero")
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)      # tried where they divide the batch of a replica
 RECOMPUTES = ("none", "selective", "full")
-SCHEDULES = ("1f1b", "1f1b-phased", "interleaved")   # gpipe: never faster than 1f1b, m slots
+SCHEDULES = ("1f1b", "1f1b-phased", "zb-phased", "interleaved")   # gpipe: never faster than
+#   1f1b, m slots; 1f1b-phased v > 1, zb-h1, zb-v: not measured, or slower where measured
+LOCKSTEP_ONLY = ("zb-phased",)         # searched only for our executor's GPU kinds
 MAX_VIRTUAL_STAGES = 8
 ZEROS = (0, 1, 2, 3)                      # parallel.zero, tried where d > 1 (see _zeros)
 DEFAULT_TOKENS = 300e9                    # the paper's GPT-3 example
@@ -221,6 +223,8 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
     recommended first (then the other valid ones by step time, then the rejected ones).
     fixed: dotted layout keys (LAYOUT_KEYS) the caller pins."""
     gpu = gpu_kind(gpu) if isinstance(gpu, str) else gpu
+    if gpu.execution != "lockstep":     # Megatron (the paper's A100 model) has no zb-phased
+        schedules = tuple(s for s in schedules if s not in LOCKSTEP_ONLY)
     check_inputs(cfg, num_gpus, gpus_per_host)
     fixed = {k: v for k, v in (fixed or {}).items() if k in LAYOUT_KEYS}
     b = fixed.get("train.micro_batch_size")
