@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from ptdp_jax.pipeline.phased import phased_parts, zb_phased_table
+from ptdp_jax.pipeline.phased import head_pairs, phased_parts, zb_phased_table
 from ptdp_jax.pipeline.schedule import Op, bubble_fraction_theory, build_schedule
 from test_schedule import _positions, _simulate_executor, draw
 
@@ -80,14 +80,97 @@ def test_executor_arrays_replay():
             _simulate_executor(build_schedule("1f1b-phased", p, m))
 
 
-def test_needs_one_chunk_per_stage():
+# ----------------------------------------------------------------------------- v > 1
+
+VCONFIGS = [(p, m, v) for p in (2, 3, 4, 8) for v in (2, 3, 4) for m in (p, 2 * p, 4 * p)]
+
+
+def test_interleaved_every_op_once_on_its_stage_after_its_inputs():
+    """v chunks a stage (chunk c on stage c % p): every (microbatch, chunk) runs F and B once,
+    on its stage, after its input; a stage runs its forwards and its backwards each in
+    Megatron's interleaved order (groups of p microbatches through the chunks in turn)."""
+    for p, m, v in VCONFIGS:
+        s = build_schedule("1f1b-phased", p, m, v)
+        pos, last = _positions(s), p * v - 1
+        want = {Op(k, mb, c, "full") for k in "FB" for mb in range(m) for c in range(p * v)}
+        assert set(pos) == want, (p, m, v)
+        for op, (t, st) in pos.items():
+            mb, c = op.microbatch, op.chunk
+            assert st == c % p, (p, m, v, op)
+            if op.kind == "F":
+                pre = None if c == 0 else Op("F", mb, c - 1, "full")
+            else:
+                pre = Op("F", mb, c, "full") if c == last else Op("B", mb, c + 1, "full")
+            if pre is not None:
+                assert pos[pre][0] < t, (p, m, v, op)
+        for st in range(p):
+            for kind in "FB":
+                mine = sorted((t, op) for op, (t, r) in pos.items() if r == st and op.kind == kind)
+                order = [(op.microbatch, op.chunk // p) for _, op in mine]
+                k = range(m * v)
+                local = [(i // p) % v if kind == "F" else v - 1 - (i // p) % v for i in k]
+                assert order == [((i // (p * v)) * p + i % p, c) for i, c in zip(k, local)]
+
+
+def test_interleaved_rows_parts_and_heads():
+    """v p - 1 warm-up forward rows, m v - (v - 1) p pairs, v p - 1 cool-down backward rows; the
+    pairs whose forward row holds a last-chunk forward (the head) come in groups of p: the
+    first group, then every v-th (`head_pairs`, which the executor's loops follow)."""
+    for p, m, v in VCONFIGS:
+        s = build_schedule("1f1b-phased", p, m, v)
+        warm, fwd, bwd, cool = phased_parts(p, m, v)
+        assert sorted([*warm, *fwd, *bwd, *cool]) == list(range(s.num_ticks)), (p, m, v)
+        assert len(warm) == len(cool) == v * p - 1 and len(fwd) == m * v - (v - 1) * p
+        kinds = lambda rows: {op.kind for t in rows for op in s.table[t] if op is not None}
+        assert kinds(warm) == kinds(fwd) == {"F"} and kinds(bwd) == kinds(cool) == {"B"}
+        last = p * v - 1
+        heads = [any(op is not None and op.kind == "F" and op.chunk == last
+                     for op in s.table[t]) for t in fwd]
+        assert heads == head_pairs(p, m, v), (p, m, v)
+        assert not any(op is not None and op.kind == "F" and op.chunk == last
+                       for t in warm for op in s.table[t])
+        assert sum(heads) == m, (p, m, v)
+
+
+@pytest.mark.parametrize("t_b", [Fraction(1), Fraction(2), Fraction(14, 5)])
+def test_interleaved_time_is_the_theory(t_b):
+    """A row costs one chunk's op of its kind (1/v of a stage's): (m v + p - 1)(t_f + t_b)/v,
+    the bubble (p - 1)/(v m) whatever t_b / t_f is (the paper's interleaved bubble)."""
+    for p, m, v in VCONFIGS:
+        s = build_schedule("1f1b-phased", p, m, v)
+        assert s.predicted_time_exact(1, t_b) == (m * v + p - 1) * (1 + t_b) / v, (p, m, v)
+        assert s.bubble_fraction_exact(1, t_b) == Fraction(p - 1, v * m), (p, m, v)
+        assert bubble_fraction_theory("1f1b-phased", p, m, v) == Fraction(p - 1, v * m)
+
+
+def test_interleaved_in_flight_and_replay():
+    """Stage r holds at most v p + p - 1 - 2 r chunk activations (independent of m; v = 1:
+    the round trip 2 (p - 1 - r) + 1), no more than Megatron's interleaved warm-up allows; the
+    control arrays replay."""
+    for p, m, v in VCONFIGS:
+        s = build_schedule("1f1b-phased", p, m, v)
+        assert [s.max_in_flight(r) for r in range(p)] == [
+            min(m * v, v * p + p - 1 - 2 * r) for r in range(p)], (p, m, v)
+        inter = build_schedule("interleaved", p, m, v, split_backward=False)
+        assert max(map(s.max_in_flight, range(p))) <= max(map(inter.max_in_flight, range(p)))
+        if p * m * v <= 256:
+            _simulate_executor(s)
+
+
+def test_chunks_per_stage_rules():
     with pytest.raises(ValueError, match="v=1"):
-        build_schedule("1f1b-phased", 4, 8, 2)
+        build_schedule("zb-phased", 4, 8, 2)
+    with pytest.raises(ValueError, match="m % p == 0"):
+        build_schedule("1f1b-phased", 4, 6, 2)
+    assert build_schedule("1f1b-phased", 4, 6).num_ticks == 2 * (6 + 3)     # v = 1: any m
 
 
 def test_cli_draws_it(tmp_path, capsys):
     printed = draw(tmp_path, capsys, "--schedule", "1f1b-phased", "--p", "4", "--m", "8")
     assert "ticks: 22" in printed and "0.375000" in printed
+    printed = draw(tmp_path, capsys, "--schedule", "1f1b-phased", "--p", "4", "--m", "8",
+                   "--v", "2")
+    assert "ticks: 38" in printed and "0.187500" in printed
 
 
 def test_head_runs_in_the_tick_loop_without_a_conditional():

@@ -78,8 +78,9 @@ def draw_schedule(schedule: Schedule, path: str, t_f: float = 1.0, t_b: float = 
                  f"{s.bubble_fraction(t_f, t_b):.4f} (theory {float(theory):.4f}); "
                  "cell numbers = microbatch (1-based)", fontsize=9)
     kinds = "FBW" if s.has_weight_ops else "FB"
-    mixed = any(op is not None and op.kind == "B" and op.half == "full" for row in s.table
-                for op in row)       # zb-phased: whole backwards, and B / W where they pay
+    mixed = s.has_weight_ops and any(op is not None and op.kind == "B" and op.half == "full"
+                                     for row in s.table for op in row)   # zb-phased: whole
+    # backwards, and B / W where they pay
     names = {"F": "forward", "W": "weight gradient (W)",
              "B": "backward (B alone: input gradient)" if mixed
              else "input gradient (B)" if s.has_weight_ops else "backward"}
