@@ -55,19 +55,19 @@ def op_label(op) -> str:
 
 
 def tick_labels(sched, schedule: str = "") -> list[list[str]]:
-    """labels[tick][stage] of a Schedule. The phased tables (1f1b-phased, zb-phased) run their
-    steady rows in (forward, backward) pairs, one loop iteration and one permute boundary a
-    pair (their warm-up and cool-down rows one each): a pair's label joins its two ops ('FB',
-    'F', 'B'; '.' when both are idle)."""
-    rows = [[op_label(op) for op in row] for row in sched.table]
-    from ptdp_jax.pipeline.phased import phased_parts
+    """labels[tick][stage] of a Schedule, one tick a table row. The phased tables (1f1b-phased,
+    zb-phased) send one permute a row (a forward row down, a backward row up), so each row is
+    one boundary too."""
+    return [[op_label(op) for op in row] for row in sched.table]
+
+
+def merge_busy_us(schedule: str) -> float:
+    """How much work may separate two permutes of one tick boundary (profiling.report): none
+    for the phased tables, whose every row holds exactly one permute (an idle stage's rows run
+    back to back, and XLA's unrolled copies of the warm-up and cool-down loops give each
+    row's permute an HLO name of its own); 100 us for the others, whose tick sends both ways."""
     from ptdp_jax.pipeline.schedule import PHASED
-    if schedule not in PHASED:
-        return rows
-    warm, fwd, _, cool = phased_parts(sched.p, sched.m)
-    join = lambda f, b: (f.strip(".") + b.strip(".")) or "."
-    return ([rows[t] for t in warm] + [[join(f, b) for f, b in zip(rows[t], rows[t + 1])]
-                                        for t in fwd] + [rows[t] for t in cool])
+    return 0.0 if schedule in PHASED else 100.0
 
 
 def stage_of_device(mesh: tuple[int, int, int]) -> dict[int, int]:
@@ -78,8 +78,8 @@ def stage_of_device(mesh: tuple[int, int, int]) -> dict[int, int]:
 
 
 def bubble(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
-    """(p-1)/m, or (p-1)/(v m) for interleaved (0 if p = 1)."""
-    return (p - 1) / (v * m if schedule == "interleaved" else m)
+    """(p-1)/m, or (p-1)/(v m) for interleaved and 1f1b-phased (0 if p = 1)."""
+    return (p - 1) / (v * m if schedule in ("interleaved", "1f1b-phased") else m)
 
 
 def ideal_step_s(one_gpu_step_s: float, mesh: tuple[int, int, int], m: int, v: int = 1,
@@ -181,7 +181,8 @@ def main(argv=None) -> dict:
         ideal = ideal_step_s(a.one_gpu_step, mesh, sched.m, sched.v, cfg.parallel.schedule)
     devices = profiling.last_run(profiling.load_trace(trace), a.trace_steps)
     rep = profiling.report(devices, tick_labels(sched, cfg.parallel.schedule),
-                           stage_of_device(mesh), ideal_s=ideal, step_s=step_s, top_n=a.top)
+                           stage_of_device(mesh), ideal_s=ideal, step_s=step_s, top_n=a.top,
+                           merge_busy_us=merge_busy_us(cfg.parallel.schedule))
     rep.update({"config": a.config, "overrides": a.overrides, "mesh": list(mesh), "trace": trace,
                 "schedule": cfg.parallel.schedule, "m": sched.m, "v": sched.v})
     print(f"{a.config} mesh {a.mesh} {cfg.parallel.schedule} m={sched.m} v={sched.v} "

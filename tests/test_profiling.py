@@ -218,6 +218,10 @@ def test_boundaries_merge_across_idle_gaps_but_not_across_work():
                                 k("ncclDevKernel_SendRecv", 180.0, 50.0, hlo_op="ppermute.2")]})[0]
     pieces = P.exclusive_timeline(back_to_back, 0.0, 230.0)
     assert P.tick_boundaries_us(back_to_back, pieces) == [(0.0, 110.0), (120.0, 230.0)]
+    # phased tables (one permute a row): no merging, each permute its own boundary
+    assert len(P.tick_boundaries_us(back_to_back, pieces, merge_busy_us=0.0)) == 4
+    assert len(P.tick_boundaries_us(idle_gap, P.exclusive_timeline(idle_gap, 0.0, 350.0),
+                                    merge_busy_us=0.0)) == 2
     # collectives that are not permutes (the gradient all-reduce) are no boundary
     ar = kernels({0: [k("ncclDevKernel_AllReduce_Sum_f32", 0.0, 50.0, hlo_op="all-reduce.3")]})[0]
     assert P.tick_boundaries_us(ar, P.exclusive_timeline(ar, 0.0, 50.0)) == []
@@ -265,11 +269,13 @@ def test_cli_ideal_labels_and_stage_map():
     table = ((FakeOp("F"), None), (FakeOp("B", half="upper"), FakeOp("F")),
              (FakeOp("B", half="lower"), FakeOp("B", half="full")))
     assert cli.tick_labels(SimpleNamespace(table=table)) == [["F", "."], ["b", "F"], ["B", "B"]]
-    # 1f1b-phased: a warm-up row, (forward row, backward row) pairs (one label a pair), a
-    # cool-down row (p = 2, m = 1)
+    # 1f1b-phased: one permute a row, so one tick a row, and no merging of permutes into one
+    # boundary (an idle stage's rows run back to back)
     phased = ((FakeOp("F"), None), (None, FakeOp("F")), (None, FakeOp("B")), (FakeOp("B"), None))
     assert cli.tick_labels(SimpleNamespace(table=phased, p=2, m=1), "1f1b-phased") == \
-        [["F", "."], [".", "FB"], ["B", "."]]
+        [["F", "."], [".", "F"], [".", "B"], ["B", "."]]
+    assert cli.merge_busy_us("zb-phased") == 0 and cli.merge_busy_us("1f1b") == 100
+    assert cli.ideal_step_s(1.0, (1, 4, 1), 8, 2, "1f1b-phased") == pytest.approx(1 / 4 * 19 / 16)
 
 
 def test_cli_lockstep_floor_from_kernel_time():
