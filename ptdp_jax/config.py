@@ -108,7 +108,7 @@ class ParallelConfig:
     pipe: int = 1
     tensor: int = 1
     schedule: str = "1f1b"               # gpipe | 1f1b | 1f1b-phased | interleaved | zb-h1 | zb-v | zb-phased
-    virtual_stages: int = 1
+    virtual_stages: int = 1              # model chunks a stage: interleaved, 1f1b-phased (v > 1), zb-v (2)
     scatter_gather: bool = False
     sequence_parallel: bool = False      # split norms, dropout, residual stream by sequence over
                                          # 'tensor' (Megatron's --sequence-parallel); t = 1: no-op

@@ -18,7 +18,9 @@ Each tick, on every stage:
 (forward row, backward row) pairs with the head unconditional after the forward row (every
 such row holds a last-chunk forward; no conditional holding collectives, so no host round
 trip per tick), and the cool-down's backward rows (pipeline/phased.py); a forward row sends
-down only, a backward row up only. There is
+down only, a backward row up only. With v > 1 chunks a stage only every v-th group of p pairs
+holds a head, so the steady pairs run as a loop over rounds of head-less and head groups
+(`_steady`), loops whose trip counts XLA is not told (`_loop`). There is
 one switch per tick and no other conditional but the head's: a buffer passes through exactly
 one branch, which either leaves it alone (no copy) or updates one slot of it in place. Branches are
 specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk's layers

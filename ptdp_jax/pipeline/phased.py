@@ -31,6 +31,13 @@ warm-up / steady / cool-down):
 The round trip of a microbatch takes two ticks per stage, so stage s holds
 2 (p - 1 - s) + 1 microbatches in flight (stage 0: 2p - 1, against p for the halves-1F1B):
 the price of uniform ticks is activation memory, still independent of m.
+
+Interleaved (v > 1 chunks a stage, chunk c on stage c % p): the same with a stage's k-th
+forward and k-th backward in Megatron's interleaved order (`_order`) in place of microbatch T - s
+and its backward, the backward delayed to macro tick k + vp - 1 + (p - 1 - s). Rows then cost a
+chunk's op, the bubble is (p - 1)/(v m), and stage s holds at most vp + p - 1 - 2s chunk
+activations; the last stage runs the last chunk's forward in one group of p steady pairs in v
+(`head_pairs`). m must be a multiple of p.
 """
 from __future__ import annotations
 
