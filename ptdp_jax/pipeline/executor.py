@@ -20,7 +20,7 @@ such row holds a last-chunk forward; no conditional holding collectives, so no h
 trip per tick), and the cool-down's backward rows (pipeline/phased.py); a forward row sends
 down only, a backward row up only. With v > 1 chunks a stage only every v-th group of p pairs
 holds a head, so the steady pairs run as a loop over rounds of head-less and head groups
-(`_steady`), loops whose trip counts XLA is not told (`_loop`). There is
+(`phased_loops.steady`), loops whose trip counts XLA is not told. There is
 one switch per tick and no other conditional but the head's: a buffer passes through exactly
 one branch, which either leaves it alone (no copy) or updates one slot of it in place. Branches are
 specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk's layers
@@ -47,6 +47,7 @@ from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
 from ptdp_jax.pipeline.phased import head_pairs, phased_parts
+from ptdp_jax.pipeline.phased_loops import part_rows, steady
 from ptdp_jax.pipeline.routing import (  # noqa: F401  (re-exported)
     MSG, MSG_SCATTERED, Branch, Router, TickControl, control_table)
 from ptdp_jax.sharding import vary
@@ -98,55 +99,6 @@ def _set(tup: tuple, i: int, value) -> tuple:
     """tup with item i replaced."""
     return tup[:i] + (value,) + tup[i + 1:]
 
-
-def _rows(ctl: dict, ops: list, idx: range):
-    """Phased tables: the control rows idx (one part of the table, pipeline/phased.py) and the
-    switch branches they use, renumbered (idle stays 0), so that each loop's switch holds only
-    its own ops."""
-    idx = np.asarray(idx, np.int64)
-    used = sorted(set(np.unique(ctl["branch"][idx]).tolist()) | {0})
-    local = np.zeros(len(ops), np.int32)
-    local[used] = np.arange(len(used), dtype=np.int32)
-    rows = {n: jnp.asarray(local[a[idx]] if n == "branch" else a[idx]) for n, a in ctl.items()}
-    return [ops[i] for i in used], rows
-
-
-def _steady(state, head_pair, plain_pair, h_rows, n_rows, b_rows, heads, p: int, v: int):
-    """The steady pairs of a phased table. v = 1: one loop, every pair with its head. v > 1:
-    the pairs come in groups of p (one local chunk on the last stage each): a head group, then
-    m / p - 1 rounds of (v - 1) groups without a head and one with (phased.head_pairs), run as
-    a loop over the rounds around one loop of each kind, so each body is one pair. These loops
-    hide their trip counts from XLA (`_loop`): XLA:GPU unrolls every loop holding collectives by
-    two and copies what it calls per call site, which for loops inside a loop multiplies the
-    switches' branches (a v = 2 1.3B step did not finish compiling in 330 s on 4x H200)."""
-    take = lambda rows, sl: jax.tree.map(lambda a: a[sl], rows)
-    if heads.all():
-        state, _ = jax.lax.scan(head_pair, state, (h_rows, b_rows))
-        return state
-    state = _loop(head_pair, state, (take(h_rows, slice(0, p)), take(b_rows, slice(0, p))))
-    rounds, per = (len(heads) - p) // (v * p), (v - 1) * p
-    assert (heads[p:].reshape(rounds, v * p) == [False] * per + [True] * p).all()
-    shape = lambda rows, k: jax.tree.map(lambda a: a.reshape((rounds, k) + a.shape[1:]), rows)
-    b_rest = shape(take(b_rows, slice(p, None)), v * p)
-
-    def one_round(st, r):
-        n_r, h_r, b_r = r
-        st = _loop(plain_pair, st, (n_r, take(b_r, slice(0, per))))
-        return _loop(head_pair, st, (h_r, take(b_r, slice(per, None)))), None
-    return _loop(one_round, state, (shape(n_rows, per), shape(take(h_rows, slice(p, None)), p),
-                                    b_rest))
-
-
-def _loop(body, state, rows):
-    """lax.scan(body, state, rows)[0] as a while loop whose trip count XLA cannot compute (its
-    bound passes an optimization barrier), so that XLA:GPU neither unrolls it nor copies the
-    loop body and everything it calls."""
-    n = jax.tree.leaves(rows)[0].shape[0]
-    bound = jax.lax.optimization_barrier(jnp.int32(n))
-
-    def step(i, st):
-        return body(st, jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, 0, False), rows))[0]
-    return jax.lax.fori_loop(0, bound, step, state)
 
 # ----------------------------------------------------------------------------- the executor
 
@@ -394,7 +346,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         assert (ctl["head_tick"][fwd, 0] == heads).all() and not ctl["head_tick"][
             np.asarray(list(warm) + list(bwd) + list(cool), np.int64)].any()
         (w_ops, w_rows), (h_ops, h_rows), (n_ops, n_rows), (b_ops, b_rows), (c_ops, c_rows) = (
-            _rows(ctl, ops, part) for part in (warm, fwd[heads], fwd[~heads], bwd, cool))
+            part_rows(ctl, ops, part) for part in (warm, fwd[heads], fwd[~heads], bwd, cool))
 
         # a forward row sends activations down only, a backward row gradients up only; the
         # head runs after the forward rows whose last stage runs the last chunk (all at v = 1)
@@ -406,7 +358,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         if len(warm):
             state, _ = jax.lax.scan(lambda st, r: tick(st, r, w_ops, "none", ("down",)),
                                     state, w_rows)
-        state = _steady(state, pair(h_ops, "static"), pair(n_ops, "none"), h_rows, n_rows,
+        state = steady(state, pair(h_ops, "static"), pair(n_ops, "none"), h_rows, n_rows,
                         b_rows, heads, p, v)
         if len(cool):
             state, _ = jax.lax.scan(lambda st, r: tick(st, r, c_ops, "none", ("up",)),
