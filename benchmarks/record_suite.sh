@@ -348,6 +348,12 @@ if [[ "${SUITE:-record}" == "s18b" ]]; then
   run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
   finish
   fi
+  if [[ "${S18B_PART}" == "c" ]]; then   # part c: zb-phased traced, one tick a row (NOTES 8, s20)
+  ZP="$B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=zb-phased"
+  run pp4-zbphased-sel-traced $ours $ZP --trace-dir /tmp/z1 --trace-steps 2 --trace-host-level 0
+  f=$(newest_trace /tmp/z1); [[ -n "$f" ]] && python3 benchmarks/profile_step.py $ZP --trace "$f" --trace-steps 2 --top 12 --step-time "$(step_of pp4-zbphased-sel-traced)" > "$out/prof_zbphased_rows.md" 2>&1; rm -rf /tmp/z1
+  finish
+  fi
   run 7.5b-pp4-phased-sel $ours $Q75
   finish
 fi
