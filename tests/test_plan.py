@@ -420,3 +420,22 @@ def test_zero_1_accumulation_passes():
     one, two = acc(parallel__zero=1, train__micro_batch_size=1), acc(
         parallel__zero=1, train__micro_batch_size=2)
     assert one == pytest.approx(7 / 3 * two) and one > 0.1          # 7 passes against 3
+
+
+def test_phased_interleaving_only_where_pinned():
+    """1f1b-phased with v > 1 is priced when the caller pins parallel.virtual_stages (with
+    m % p == 0 or a reason), and not searched otherwise (not yet measured on GPUs)."""
+    cfg = config("bench-1.3b", train__micro_batch_size=1)
+    rows = plan(cfg, 4, "h200", 8, fixed={"parallel.pipe": 4, "parallel.data": 1,
+                                           "parallel.schedule": "1f1b-phased",
+                                           "parallel.virtual_stages": 2})
+    assert rows[0].ok and rows[0].virtual_stages == 2 and rows[0].schedule == "1f1b-phased"
+    v1 = estimate_step(config("bench-1.3b", train__micro_batch_size=1, parallel__pipe=4,
+                              parallel__schedule="1f1b-phased"), gpu_kind("h200"), 8)
+    assert rows[0].estimate.step_time_s < v1.step_time_s       # the bubble halves
+    searched = plan(cfg, 4, "h200", 8, fixed={"parallel.pipe": 4, "parallel.data": 1})
+    assert not any(r.schedule == "1f1b-phased" and r.virtual_stages > 1 for r in searched)
+    odd = plan(config("bench-1.3b", train__global_batch_size=12), 4, "h200", 8,
+               fixed={"parallel.pipe": 4, "parallel.data": 1, "train.micro_batch_size": 2,
+                      "parallel.schedule": "1f1b-phased", "parallel.virtual_stages": 2})
+    assert not odd[0].ok and "m % p == 0" in odd[0].reason

@@ -154,8 +154,8 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
                     hard = "" if treason.startswith("tensor across hosts") else treason
                     if not hard and L % (p * v):
                         hard = f"not divisible: model.num_layers={L} by p x v = {p} x {v}"
-                    if not hard and sched == "interleaved" and m % p:
-                        hard = f"not divisible: interleaved needs m % p == 0, m={m}, p={p}"
+                    if not hard and (sched == "interleaved" or v > 1) and m % p:
+                        hard = f"not divisible: {sched} v={v} needs m % p == 0, m={m}, p={p}"
                     for rc in pick("train.recompute", recomputes):
                         sgs = [False, True] if (p > 1 and t > 1) else [False]
                         for sg in pick("parallel.scatter_gather", sgs):
@@ -185,6 +185,8 @@ def _schedules(p: int, L: int, fixed: dict, schedules):
             out += [(name, v) for v in vs]
         elif name == "zb-v":                    # two chunks per stage, in a V
             out.append((name, 2))
+        elif name == "1f1b-phased":             # v > 1 only where pinned: not measured yet
+            out.append((name, fixed.get("parallel.virtual_stages", 1)))
         else:
             out.append((name, 1))
     return out
