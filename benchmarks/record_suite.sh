@@ -346,6 +346,8 @@ if [[ "${SUITE:-record}" == "s18b" ]]; then
   run 7.5b-pp4-phased-v3-sel $ours $Q75 parallel.virtual_stages=3
   else   # a compile that grows (XLA's loop unrolling) or a hang? the same without unrolling
   CASE_TIMEOUT=150 run tiny-pp4-phased-v2-nounroll env XLA_FLAGS=--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_NO_UNROLL $ours $TINY parallel.virtual_stages=2
+  # or the region-based copy insertion (on with the static stash) over nested loops?
+  CASE_TIMEOUT=150 run tiny-pp4-phased-v2-dynstash $ours $TINY parallel.virtual_stages=2 parallel.static_stash=false
   fi
   run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
   finish
