@@ -200,6 +200,24 @@ def test_head_runs_in_the_tick_loop_without_a_conditional():
     assert all(b.count(" conditional(") == 1 for b in phased if b is not heads[0])
 
 
+def test_interleaved_runs_three_loops_with_the_head_in_a_conditional():
+    """v > 1: the same three loops (warm-up, steady pairs, cool-down), the head in a
+    conditional after the steady forward row (only every v-th group of p pairs has one);
+    separate loops for the pairs with and without a head tripled the compile (NOTES, issue 8
+    section 20)."""
+    from compiled import compile_grad_fn
+    from parity import tiny_config
+    hlo = compile_grad_fn(tiny_config("gpt", (1, 2, 1), **{
+        "parallel.schedule": "1f1b-phased", "parallel.virtual_stages": 2,
+        "train.micro_batch_size": 1})).as_text()
+    from test_hlo import _while_bodies
+    loops = [b for b in _while_bodies(hlo).values() if "collective-permute" in b]
+    assert len(loops) == 3
+    steady = [b for b in loops if b.count("collective-permute(") == 2]   # down, then up
+    assert len(steady) == 1 and steady[0].count(" conditional(") == 3   # F, head, B
+    assert not any("all-reduce(" in b for b in loops)      # the head's: inside its branch
+
+
 # ----------------------------------------------------------------------------- zb-phased
 
 def test_zb_phased_every_op_once_after_its_inputs_w_after_its_b():

@@ -19,8 +19,8 @@ Each tick, on every stage:
 such row holds a last-chunk forward; no conditional holding collectives, so no host round
 trip per tick), and the cool-down's backward rows (pipeline/phased.py); a forward row sends
 down only, a backward row up only. With v > 1 chunks a stage only every v-th group of p pairs
-holds a head, so the steady pairs run as a loop over rounds of head-less and head groups
-(`phased_loops.steady`), loops whose trip counts XLA is not told. There is
+holds a head, which then runs in a conditional (one host round trip a forward row: loops of
+their own for the pairs with and without a head tripled the compile). There is
 one switch per tick and no other conditional but the head's: a buffer passes through exactly
 one branch, which either leaves it alone (no copy) or updates one slot of it in place. Branches are
 specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk's layers
@@ -47,7 +47,6 @@ from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
 from ptdp_jax.pipeline.phased import head_pairs, phased_parts
-from ptdp_jax.pipeline.phased_loops import part_rows, steady
 from ptdp_jax.pipeline.routing import (  # noqa: F401  (re-exported)
     MSG, MSG_SCATTERED, Branch, Router, TickControl, control_table)
 from ptdp_jax.sharding import vary
@@ -98,6 +97,18 @@ def _f32_add(acc, g):
 def _set(tup: tuple, i: int, value) -> tuple:
     """tup with item i replaced."""
     return tup[:i] + (value,) + tup[i + 1:]
+
+
+def _rows(ctl: dict, ops: list, idx: range):
+    """Phased tables: the control rows idx (one part of the table, pipeline/phased.py) and the
+    switch branches they use, renumbered (idle stays 0), so that each loop's switch holds only
+    its own ops."""
+    idx = np.asarray(idx, np.int64)
+    used = sorted(set(np.unique(ctl["branch"][idx]).tolist()) | {0})
+    local = np.zeros(len(ops), np.int32)
+    local[used] = np.arange(len(used), dtype=np.int32)
+    rows = {n: jnp.asarray(local[a[idx]] if n == "branch" else a[idx]) for n, a in ctl.items()}
+    return [ops[i] for i in used], rows
 
 
 # ----------------------------------------------------------------------------- the executor
@@ -345,21 +356,19 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         fwd, bwd = np.asarray(fwd, np.int64), np.asarray(bwd, np.int64)
         assert (ctl["head_tick"][fwd, 0] == heads).all() and not ctl["head_tick"][
             np.asarray(list(warm) + list(bwd) + list(cool), np.int64)].any()
-        (w_ops, w_rows), (h_ops, h_rows), (n_ops, n_rows), (b_ops, b_rows), (c_ops, c_rows) = (
-            part_rows(ctl, ops, part) for part in (warm, fwd[heads], fwd[~heads], bwd, cool))
+        (w_ops, w_rows), (f_ops, f_rows), (b_ops, b_rows), (c_ops, c_rows) = (
+            _rows(ctl, ops, part) for part in (warm, fwd, bwd, cool))
 
         # a forward row sends activations down only, a backward row gradients up only; the
-        # head runs after the forward rows whose last stage runs the last chunk (all at v = 1)
-        def pair(f_ops, head):
-            def run(st: PipeState, rows):
-                st, _ = tick(st, rows[0], f_ops, head, ("down",))
-                return tick(st, rows[1], b_ops, "none", ("up",))
-            return run
+        # head runs after every forward row at v = 1, and at v > 1 (where only the forward rows
+        # whose last stage runs the last chunk have one) in a conditional
+        def pair(st: PipeState, rows):
+            st, _ = tick(st, rows[0], f_ops, "static" if heads.all() else "cond", ("down",))
+            return tick(st, rows[1], b_ops, "none", ("up",))
         if len(warm):
             state, _ = jax.lax.scan(lambda st, r: tick(st, r, w_ops, "none", ("down",)),
                                     state, w_rows)
-        state = steady(state, pair(h_ops, "static"), pair(n_ops, "none"), h_rows, n_rows,
-                        b_rows, heads, p, v)
+        state, _ = jax.lax.scan(pair, state, (f_rows, b_rows))
         if len(cool):
             state, _ = jax.lax.scan(lambda st, r: tick(st, r, c_ops, "none", ("up",)),
                                     state, c_rows)
