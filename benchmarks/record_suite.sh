@@ -330,7 +330,8 @@ if [[ "${SUITE:-record}" == "s18b" ]]; then
   # 4 GPUs (carry .peer): 1f1b-phased interleaved (v > 1) against v = 1 (NOTES issue 8
   # section 20; s18's lease 2 ran it before the nested loops hid their trip counts). Part a:
   # a tiny v 2 compile check, the 1.3B m 16 v 1 and v 2, the 7.5B m 32 v 3 and the peer's pp4
-  # 1F1B. Part b: the 7.5B v 1 (the same lease's baseline for "interleaved faster than 1F1B").
+  # 1F1B. Part b: the 7.5B v 1 (the same lease's baseline for "interleaved faster than 1F1B")
+  # and zb-phased v 3. Part c: zb-phased traced, one tick a row.
   export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
   PP="$B13 --mesh 1,4,1 $PROF_PH"
@@ -359,6 +360,7 @@ if [[ "${SUITE:-record}" == "s18b" ]]; then
   finish
   fi
   run 7.5b-pp4-phased-sel $ours $Q75
+  run 7.5b-pp4-zbphased-v3-sel $ours ${Q75/1f1b-phased/zb-phased} parallel.virtual_stages=3
   finish
 fi
 

@@ -94,12 +94,12 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(v == 2, f"parallel.schedule=zb-v places two model chunks per stage in a V: it "
                      f"needs parallel.virtual_stages=2, got {v}")
         need(pp >= 2, f"parallel.schedule=zb-v needs parallel.pipe >= 2, got parallel.pipe={pp}")
-    elif p.schedule == "1f1b-phased" and v > 1:
-        need(pp >= 2, f"parallel.schedule=1f1b-phased with parallel.virtual_stages={v} needs "
+    elif p.schedule in ("1f1b-phased", "zb-phased") and v > 1:
+        need(pp >= 2, f"parallel.schedule={p.schedule} with parallel.virtual_stages={v} needs "
                       f"parallel.pipe >= 2, got parallel.pipe={pp}")
     else:
         need(v == 1, f"parallel.virtual_stages={v} needs parallel.schedule=interleaved, "
-                     f"1f1b-phased or zb-v (got {p.schedule!r})")
+                     f"1f1b-phased, zb-phased or zb-v (got {p.schedule!r})")
     sl = p.stage_layers
     if isinstance(sl, str):
         need(sl == "auto", f"parallel.stage_layers={sl!r} is neither 'auto' nor a list of "
@@ -124,7 +124,7 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
          f"train.global_batch_size={t.global_batch_size} is not divisible by "
          f"train.micro_batch_size x parallel.data = {t.micro_batch_size} x {d} = "
          f"{t.micro_batch_size * d}")
-    if p.schedule == "interleaved" or (p.schedule == "1f1b-phased" and v > 1):
+    if p.schedule == "interleaved" or (p.schedule in ("1f1b-phased", "zb-phased") and v > 1):
         mb = cfg.num_microbatches
         need(mb % pp == 0, f"parallel.schedule={p.schedule} with parallel.virtual_stages={v} "
                            f"needs the number of microbatches (train.global_batch_size / "

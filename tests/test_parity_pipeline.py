@@ -104,6 +104,9 @@ CASES = [
     ("llama", (1, 4, 2), {**ZP, **mb(4), **DYN}),
     ("gpt", (1, 3, 1), {**ZP, **mb(4), "parallel.stage_layers": (3, 3, 2),
                         "model.vocab_size": 100}),     # the head unspread, in the last stage's F
+    ("gpt", (1, 4, 1), {**ZP, "parallel.virtual_stages": 2, **mb(4)}),   # ... interleaved
+    ("llama", (2, 2, 2), {**ZP, "parallel.virtual_stages": 2, **mb(2, 2), **SEL, **SG}),
+    ("gpt", (1, 2, 1), {**ZP, "parallel.virtual_stages": 2, **mb(8), **FULL}),
     # the residual stash the other way round from parallel.static_stash=auto: indexed per tick
     # for 1f1b and 1f1b-phased, a buffer per slot for the others
     ("gpt", (1, 4, 1), {**F1, **mb(8), **DYN}),

@@ -159,9 +159,10 @@ def test_interleaved_in_flight_and_replay():
 
 def test_chunks_per_stage_rules():
     with pytest.raises(ValueError, match="v=1"):
-        build_schedule("zb-phased", 4, 8, 2)
-    with pytest.raises(ValueError, match="m % p == 0"):
-        build_schedule("1f1b-phased", 4, 6, 2)
+        build_schedule("zb-h1", 4, 8, 2)
+    for name in ("1f1b-phased", "zb-phased"):
+        with pytest.raises(ValueError, match="m % p == 0"):
+            build_schedule(name, 4, 6, 2)
     assert build_schedule("1f1b-phased", 4, 6).num_ticks == 2 * (6 + 3)     # v = 1: any m
 
 
@@ -261,6 +262,32 @@ def test_zb_phased_saves_p_minus_1_half_backwards(t_b):
         assert s.bubble_fraction_exact(1, 2) == bubble_fraction_theory("zb-phased", p, m), (p, m)
         assert s.num_stash_slots == build_schedule("1f1b-phased", p, m).num_stash_slots, (p, m)
         assert s.num_wstash_slots == max(1, min(p - 1, m)), (p, m)
+
+
+def test_zb_phased_interleaved():
+    """v > 1: each stage's first s backwards (in its interleaved order) are split, their W in
+    its last s cool-down rows, every other backward whole; (p - 1) t_W / v less than
+    1f1b-phased at the same activation stash; the control arrays replay."""
+    for p, m, v in VCONFIGS:
+        s, plain = build_schedule("zb-phased", p, m, v), build_schedule("1f1b-phased", p, m, v)
+        pos, ppos = _positions(s), _positions(plain)
+        for st in range(p):
+            mine = sorted((t, op) for op, (t, r) in ppos.items() if r == st and op.kind == "B")
+            for k, (t, op) in enumerate(mine):
+                split = k < st
+                b = Op("B", op.microbatch, op.chunk, "input" if split else "full")
+                assert pos[b] == (t, st), (p, m, v, st, k)
+                w = Op("W", op.microbatch, op.chunk, "weight")
+                assert (w in pos) == split and (not split or pos[w][0] > t), (p, m, v, st, k)
+        for row in s.table:
+            halves = {op.half for op in row if op is not None and op.kind == "B"}
+            assert halves <= {"input"} or halves <= {"full"}, (p, m, v, row)
+        assert s.predicted_time_exact(1, 2) == plain.predicted_time_exact(1, 2) - Fraction(
+            p - 1, v), (p, m, v)
+        assert s.bubble_fraction_exact(1, 2) == bubble_fraction_theory("zb-phased", p, m, v)
+        assert s.num_stash_slots == plain.num_stash_slots, (p, m, v)
+        if p * m * v <= 256:
+            _simulate_executor(s)
 
 
 def test_zb_phased_replays_and_draws(tmp_path, capsys):

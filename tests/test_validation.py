@@ -38,8 +38,11 @@ def test_defaults_and_ok_config_validate():
       "train.global_batch_size": 12, "train.micro_batch_size": 2}, ["= 6", "parallel.pipe=4"]),
     ({"parallel.schedule": "interleaved", "parallel.virtual_stages": 1}, ["virtual_stages >= 2", "got 1"]),
     ({"parallel.virtual_stages": 2}, ["parallel.virtual_stages=2", "interleaved"]),
-    ({"parallel.schedule": "zb-phased", "parallel.pipe": 2, "parallel.virtual_stages": 2},
-     ["parallel.virtual_stages=2", "1f1b-phased", "'zb-phased'"]),
+    ({"parallel.schedule": "zb-h1", "parallel.pipe": 2, "parallel.virtual_stages": 2},
+     ["parallel.virtual_stages=2", "1f1b-phased, zb-phased", "'zb-h1'"]),
+    ({"parallel.pipe": 4, "parallel.schedule": "zb-phased", "parallel.virtual_stages": 2,
+      "train.global_batch_size": 12, "train.micro_batch_size": 2},
+     ["zb-phased", "parallel.virtual_stages=2", "= 6", "parallel.pipe=4"]),
     # 1f1b-phased interleaved: microbatches in groups of p, and a pipeline to interleave
     ({"parallel.pipe": 4, "parallel.schedule": "1f1b-phased", "parallel.virtual_stages": 2,
       "train.global_batch_size": 12, "train.micro_batch_size": 2},

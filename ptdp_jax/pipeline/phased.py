@@ -87,26 +87,30 @@ def head_pairs(p: int, m: int, v: int = 1) -> list[bool]:
     return [(i // p) % v == 0 for i in range(pairs)]
 
 
-def zb_phased_table(p: int, m: int) -> tuple[tuple[Op | None, ...], ...]:
-    """1F1B in phases with the zero-bubble split where it shortens rows (`zb-phased`, v = 1).
+def zb_phased_table(p: int, m: int, v: int = 1) -> tuple[tuple[Op | None, ...], ...]:
+    """1F1B in phases with the zero-bubble split where it shortens rows (`zb-phased`).
 
     In the first p - 1 steady backward rows not every stage is busy yet: stage s runs its
-    first backwards B(0) .. B(s - 1) there, while stages below it idle. Those backwards run as
-    B (the input gradient only; its GEMM inputs and output gradients go to the W stash), so
-    each of these rows costs t_B instead of t_B + t_W. Stage s then idles in the last s
-    cool-down rows, where stage 0 still runs whole backwards, and runs W(0) .. W(s - 1) there
-    for nothing (t_W <= t_B + t_W). Saving: (p - 1) t_W a step, at the same activation stash
-    (the W stash holds up to p - 1 microbatches' GEMM operands on the last stage)."""
-    rows = [list(row) for row in phased_1f1b_table(p, m)]
-    _, _, bwd, cool = phased_parts(p, m)
-    for t in [*bwd, *cool]:     # B(j) of stage s runs at macro tick j + 2p - 2 - s, partial
-        for s, op in enumerate(rows[t]):           # (stage 0 idle) exactly where j < s
-            if op is not None and op.microbatch < s:
-                rows[t][s] = Op("B", op.microbatch, s, "input")
+    first backwards there (k = 0 .. s - 1 in its order), while stages below it idle. Those
+    backwards run as B (the input gradient only; its GEMM inputs and output gradients go to the
+    W stash), so each of these rows costs t_B instead of t_B + t_W. Stage s then idles in the
+    last s cool-down rows, where stage 0 still runs whole backwards, and runs their W there for
+    nothing (t_W <= t_B + t_W). Saving: (p - 1) t_W a step (of a chunk's op at v > 1), at the
+    same activation stash (the W stash holds up to p - 1 sets of GEMM operands on the last
+    stage)."""
+    rows = [list(row) for row in phased_1f1b_table(p, m, v)]
+    _, _, bwd, cool = phased_parts(p, m, v)
+    done = [[] for _ in range(p)]        # each stage's backwards so far, in its order
+    for t in [*bwd, *cool]:
+        for s, op in enumerate(rows[t]):
+            if op is not None:
+                if len(done[s]) < s:     # partial rows (stage 0 idle): split
+                    rows[t][s] = Op("B", op.microbatch, op.chunk, "input")
+                done[s].append(op)
     for i, t in enumerate(cool):
         for s in range(p):
-            j = i - (p - 1 - s)          # stage s idles from cool-down row p - 1 - s on
-            if 0 <= j < min(s, m):
+            k = i - (len(cool) - s)      # stage s idles in the last s cool-down rows
+            if 0 <= k < min(s, m * v):
                 assert rows[t][s] is None
-                rows[t][s] = Op("W", j, s, "weight")
+                rows[t][s] = Op("W", done[s][k].microbatch, done[s][k].chunk, "weight")
     return tuple(tuple(row) for row in rows)

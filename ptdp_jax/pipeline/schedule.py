@@ -61,12 +61,12 @@ def bubble_fraction_theory(name: str, p: int, m: int, v: int = 1) -> Fraction:
     ZB-H1 (Qi et al.): (p-1)(t_F + t_B - t_W) / (m (t_F + t_B + t_W)) = (p-1)/(3m) with
     t_B = t_W = t_b/2 = t_F; ZB-V: 0 (with t_F = t_B = t_W per chunk); zb-phased (phased.py):
     (p-1)(t_F + t_B) / (m (t_F + t_B + t_W)) = 2(p-1)/(3m), the p - 1 partial backward rows
-    costing t_B instead of t_B + t_W."""
+    costing t_B instead of t_B + t_W (over v at v > 1, as 1f1b-phased's)."""
     _validate(name, p, m, v)
     if name == "zb-h1":
         return Fraction(p - 1, 3 * m)
     if name == "zb-phased":
-        return Fraction(2 * (p - 1), 3 * m)
+        return Fraction(2 * (p - 1), 3 * m * v)
     if name == "zb-v":
         return Fraction(0)
     return Fraction(p - 1, m * v if name in ("interleaved", "1f1b-phased") else m)
@@ -78,13 +78,13 @@ def _validate(name: str, p: int, m: int, v: int) -> None:
     for key, val in (("p", p), ("m", m), ("v", v)):
         if not isinstance(val, (int, np.integer)) or val < 1:
             raise ValueError(f"{key} must be an integer >= 1, got {key}={val!r}")
-    if name in ("gpipe", "1f1b", "zb-h1", "zb-phased") and v != 1:
+    if name in ("gpipe", "1f1b", "zb-h1") and v != 1:
         raise ValueError(f"schedule {name!r} needs v=1 (one model chunk per stage), got v={v}")
     if name == "zb-v" and v != 2:
         raise ValueError(f"schedule 'zb-v' needs v=2 (two model chunks per stage, in a V), got v={v}")
     if name == "interleaved" and v < 2:
         raise ValueError(f"interleaved schedule needs v >= 2 model chunks per stage, got v={v}")
-    if (name == "interleaved" or v > 1 and name == "1f1b-phased") and m % p != 0:
+    if (name == "interleaved" or v > 1 and name in PHASED) and m % p != 0:
         raise ValueError(f"schedule {name!r} with v={v} needs m % p == 0 (microbatches in "
                          f"groups of p), got m={m}, p={p}")
 
@@ -130,7 +130,7 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, split_backward: bool =
     if name == "1f1b-phased":      # whole backwards: every op of a tick of one kind (phased.py)
         return Schedule(name, p, v, m, False, phased_1f1b_table(p, m, v))
     if name == "zb-phased":        # the same, the first p - 1 partial rows split into B / W
-        return Schedule(name, p, 1, m, False, zb_phased_table(p, m))
+        return Schedule(name, p, v, m, False, zb_phased_table(p, m, v))
     last = p * v - 1
     halves = ("upper", "lower") if split_backward else ("full",)
     queues = []

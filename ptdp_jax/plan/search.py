@@ -185,7 +185,7 @@ def _schedules(p: int, L: int, fixed: dict, schedules):
             out += [(name, v) for v in vs]
         elif name == "zb-v":                    # two chunks per stage, in a V
             out.append((name, 2))
-        elif name == "1f1b-phased":             # v > 1 only where pinned: not measured yet
+        elif name in ("1f1b-phased", "zb-phased"):   # v > 1 only where pinned: unmeasured
             out.append((name, fixed.get("parallel.virtual_stages", 1)))
         else:
             out.append((name, 1))
