@@ -33,20 +33,20 @@ The round trip of a microbatch takes two ticks per stage, so stage s holds
 the price of uniform ticks is activation memory, still independent of m.
 
 Interleaved (v > 1 chunks a stage, chunk c on stage c % p): the same with a stage's k-th
-forward and k-th backward in Megatron's interleaved order (`_order`) in place of microbatch T - s
-and its backward, the backward delayed to macro tick k + vp - 1 + (p - 1 - s). Rows then cost a
-chunk's op, the bubble is (p - 1)/(v m), and stage s holds at most vp + p - 1 - 2s chunk
-activations; the last stage runs the last chunk's forward in one group of p steady pairs in v
-(`head_pairs`). m must be a multiple of p.
+forward and k-th backward in Megatron's interleaved order (`interleaved_order`) in place of
+microbatch T - s and its backward, the backward delayed to macro tick k + vp - 1 + (p - 1 - s).
+Rows then cost a chunk's op, the bubble is (p - 1)/(v m), and stage s holds at most
+vp + p - 1 - 2s chunk activations; the last stage runs the last chunk's forward in one group of
+p steady pairs in v (`head_pairs`). m must be a multiple of p.
 """
 from __future__ import annotations
 
 from ptdp_jax.pipeline.ops import Op
 
 
-def _order(p: int, m: int, v: int, k: int, forward: bool) -> tuple[int, int]:
-    """(microbatch, global chunk) of a stage's k-th forward or backward, Megatron's interleaved
-    order: microbatches in groups of p, each group through the local chunks in turn (forwards
+def interleaved_order(p: int, m: int, v: int, k: int, forward: bool) -> tuple[int, int]:
+    """(microbatch, global chunk) of a stage's k-th forward or backward in Megatron's interleaved
+    order (also schedule.py's interleaved table): microbatches in groups of p, each group through the local chunks in turn (forwards
     0 .. v-1, backwards v-1 .. 0). v = 1: microbatch k, chunk 0 (the stage adds its index)."""
     local = (k // p) % v
     return (k // (p * v)) * p + k % p, (local if forward else v - 1 - local) * p
@@ -63,9 +63,9 @@ def phased_1f1b_table(p: int, m: int, v: int = 1) -> tuple[tuple[Op | None, ...]
         fwd, bwd = [], []
         for s in range(p):
             kf, kb = T - s, T - (v * p - 1 + p - 1 - s)
-            mb, c = _order(p, m, v, kf, True)
+            mb, c = interleaved_order(p, m, v, kf, True)
             fwd.append(Op("F", mb, c + s, "full") if 0 <= kf < n else None)
-            mb, c = _order(p, m, v, kb, False)
+            mb, c = interleaved_order(p, m, v, kb, False)
             bwd.append(Op("B", mb, c + s, "full") if 0 <= kb < n else None)
         rows += [tuple(row) for row in (fwd, bwd) if any(op is not None for op in row)]
     return tuple(rows)
@@ -76,7 +76,8 @@ def phased_parts(p: int, m: int, v: int = 1) -> tuple[range, range, range, range
     their backward rows, cool-down backward rows)."""
     w, pairs = v * p - 1, m * v - (v - 1) * p
     n = 2 * w + 2 * pairs
-    return range(0, w), range(w, w + 2 * pairs, 2), range(w + 1, w + 2 * pairs, 2), range(w + 2 * pairs, n)
+    return (range(0, w), range(w, w + 2 * pairs, 2), range(w + 1, w + 2 * pairs, 2),
+            range(w + 2 * pairs, n))
 
 
 def head_pairs(p: int, m: int, v: int = 1) -> list[bool]:

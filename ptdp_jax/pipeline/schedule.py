@@ -40,7 +40,7 @@ import numpy as np
 
 from ptdp_jax.pipeline.ops import (  # noqa: F401  (re-exported: op codes by name)
     _OP_CODE, BWD_FULL, BWD_INPUT, BWD_LOWER, BWD_UPPER, BWD_WEIGHT, FWD, IDLE, Op)
-from ptdp_jax.pipeline.phased import phased_1f1b_table, zb_phased_table
+from ptdp_jax.pipeline.phased import interleaved_order, phased_1f1b_table, zb_phased_table
 from ptdp_jax.pipeline.zero_bubble import v_placement, zb_h1_table, zb_v_table
 
 SCHEDULES = ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v", "zb-phased")
@@ -102,11 +102,8 @@ def _stage_order(name: str, p: int, m: int, v: int, r: int) -> list[tuple[str, i
         total = m * v
 
         def seq(k: int, forward: bool) -> tuple[str, int, int]:
-            local = (k // p) % v
-            if not forward:
-                local = v - 1 - local
-            mb = (k // (p * v)) * p + k % p
-            return ("F" if forward else "B", mb, local * p + r)
+            mb, c = interleaved_order(p, m, v, k, forward)
+            return ("F" if forward else "B", mb, c + r)
 
         fwd = [seq(k, True) for k in range(total)]
         bwd = [seq(k, False) for k in range(total)]
