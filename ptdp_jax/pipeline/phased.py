@@ -46,8 +46,9 @@ from ptdp_jax.pipeline.ops import Op
 
 def interleaved_order(p: int, m: int, v: int, k: int, forward: bool) -> tuple[int, int]:
     """(microbatch, global chunk) of a stage's k-th forward or backward in Megatron's interleaved
-    order (also schedule.py's interleaved table): microbatches in groups of p, each group through the local chunks in turn (forwards
-    0 .. v-1, backwards v-1 .. 0). v = 1: microbatch k, chunk 0 (the stage adds its index)."""
+    order (also schedule.py's interleaved table): microbatches in groups of p, each group
+    through the local chunks in turn (forwards 0 .. v-1, backwards v-1 .. 0). v = 1:
+    microbatch k, chunk 0 (the stage adds its index)."""
     local = (k // p) % v
     return (k // (p * v)) * p + k % p, (local if forward else v - 1 - local) * p
 
