@@ -348,6 +348,7 @@ if [[ "${SUITE:-record}" == "s18b" ]]; then
   CASE_TIMEOUT=150 run tiny-pp4-phased-v2-nounroll env XLA_FLAGS=--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_NO_UNROLL $ours $TINY parallel.virtual_stages=2
   CASE_TIMEOUT=150 run tiny-pp4-phased-v2-dynstash $ours $TINY parallel.virtual_stages=2 parallel.static_stash=false
   fi
+  one_gpu
   run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
   finish
   fi
