@@ -233,15 +233,16 @@ def stash_slots(cfg) -> int:
     if par.pipe == 1:
         return 1
     from ptdp_jax.pipeline.balance import chunk_layers
+    pools = par.static_stash_on and par.virtual_stages > 1    # as executor.schedule_for
     return _stash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
-                        min(chunk_layers(cfg)) >= 2) + (0 if par.static_stash_on else 1)
+                        min(chunk_layers(cfg)) >= 2, pools) + (0 if par.static_stash_on else 1)
 
 
 @functools.lru_cache(maxsize=1024)
-def _wstash_slots(schedule: str, p: int, m: int, v: int) -> int:
+def _wstash_slots(schedule: str, p: int, m: int, v: int, pools: bool = False) -> int:
     """Schedule.num_wstash_slots (zero-bubble tables: B-to-W sets held at once)."""
     from ptdp_jax.pipeline.schedule import build_schedule
-    return build_schedule(schedule, p, m, v).num_wstash_slots
+    return build_schedule(schedule, p, m, v, chunk_pools=pools).num_wstash_slots
 
 
 def wstash_bytes(cfg) -> float:
@@ -256,19 +257,21 @@ def wstash_bytes(cfg) -> float:
         return 0.0
     dtype_bytes = 4 if cfg.train.dtype == "float32" else 2
     per_layer = sum(M * (K + N) for M, K, N in layer_gemms(cfg)) * dtype_bytes
-    slots = (_wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages)
+    pools = par.static_stash_on and par.virtual_stages > 1
+    slots = (_wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages, pools)
              + (0 if par.static_stash_on else 1))       # indexed: and the trash slot
     return slots * max(chunk_layers(cfg)) * per_layer
 
 
 @functools.lru_cache(maxsize=1024)
-def _stash_slots(schedule: str, p: int, m: int, v: int, split: bool) -> int:
+def _stash_slots(schedule: str, p: int, m: int, v: int, split: bool, pools: bool = False) -> int:
     """Schedule.num_stash_slots. 1F1B and interleaved stop growing once m reaches a few rounds
     of p (their bound is about p, Megatron's warm-up), so a bigger m is counted at m = 4p."""
     from ptdp_jax.pipeline.schedule import build_schedule
     if schedule in ("1f1b", "interleaved") and m > 4 * p:
         m = 4 * p
-    return build_schedule(schedule, p, m, v, split_backward=split).num_stash_slots
+    return build_schedule(schedule, p, m, v, split_backward=split,
+                          chunk_pools=pools).num_stash_slots
 
 
 def layer_gemms(cfg) -> list[tuple[int, int, int]]:

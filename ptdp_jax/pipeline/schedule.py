@@ -32,6 +32,7 @@ a stage runs its next op in order if the inputs arrived at an earlier tick, else
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from fractions import Fraction
@@ -116,10 +117,17 @@ def _stage_order(name: str, p: int, m: int, v: int, r: int) -> list[tuple[str, i
     return order
 
 
-def build_schedule(name: str, p: int, m: int, v: int = 1, split_backward: bool = True) -> "Schedule":
+def build_schedule(name: str, p: int, m: int, v: int = 1, split_backward: bool = True,
+                   chunk_pools: bool = False) -> "Schedule":
     """Build the lockstep tick table of schedule ``name`` by ASAP placement of each stage's order
-    (zero-bubble schedules: by the list scheduler of ``zero_bubble.py``)."""
+    (zero-bubble schedules: by the list scheduler of ``zero_bubble.py``). ``chunk_pools``: the
+    stash slots in a pool per local chunk (see Schedule.chunk_pools)."""
     _validate(name, p, m, v)
+    sched = _table_schedule(name, p, m, v, split_backward)
+    return dataclasses.replace(sched, chunk_pools=True) if chunk_pools else sched
+
+
+def _table_schedule(name: str, p: int, m: int, v: int, split_backward: bool) -> "Schedule":
     if name == "zb-h1":
         return Schedule(name, p, 1, m, True, zb_h1_table(p, m))
     if name == "zb-v":
@@ -169,12 +177,24 @@ def build_schedule(name: str, p: int, m: int, v: int = 1, split_backward: bool =
     return Schedule(name, p, v, m, split_backward, tuple(table))
 
 
-def _allocate(intervals: list[tuple[int, int, int, object]]) -> tuple[dict, int]:
+def _allocate(intervals: list[tuple[int, int, int, object]], pool=None) -> tuple[dict, int]:
     """Smallest-free-first slot allocation of inclusive tick intervals (start, end, stage, key).
 
     Returns ({key: slot}, number of slots used (at least 1)). Processing by start tick makes the
     slot count equal to the maximum occupancy (interval graphs are perfectly colourable).
+    With ``pool`` (key -> pool index), each pool gets slots of its own, numbered after the
+    previous pools' (each pool as many as its most occupied stage needs).
     """
+    if pool is not None:
+        groups: dict[int, list] = {}
+        for iv in intervals:
+            groups.setdefault(pool(iv[3]), []).append(iv)
+        slots, offset = {}, 0
+        for g in sorted(groups):
+            got, n = _allocate(groups[g])
+            slots.update({k: offset + slot for k, slot in got.items()})
+            offset += n
+        return slots, max(offset, 1)
     slots, busy_until = {}, {}  # busy_until[stage] = list of last occupied tick per slot
     for start, end, stage, key in sorted(intervals, key=lambda x: (x[0], x[2])):
         ends = busy_until.setdefault(stage, [])
@@ -196,6 +216,10 @@ class Schedule:
     m: int
     split_backward: bool
     table: tuple[tuple[Op | None, ...], ...]
+    # Residual and W stash slots in a pool per local chunk, so that a slot only ever holds one
+    # chunk's residuals: with parallel.static_stash (a branch per (op, chunk, slot)) that cuts
+    # the branches of v > 1 tables (p 4, v 3: 123 -> 56) for a few more slots (15 -> 19).
+    chunk_pools: bool = False
 
     @property
     def num_ticks(self) -> int:
@@ -279,11 +303,11 @@ class Schedule:
 
     @property
     def num_stash_slots(self) -> int:
-        return max(self._in_flight)
+        return self._arrays[4] if self.chunk_pools else max(self._in_flight)
 
     # ---- executor arrays ------------------------------------------------------------------------
     @functools.cached_property
-    def _arrays(self) -> tuple[dict[str, np.ndarray], int, int, int]:
+    def _arrays(self) -> tuple[dict[str, np.ndarray], int, int, int, int]:
         T, p, last = self.num_ticks, self.p, self.last_chunk
         arr = {k: np.zeros((T, p), np.int32) for k in ("op", "mb", "vchunk", "is_first", "is_last")}
         for k in ("stash_slot", "wstash_slot", "fwd_in_slot", "bwd_in_slot", "loss_ct_slot",
@@ -325,8 +349,9 @@ class Schedule:
                 assert t + 1 < T, "a message is sent at the last tick"
                 t_use, s_use = first_b[mb, c - 1]
                 bwd_msgs.append((t + 1, t_use, s_use, (mb, c - 1)))
-        stash_slot, _ = _allocate(stash)
-        wstash_slot, n_w = _allocate(wstash)
+        pool = (lambda key: self.local_of(key[1])) if self.chunk_pools else None
+        stash_slot, n_stash = _allocate(stash, pool)
+        wstash_slot, n_w = _allocate(wstash, pool)
         fwd_slot, n_fwd = _allocate(fwd_msgs)
         bwd_slot, n_bwd = _allocate(bwd_msgs + loss_cts)
         for op, (t, s) in where.items():
@@ -350,7 +375,7 @@ class Schedule:
                         (-1, False): "bwd_recv_slot", (-1, True): "bwd_recv_down_slot"}[step, down]
                 assert arr[name][t0, s] == -1, "two messages arrive at one stage in one tick"
                 arr[name][t0, s] = slots[mb, c]
-        return arr, n_fwd, n_bwd, n_w
+        return arr, n_fwd, n_bwd, n_w, n_stash
 
     def executor_arrays(self) -> dict[str, np.ndarray]:
         """Per-tick, per-stage int32 control arrays of shape (num_ticks, p); see module docs.
