@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | s16 | s16c | s16d | s17 | s17c | s18 | s18b | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | s16 | s16c | s16d | s17 | s17c | s18 | s18b | s20 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -323,6 +323,29 @@ if [[ "${SUITE:-record}" == "s15" ]]; then
   run tp2-sp-mb4 env CUDA_VISIBLE_DEVICES=0,1 $ours $TP2
   run tp2-sp-ov-mb4 env CUDA_VISIBLE_DEVICES=0,1 $ours $TP2 parallel.tp_comm_overlap=true --trace-dir /tmp/s7
   prof tp2-sp-ov-mb4 /tmp/s7 1,1,2 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s20" ]]; then
+  # 4 GPUs (carry .peer): the stash pool per chunk (NOTES issue 8 section 21: 7.5B v 3 first
+  # step 309 -> ~150-170 s predicted, step unchanged at ~1.49 s, ~44.5 GiB) and issue 9's
+  # target 2 (zb-phased v 3 on the 7.5B against the peer's pp4, same lease). Part a (~450 s):
+  # one GPU, 1.3B v 2, 7.5B v 3, the peer. Part b (~400 s): the 7.5B zb-phased v 3, then the
+  # 1.3B zb-phased v 2 traced (why no gain over 1f1b-phased v 2?).
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-420} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
+  export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+  Q75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 3"
+  if [[ "${S20_PART:-a}" == "a" ]]; then
+  one_gpu
+  run pp4-phased-v2-sel $ours $B13 --mesh 1,4,1 $PROF_PH parallel.virtual_stages=2
+  run 7.5b-pp4-phased-v3-sel $ours $Q75 parallel.schedule=1f1b-phased parallel.virtual_stages=3
+  run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+  finish
+  fi
+  run 7.5b-pp4-zbphased-v3-sel $ours $Q75 parallel.schedule=zb-phased parallel.virtual_stages=3
+  ZP="$B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=zb-phased parallel.virtual_stages=2"
+  run pp4-zbphased-v2-traced $ours $ZP --trace-dir /tmp/z2 --trace-steps 2 --trace-host-level 0
+  f=$(newest_trace /tmp/z2); [[ -n "$f" ]] && python3 benchmarks/profile_step.py $ZP --trace "$f" --trace-steps 2 --top 15 --step-time "$(step_of pp4-zbphased-v2-traced)" > "$out/prof_zbphased_v2.md" 2>&1; rm -rf /tmp/z2
   finish
 fi
 
