@@ -42,6 +42,7 @@ import numpy as np
 from ptdp_jax.pipeline.ops import (  # noqa: F401  (re-exported: op codes by name)
     _OP_CODE, BWD_FULL, BWD_INPUT, BWD_LOWER, BWD_UPPER, BWD_WEIGHT, FWD, IDLE, Op)
 from ptdp_jax.pipeline.phased import interleaved_order, phased_1f1b_table, zb_phased_table
+from ptdp_jax.pipeline.slots import allocate
 from ptdp_jax.pipeline.zero_bubble import v_placement, zb_h1_table, zb_v_table
 
 SCHEDULES = ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v", "zb-phased")
@@ -175,36 +176,6 @@ def _table_schedule(name: str, p: int, m: int, v: int, split_backward: bool) -> 
                 pos[r] += 1
         table.append(tuple(row))
     return Schedule(name, p, v, m, split_backward, tuple(table))
-
-
-def _allocate(intervals: list[tuple[int, int, int, object]], pool=None) -> tuple[dict, int]:
-    """Smallest-free-first slot allocation of inclusive tick intervals (start, end, stage, key).
-
-    Returns ({key: slot}, number of slots used (at least 1)). Processing by start tick makes the
-    slot count equal to the maximum occupancy (interval graphs are perfectly colourable).
-    With ``pool`` (key -> pool index), each pool gets slots of its own, numbered after the
-    previous pools' (each pool as many as its most occupied stage needs).
-    """
-    if pool is not None:
-        groups: dict[int, list] = {}
-        for iv in intervals:
-            groups.setdefault(pool(iv[3]), []).append(iv)
-        slots, offset = {}, 0
-        for g in sorted(groups):
-            got, n = _allocate(groups[g])
-            slots.update({k: offset + slot for k, slot in got.items()})
-            offset += n
-        return slots, max(offset, 1)
-    slots, busy_until = {}, {}  # busy_until[stage] = list of last occupied tick per slot
-    for start, end, stage, key in sorted(intervals, key=lambda x: (x[0], x[2])):
-        ends = busy_until.setdefault(stage, [])
-        slot = next((i for i, e in enumerate(ends) if e < start), len(ends))
-        if slot == len(ends):
-            ends.append(end)
-        else:
-            ends[slot] = end
-        slots[key] = slot
-    return slots, max([1] + [len(e) for e in busy_until.values()])
 
 
 @dataclass(frozen=True)
@@ -350,10 +321,10 @@ class Schedule:
                 t_use, s_use = first_b[mb, c - 1]
                 bwd_msgs.append((t + 1, t_use, s_use, (mb, c - 1)))
         pool = (lambda key: self.local_of(key[1])) if self.chunk_pools else None
-        stash_slot, n_stash = _allocate(stash, pool)
-        wstash_slot, n_w = _allocate(wstash, pool)
-        fwd_slot, n_fwd = _allocate(fwd_msgs)
-        bwd_slot, n_bwd = _allocate(bwd_msgs + loss_cts)
+        stash_slot, n_stash = allocate(stash, pool)
+        wstash_slot, n_w = allocate(wstash, pool)
+        fwd_slot, n_fwd = allocate(fwd_msgs)
+        bwd_slot, n_bwd = allocate(bwd_msgs + loss_cts)
         for op, (t, s) in where.items():
             key = (op.microbatch, op.chunk)
             arr["stash_slot"][t, s] = stash_slot[key]
