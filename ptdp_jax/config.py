@@ -163,6 +163,12 @@ class ParallelConfig:
             return self.schedule in STATIC_STASH_AUTO
         return bool(self.static_stash)
 
+    @property
+    def stash_chunk_pools(self) -> bool:
+        """The stash slots in a pool per local chunk (Schedule.chunk_pools): with the static
+        stash at v > 1, where one shared pool would give a branch per (op, chunk, slot)."""
+        return self.static_stash_on and self.virtual_stages > 1
+
 
 @dataclass(frozen=True)
 class DataConfig:

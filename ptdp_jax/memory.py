@@ -233,9 +233,9 @@ def stash_slots(cfg) -> int:
     if par.pipe == 1:
         return 1
     from ptdp_jax.pipeline.balance import chunk_layers
-    pools = par.static_stash_on and par.virtual_stages > 1    # as executor.schedule_for
     return _stash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
-                        min(chunk_layers(cfg)) >= 2, pools) + (0 if par.static_stash_on else 1)
+                        min(chunk_layers(cfg)) >= 2, par.stash_chunk_pools) + (
+                            0 if par.static_stash_on else 1)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -257,8 +257,8 @@ def wstash_bytes(cfg) -> float:
         return 0.0
     dtype_bytes = 4 if cfg.train.dtype == "float32" else 2
     per_layer = sum(M * (K + N) for M, K, N in layer_gemms(cfg)) * dtype_bytes
-    pools = par.static_stash_on and par.virtual_stages > 1
-    slots = (_wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages, pools)
+    slots = (_wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
+                           par.stash_chunk_pools)
              + (0 if par.static_stash_on else 1))       # indexed: and the trash slot
     return slots * max(chunk_layers(cfg)) * per_layer
 

@@ -56,7 +56,7 @@ def schedule_for(cfg) -> S.Schedule:
     p, v = cfg.parallel.pipe, cfg.parallel.virtual_stages
     return S.build_schedule(cfg.parallel.schedule, p, cfg.num_microbatches, v,
                             split_backward=min(chunk_layers(cfg)) >= 2,
-                            chunk_pools=cfg.parallel.static_stash_on and v > 1)
+                            chunk_pools=cfg.parallel.stash_chunk_pools)
 
 
 # ----------------------------------------------------------------------------- state
