@@ -331,7 +331,8 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
   # step 309 -> ~150-170 s predicted, step unchanged at ~1.49 s, ~44.5 GiB) and issue 9's
   # target 2 (zb-phased v 3 on the 7.5B against the peer's pp4, same lease). Part a (~450 s):
   # one GPU, 1.3B v 2, 7.5B v 3, the peer. Part b (~400 s): the 7.5B zb-phased v 3, then the
-  # 1.3B zb-phased v 2 traced (why no gain over 1f1b-phased v 2?).
+  # 1.3B zb-phased v 2 traced (why no gain over 1f1b-phased v 2?). Part c (~350 s): issue 10's
+  # (4,1,1) and issue 11's tensor-parallel layouts of the 1.3B, against part a's one GPU.
   export CASE_TIMEOUT=${CASE_TIMEOUT:-420} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
   Q75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 3"
@@ -340,6 +341,14 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
   run pp4-phased-v2-sel $ours $B13 --mesh 1,4,1 $PROF_PH parallel.virtual_stages=2
   run 7.5b-pp4-phased-v3-sel $ours $Q75 parallel.schedule=1f1b-phased parallel.virtual_stages=3
   run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+  finish
+  fi
+  if [[ "${S20_PART}" == "c" ]]; then   # issues 10 and 11 on this lease's cards (one GPU: part a)
+  export CASE_TIMEOUT=240
+  run dp4-zero0-bf16-mb4 $ours $B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16
+  run tp4-sp-mb16 $ours $B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true
+  run pp2tp2-phased-v2-sel $ours $B13 --mesh 1,2,2 $PROF_PH parallel.virtual_stages=2
+  run dp2tp2-sp-mb8-bf16 $ours $B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16
   finish
   fi
   run 7.5b-pp4-zbphased-v3-sel $ours $Q75 parallel.schedule=zb-phased parallel.virtual_stages=3
