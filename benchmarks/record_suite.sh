@@ -354,7 +354,9 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
   run 7.5b-pp4-zbphased-v3-sel $ours $Q75 parallel.schedule=zb-phased parallel.virtual_stages=3
   ZP="$B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=zb-phased parallel.virtual_stages=2"
   run pp4-zbphased-v2-traced $ours $ZP --trace-dir /tmp/z2 --trace-steps 2 --trace-host-level 0
-  f=$(newest_trace /tmp/z2); [[ -n "$f" ]] && python3 benchmarks/profile_step.py $ZP --trace "$f" --trace-steps 2 --top 15 --step-time "$(step_of pp4-zbphased-v2-traced)" > "$out/prof_zbphased_v2.md" 2>&1; rm -rf /tmp/z2
+  f=$(newest_trace /tmp/z2); [[ -n "$f" ]] && python3 benchmarks/profile_step.py $ZP --trace "$f" --trace-steps 2 --top 15 --step-time "$(step_of pp4-zbphased-v2-traced)" > "$out/prof_zbphased_v2.md" 2>&1
+  for d in 0 2; do [[ -n "$f" ]] && python3 benchmarks/idle_gaps.py "$f" --device $d --top 15 --min-us 3 > "$out/gaps_zbphased_v2_gpu$d.md" 2>&1; done
+  rm -rf /tmp/z2   # the gaps between kernels: how much of the ~0.35-0.45 ms a row that no model explains
   finish
 fi
 
