@@ -78,8 +78,9 @@ def stage_of_device(mesh: tuple[int, int, int]) -> dict[int, int]:
 
 
 def bubble(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
-    """(p-1)/m, or (p-1)/(v m) for interleaved and 1f1b-phased (0 if p = 1)."""
-    return (p - 1) / (v * m if schedule in ("interleaved", "1f1b-phased") else m)
+    """(p-1)/m, or (p-1)/(v m) for the interleaved tables, interleaved and the phased ones at
+    v > 1 (issue 8's ideal for v chunks; 0 if p = 1)."""
+    return (p - 1) / (v * m if schedule in ("interleaved", "1f1b-phased", "zb-phased") else m)
 
 
 def ideal_step_s(one_gpu_step_s: float, mesh: tuple[int, int, int], m: int, v: int = 1,

@@ -276,6 +276,7 @@ def test_cli_ideal_labels_and_stage_map():
         [["F", "."], [".", "F"], [".", "B"], ["B", "."]]
     assert cli.merge_busy_us("zb-phased") == 0 and cli.merge_busy_us("1f1b") == 100
     assert cli.ideal_step_s(1.0, (1, 4, 1), 8, 2, "1f1b-phased") == pytest.approx(1 / 4 * 19 / 16)
+    assert cli.ideal_step_s(1.0, (1, 4, 1), 16, 2, "zb-phased") == pytest.approx(1 / 4 * 35 / 32)
 
 
 def test_cli_lockstep_floor_from_kernel_time():
