@@ -330,8 +330,9 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
   # 4 GPUs (carry .peer): the stash pool per chunk (NOTES issue 8 section 21: 7.5B v 3 first
   # step 309 -> ~150-170 s predicted, step unchanged at ~1.49 s, ~44.5 GiB) and issue 9's
   # target 2 (zb-phased v 3 on the 7.5B against the peer's pp4, same lease). Part a (~450 s):
-  # one GPU, 1.3B v 2, 7.5B v 3, the peer. Part b (~400 s): the 7.5B zb-phased v 3, then the
-  # 1.3B zb-phased v 2 traced (why no gain over 1f1b-phased v 2?). Part c (~350 s): issue 10's
+  # one GPU, 1.3B v 2, 7.5B v 3, the peer. Part t (~400 s): the 1.3B zb-phased v 2 traced (why
+  # no gain over 1f1b-phased v 2? the per-row residue), its trace returned. Part b (~250 s): the
+  # 7.5B zb-phased v 3. Part c (~350 s): issue 10's
   # (4,1,1) and issue 11's tensor-parallel layouts of the 1.3B, against part a's one GPU.
   export CASE_TIMEOUT=${CASE_TIMEOUT:-420} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
@@ -343,6 +344,20 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
   run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
   finish
   fi
+  ZP="$B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=zb-phased parallel.virtual_stages=2"
+  if [[ "${S20_PART}" == "t" ]]; then   # the trace first (~400 s): the per-row residue, and the
+    # pipelined-p2p flags (NOTES issue 8 section 21, idea 3) A/B against the traced run's step
+    run pp4-zbphased-v2-traced $ours $ZP --trace-dir /tmp/z2 --trace-steps 2 --trace-host-level 0
+    f=$(newest_trace /tmp/z2)
+    if [[ -n "$f" ]]; then
+      python3 benchmarks/profile_step.py $ZP --trace "$f" --trace-steps 2 --top 15 --step-time "$(step_of pp4-zbphased-v2-traced)" > "$out/prof_zbphased_v2.md" 2>&1
+      for d in 0 2; do python3 benchmarks/idle_gaps.py "$f" --device $d --top 15 --min-us 3 > "$out/gaps_zbphased_v2_gpu$d.md" 2>&1; done
+      (( $(stat -c %s "$f") < 15000000 )) && cp "$f" "$out/trace_zbphased_v2.json.gz"
+    fi
+    rm -rf /tmp/z2
+    run pp4-zbphased-v2-p2pflags env XLA_FLAGS="--xla_gpu_enable_pipelined_p2p=true --xla_gpu_collective_permute_decomposer_threshold=0" $ours $ZP
+    finish
+  fi
   if [[ "${S20_PART}" == "c" ]]; then   # issues 10 and 11 on this lease's cards (one GPU: part a)
   export CASE_TIMEOUT=240
   run dp4-zero0-bf16-mb4 $ours $B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16
@@ -352,11 +367,6 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
   finish
   fi
   run 7.5b-pp4-zbphased-v3-sel $ours $Q75 parallel.schedule=zb-phased parallel.virtual_stages=3
-  ZP="$B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=zb-phased parallel.virtual_stages=2"
-  run pp4-zbphased-v2-traced $ours $ZP --trace-dir /tmp/z2 --trace-steps 2 --trace-host-level 0
-  f=$(newest_trace /tmp/z2); [[ -n "$f" ]] && python3 benchmarks/profile_step.py $ZP --trace "$f" --trace-steps 2 --top 15 --step-time "$(step_of pp4-zbphased-v2-traced)" > "$out/prof_zbphased_v2.md" 2>&1
-  for d in 0 2; do [[ -n "$f" ]] && python3 benchmarks/idle_gaps.py "$f" --device $d --top 15 --min-us 3 > "$out/gaps_zbphased_v2_gpu$d.md" 2>&1; done
-  rm -rf /tmp/z2   # the gaps between kernels: how much of the ~0.35-0.45 ms a row that no model explains
   finish
 fi
 
