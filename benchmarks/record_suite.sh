@@ -358,6 +358,30 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
     run pp4-zbphased-v2-p2pflags env XLA_FLAGS="--xla_gpu_enable_pipelined_p2p=true --xla_gpu_collective_permute_decomposer_threshold=0" $ours $ZP
     finish
   fi
+  if [[ "${S20_PART}" == "g" ]]; then   # (~430 s) traced as timed: the command buffers kept
+    # while profiling (capture_step.profile_command_buffers; part t's trace ran them op by op).
+    # One GPU (the lease's baseline), 1f1b-phased v 2 (the stash pools' first step), zb v 2.
+    PH2="$B13 --mesh 1,4,1 $PROF_PH parallel.virtual_stages=2"
+    for c in "1gpu-none-mb8|1,1,1|$B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none" \
+             "pp4-phased-v2-sel|1,4,1|$PH2" "pp4-zbphased-v2-sel|1,4,1|$ZP"; do
+      IFS='|' read -r tag mesh args <<< "$c"
+      dev=(); [[ "$mesh" == "1,1,1" ]] && dev=(env CUDA_VISIBLE_DEVICES=0)
+      run "$tag" "${dev[@]}" $ours $args --trace-dir /tmp/g_$tag --trace-steps 2 --trace-host-level 0
+      f=$(newest_trace /tmp/g_$tag)
+      if [[ -n "$f" ]]; then
+        og=$(step_of 1gpu-none-mb8)
+        python3 benchmarks/profile_step.py $args --trace "$f" --trace-steps 2 --top 15 --step-time "$(step_of "$tag")" ${og:+--one-gpu-step $og} > "$out/prof_$tag.md" 2>&1
+        (( $(stat -c %s "$f") < 15000000 )) && cp "$f" "$out/trace_$tag.json.gz"
+      fi
+      rm -rf /tmp/g_$tag
+    done
+    finish
+  fi
+  if [[ "${S20_PART}" == "a2" ]]; then   # part a without the 1.3B (part g has it)
+    run 7.5b-pp4-phased-v3-sel $ours $Q75 parallel.schedule=1f1b-phased parallel.virtual_stages=3
+    run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+    finish
+  fi
   if [[ "${S20_PART}" == "c" ]]; then   # issues 10 and 11 on this lease's cards (one GPU: part a)
   export CASE_TIMEOUT=240
   run dp4-zero0-bf16-mb4 $ours $B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16
