@@ -377,6 +377,23 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
     done
     finish
   fi
+  if [[ "${S20_PART}" == "r" ]]; then   # (~300 s) the fixed cost of a row, which traces cannot
+    # show (a traced pipeline step runs ~3.6x its time, command buffers kept or not): a tiny GPT
+    # (hidden 32, seq 16, 8 layers: kernels of a few us) whose step is rows x that cost; m 16
+    # against m 32 gives the slope. With the loop and the permutes in the command buffers too.
+    export CASE_TIMEOUT=150
+    CB="--xla_gpu_enable_command_buffer"
+    TY="configs/tiny-gpt.yaml --mesh 1,4,1 train.micro_batch_size=1 --steps 20"
+    for sv in "zb-phased 2" "1f1b-phased 1" "1f1b-phased 2"; do
+      read -r sc v <<< "$sv"
+      for gb in 16 32; do
+        run tiny-$sc-v$v-m$gb $ours $TY train.global_batch_size=$gb parallel.schedule=$sc parallel.virtual_stages=$v
+      done
+      run tiny-$sc-v$v-m16-cbwc env XLA_FLAGS="$CB=+WHILE,+COLLECTIVES" $ours $TY train.global_batch_size=16 parallel.schedule=$sc parallel.virtual_stages=$v
+    done
+    run tiny-1f1b-m16 $ours $TY train.global_batch_size=16 parallel.schedule=1f1b
+    finish
+  fi
   if [[ "${S20_PART}" == "a2" ]]; then   # part a without the 1.3B (part g has it)
     run 7.5b-pp4-phased-v3-sel $ours $Q75 parallel.schedule=1f1b-phased parallel.virtual_stages=3
     run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
