@@ -384,9 +384,9 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
     export CASE_TIMEOUT=150
     CB="--xla_gpu_enable_command_buffer"
     TY="configs/tiny-gpt.yaml --mesh 1,4,1 train.micro_batch_size=1 --steps 20"
-    for sv in "zb-phased 2" "1f1b-phased 1" "1f1b-phased 2"; do
-      read -r sc v <<< "$sv"
-      for gb in 16 32; do
+    for sv in "zb-phased 2 16 32" "1f1b-phased 1 16"; do
+      read -r sc v gbs <<< "$sv"
+      for gb in $gbs; do
         run tiny-$sc-v$v-m$gb $ours $TY train.global_batch_size=$gb parallel.schedule=$sc parallel.virtual_stages=$v
       done
       run tiny-$sc-v$v-m16-cbwc env XLA_FLAGS="$CB=+WHILE,+COLLECTIVES" $ours $TY train.global_batch_size=16 parallel.schedule=$sc parallel.virtual_stages=$v
