@@ -10,8 +10,7 @@ untraced runs report the same step's loss: before session 13 a traced run report
 loss one step later), and where the trace (perfetto_trace.json.gz) was written. With `--hlo-dir`
 the optimized HLO of the step is written there too. `--trace-steps 2` traces two steps, so
 that `profile_step.py --trace-steps 2` can read the second, which the profiler's start does
-not skew. The traced steps run the command buffers as the timed ones do (`--trace-op-by-op`:
-XLA's default, each kernel launched by the host while the profiler is on). `benchmarks/profile_step.py` runs
+not skew. `benchmarks/profile_step.py` runs
 this and then reads the trace by category."""
 from __future__ import annotations
 
@@ -22,20 +21,6 @@ import os
 import statistics
 import sys
 import time
-
-
-PROFILE_GRAPHS_FLAG = "--xla_enable_command_buffers_during_profiling=true"
-
-
-def profile_command_buffers() -> None:
-    """Keep XLA's command buffers (CUDA graphs) while the profiler runs. Without this flag
-    XLA runs every command buffer op by op during a profiling session, so the traced step is
-    not the timed one: each kernel is launched by the host (session 20, 4x H100: the 1.3B
-    zb-phased v 2 step, 193 ms untraced, traced as a 669 ms window). Set before the backend
-    starts (the flag is read when the step compiles; the timed steps do not change)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "xla_enable_command_buffers_during_profiling" not in flags:
-        os.environ["XLA_FLAGS"] = (flags + " " + PROFILE_GRAPHS_FLAG).strip()
 
 
 def main(argv=None):
@@ -50,15 +35,9 @@ def main(argv=None):
                     help="jax.profiler host and Python tracer level (default: jax's, host 2 and "
                          "Python 1); 0 traces the device only (a traced pipeline step ran 2.2x "
                          "its untraced time in session 15)")
-    ap.add_argument("--trace-op-by-op", action="store_true",
-                    help="let XLA run its command buffers op by op while the profiler is on "
-                         "(XLA's default, and every trace before session 20): per-op "
-                         "annotations, but each kernel launched by the host")
     ap.add_argument("--hlo-dir", default="")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
-    if a.trace_dir and not a.trace_op_by_op:
-        profile_command_buffers()
 
     import jax
     import numpy as np

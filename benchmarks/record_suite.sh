@@ -358,9 +358,9 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
     run pp4-zbphased-v2-p2pflags env XLA_FLAGS="--xla_gpu_enable_pipelined_p2p=true --xla_gpu_collective_permute_decomposer_threshold=0" $ours $ZP
     finish
   fi
-  if [[ "${S20_PART}" == "g" ]]; then   # (~430 s) traced as timed: the command buffers kept
-    # while profiling (capture_step.profile_command_buffers; part t's trace ran them op by op).
-    # One GPU (the lease's baseline), 1f1b-phased v 2 (the stash pools' first step), zb v 2.
+  if [[ "${S20_PART}" == "g" ]]; then   # (~430 s) traced with --xla_enable_command_buffers_
+    # during_profiling (then set by capture_step; no effect: part t's trace had its graphs too,
+    # NOTES issue 8 section 22). One GPU (the lease's baseline), 1f1b-phased v 2, zb v 2.
     PH2="$B13 --mesh 1,4,1 $PROF_PH parallel.virtual_stages=2"
     for c in "1gpu-none-mb8|1,1,1|$B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none" \
              "pp4-phased-v2-sel|1,4,1|$PH2" "pp4-zbphased-v2-sel|1,4,1|$ZP"; do

@@ -115,21 +115,10 @@ def busiest_module(devices: dict[int, list[Kernel]]) -> str:
 
 
 def step_kernels(trace: dict, module: str | None = None) -> dict[int, list[Kernel]]:
-    """Per-device kernels of `module` (default: the busiest module), sorted by start, and the
-    kernels with no module inside the module's span on that device: kernels of a command
-    buffer (a CUDA graph) traced as it runs may carry no HLO annotation."""
+    """Per-device kernels of `module` (default: the busiest module), sorted by start."""
     devices = device_kernels(trace)
     module = busiest_module(devices) if module is None else module
-    out = {}
-    for d, ks in devices.items():
-        own = [k for k in ks if k.module == module]
-        if not own or not module:
-            out[d] = own
-            continue
-        lo, hi = own[0].ts_us, max(k.end_us for k in own)
-        out[d] = [k for k in ks if k.module == module
-                  or (not k.module and lo <= k.ts_us and k.end_us <= hi)]
-    return out
+    return {d: [k for k in ks if k.module == module] for d, ks in devices.items()}
 
 
 def load_trace(path: str, module: str | None = None) -> dict[int, list[Kernel]]:
