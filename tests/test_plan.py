@@ -444,3 +444,59 @@ def test_phased_interleaving_searched_on_our_gpus_only():
                fixed={"parallel.pipe": 4, "parallel.data": 1, "train.micro_batch_size": 2,
                       "parallel.schedule": "1f1b-phased", "parallel.virtual_stages": 2})
     assert not odd[0].ok and "m % p == 0" in odd[0].reason
+
+
+# session 20, 4x H100 (benchmarks/results/2026-11-27-s20): the phased schedules at v > 1, with
+# each phased row's overhead and the weight gradients' float32 sums (plan/hardware.py)
+Q75 = dict(B13, train__global_batch_size=32, train__recompute="selective", parallel__pipe=4,
+           parallel__data=1, parallel__tensor=1)
+H100_S20 = [
+    ("bench-1.3b", dict(B13, parallel__pipe=4, parallel__schedule="1f1b-phased",
+                        parallel__virtual_stages=2), 0.2020),
+    ("bench-1.3b", dict(B13, parallel__pipe=4, parallel__schedule="zb-phased",
+                        parallel__virtual_stages=2), 0.1931),
+    ("gpt-7.5b", dict(Q75, parallel__schedule="1f1b-phased", parallel__virtual_stages=3), 1.5682),
+    ("gpt-7.5b", dict(Q75, parallel__schedule="zb-phased", parallel__virtual_stages=3), 1.5569),
+]
+
+
+@pytest.mark.parametrize("name,overrides,measured_s", H100_S20,
+                         ids=["141-phased-v2", "141-zbphased-v2", "7.5b-phased-v3",
+                              "7.5b-zbphased-v3"])
+def test_our_h100_s20_measurements(name, overrides, measured_s):
+    est = estimate_step(config(name, **overrides), H100, 8)
+    assert est.step_time_s == pytest.approx(measured_s, rel=0.06)
+
+
+def test_a_phased_row_costs_the_row_overhead():
+    """A tiny GPT (kernels of a few us) at (1,4,1) zb-phased v 2 on 4x H100, session 20: m 16
+    12.1 ms and m 32 22.0 ms a step, so 0.155 ms a row (70 and 134 rows). The older executor's
+    ticks cost 0.39 ms; phased rows pay row_overhead_s, not tick_overhead_s."""
+    def step_and_rows(gb):
+        cfg = config("tiny-gpt", train__global_batch_size=gb, train__micro_batch_size=1,
+                     parallel__pipe=4, parallel__schedule="zb-phased", parallel__virtual_stages=2)
+        rows = build_schedule("zb-phased", 4, gb, 2).num_ticks
+        return estimate_step(cfg, H100, 8).step_time_s, rows
+    (t16, r16), (t32, r32) = step_and_rows(16), step_and_rows(32)
+    assert (r16, r32) == (70, 134)
+    assert (t32 - t16) / (r32 - r16) == pytest.approx(0.155e-3, rel=0.2)
+    assert H100.row_overhead_s < H100.tick_overhead_s / 2
+
+
+def test_pipelined_backward_pays_the_float32_gradient_sums():
+    """Each microbatch's weight gradients go into the float32 sums in the GEMM (beta 1): the
+    pipelined backward pays wgrad_accumulate_exposed of 8 bytes per layer weight, which grows
+    with h^2 (7.5B: ~0.24 ms a layer and microbatch on H100); without pipelining it is not
+    there (the microbatch loop's sums are accumulate_seconds)."""
+    def bwd(name, **kw):
+        return plan_cost.op_costs(config(name, **B13, **kw), H100, 8).layer_bwd
+    def bwd_without(name, **kw):
+        off = with_overrides(H100, {"wgrad_accumulate_exposed": 0.0})
+        return plan_cost.op_costs(config(name, **B13, **kw), off, 8).layer_bwd
+    pp4 = dict(parallel__pipe=4, parallel__tensor=1, parallel__data=1)
+    extra = bwd("gpt-7.5b", **pp4) - bwd_without("gpt-7.5b", **pp4)
+    assert extra == pytest.approx(0.5 * 8 * 12 * 4096 ** 2 / 3.35e12, rel=0.01)
+    tp4 = dict(pp4, parallel__tensor=4)          # a tensor rank sums its shard only
+    assert bwd("gpt-7.5b", **tp4) - bwd_without("gpt-7.5b", **tp4) == pytest.approx(extra / 4)
+    one = dict(pp4, parallel__pipe=1)
+    assert bwd("gpt-7.5b", **one) == bwd_without("gpt-7.5b", **one)

@@ -150,6 +150,9 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
         bwd += fwd
     fwd += copy_fwd
     bwd += copy_bwd
+    if p > 1:   # each microbatch's weight gradients added into the float32 sums by the GEMM
+        bwd += gpu.wgrad_accumulate_exposed * _memory_seconds(      # (beta 1): read + write
+            8.0 * sum(K * N for _, K, N in layer_gemms(cfg)), gpu)
 
     V = m.padded_vocab_size
     head_gemm = gpu.gemm_seconds(2.0 * T * h * V / t)

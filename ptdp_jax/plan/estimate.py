@@ -16,7 +16,7 @@ from ptdp_jax.memory import MemoryEstimate, estimate_memory
 from ptdp_jax.metrics import SECONDS_PER_DAY, model_flops_per_iteration
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.pipeline.head import spread_over_pipe
-from ptdp_jax.pipeline.schedule import ZERO_BUBBLE
+from ptdp_jax.pipeline.schedule import PHASED, ZERO_BUBBLE
 from ptdp_jax.plan.cost import (accumulate_seconds, dp_allreduce_seconds, op_costs,
                                 optimizer_seconds, pipe_allreduce_seconds)
 from ptdp_jax.plan.hardware import GpuKind
@@ -71,7 +71,8 @@ def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, floa
                  "bwd": c.layer_bwd / unit}
         # every tick: the host's gap and both permutes; a head tick: 1/p of the head on every
         # stage and the two (b, s, h) reductions over 'pipe'
-        per_tick = gpu.tick_overhead_s + 2 * c.message
+        gap = gpu.row_overhead_s if par.schedule in PHASED else gpu.tick_overhead_s
+        per_tick = gap + 2 * c.message
         played, ticks = lockstep_seconds(par.schedule, p, m, v, split, counts, units, unit,
                                          per_tick)
         ops = played - ticks * per_tick

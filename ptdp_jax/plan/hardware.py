@@ -62,6 +62,9 @@ class GpuKind:
                                          # (the transposes and slices they also absorbed)
     head_ce_passes: float                # passes over the float32 logits (cross-entropy, both ways)
     tick_overhead_s: float               # lockstep: host gap per pipeline tick
+    row_overhead_s: float                # lockstep, phased schedules (one loop of rows): per row
+    wgrad_accumulate_exposed: float      # pipelined: share of the float32 weight-gradient sums'
+                                         # read and write (GEMM epilogue, beta 1) not hidden
     step_overhead_s: float               # per step: launch, loss, host
     optimizer_bytes_per_param: float     # AdamW update and gradient clipping, memory traffic
     grad_bytes: int                      # bytes per gradient element in the data-parallel reduction
@@ -111,7 +114,10 @@ GPU_KINDS: dict[str, GpuKind] = {
         elementwise_bytes_fwd=41.5, elementwise_bytes_bwd=182.0,
         stash_copy_passes_fwd=4.0, stash_copy_passes_bwd=5.2, head_ce_passes=8.0,
         static_stash_copy_share=0.5,      # fitted: (1,2,1) 1f1b-phased on 2x H100, session 11
-        tick_overhead_s=0.39e-3, step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,
+        tick_overhead_s=0.39e-3,          # fitted: (1,4,1) 1f1b, session 10; a tiny GPT's
+        row_overhead_s=0.155e-3,          # ticks 0.405 ms, its phased rows 0.155 (session 20)
+        wgrad_accumulate_exposed=0.5,     # session 20 trace: 2048-token weight gradients
+        step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,   # +5.6 / +21 us over beta 0
         grad_bytes=4, activation_bytes=2,
         source="ptdp_jax on 4x H100 80GB HBM3 (2026-11-26 traces and RESULTS.md)"),
     "a100": GpuKind(
@@ -126,13 +132,15 @@ GPU_KINDS: dict[str, GpuKind] = {
         elementwise_bytes_fwd=40.0, elementwise_bytes_bwd=80.0,
         stash_copy_passes_fwd=0.0, stash_copy_passes_bwd=0.0, head_ce_passes=6.0,
         static_stash_copy_share=0.0,
-        tick_overhead_s=0.0, step_overhead_s=20e-3, optimizer_bytes_per_param=40.0,
+        tick_overhead_s=0.0, row_overhead_s=0.0, wgrad_accumulate_exposed=0.0,
+        step_overhead_s=20e-3, optimizer_bytes_per_param=40.0,
         grad_bytes=4, activation_bytes=2,
         source="Megatron-LM on DGX A100 80GB as in the paper (Table 1 fitted)"),
 }
 GPU_KINDS["h200"] = replace(
     GPU_KINDS["h100"], name="h200", memory_bytes=143771 * 2 ** 20, hbm_bytes_per_s=4.8e12,
-    tick_overhead_s=0.0,
+    tick_overhead_s=0.0, row_overhead_s=0.0,
+    wgrad_accumulate_exposed=0.0,        # not measured apart on H200: its fits hold it
     source="ptdp_jax on 4x H200 (2026-11-26 RESULTS.md); kernels timed as on H100")
 
 
