@@ -308,6 +308,19 @@ def test_cli_collectives_by_op_per_device():
     assert rows[1] == "| cp.1 | SendRecv | 1 | 0.00 | 0.00 |"
 
 
+def test_cli_trace_fidelity_flags_a_slow_trace_and_kernels_beside_nccl():
+    """A window far longer than the timed step says its waits are the profiler's; compute
+    kernels that overlap an NCCL kernel are counted apart (they run slower there)."""
+    cli = _load("benchmarks/profile_step.py", "profile_step")
+    sr = "ncclDevKernel_SendRecv(x)"
+    devs = kernels({0: [k("gemm_a", 0.0, 1000.0), k(sr, 900.0, 2000.0, tid=2),
+                        k("gemm_b", 1500.0, 3000.0), k("gemm_c", 5000.0, 500.0)]})
+    text = cli.trace_fidelity(devs, window_ms=6.0, step_s=0.002)
+    assert "3.00x the timed step" in text and "profiler's" in text
+    assert "| 0 | 4.50 | 4.00 |" in text                       # gemm_a and gemm_b overlap it
+    assert "profiler's" not in cli.trace_fidelity(devs, window_ms=6.0, step_s=0.0055)
+
+
 def test_last_run_keeps_the_last_of_several_traced_steps():
     """Two steps in one trace (capture_step.py --trace-steps 2): the first skewed (device 1
     starts late, device 0 waits in a collective), a gap where no device runs, then the second;
