@@ -134,7 +134,7 @@ def trace_fidelity(devices, window_ms: float, step_s: float | None) -> str:
         coll = sorted((k.ts_us, k.end_us) for k in ks if profiling.classify(k) == "collective")
         beside = total = 0.0
         for k in ks:
-            if profiling.classify(k) in ("collective", "idle"):
+            if profiling.classify(k) == "collective":
                 continue
             total += k.dur_us
             if any(a < k.end_us and b > k.ts_us for a, b in coll):

@@ -114,10 +114,13 @@ GPU_KINDS: dict[str, GpuKind] = {
         elementwise_bytes_fwd=41.5, elementwise_bytes_bwd=182.0,
         stash_copy_passes_fwd=4.0, stash_copy_passes_bwd=5.2, head_ce_passes=8.0,
         static_stash_copy_share=0.5,      # fitted: (1,2,1) 1f1b-phased on 2x H100, session 11
-        tick_overhead_s=0.39e-3,          # fitted: (1,4,1) 1f1b, session 10; a tiny GPT's
-        row_overhead_s=0.155e-3,          # ticks 0.405 ms, its phased rows 0.155 (session 20)
-        wgrad_accumulate_exposed=0.5,     # session 20 trace: 2048-token weight gradients
-        step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,   # +5.6 / +21 us over beta 0
+        # fitted: (1,4,1) 1f1b, session 10; measured in session 20 with a tiny GPT (kernels of
+        # a few us): its ticks 0.405 ms, its phased rows 0.155 ms (their kernels included)
+        tick_overhead_s=0.39e-3, row_overhead_s=0.155e-3,
+        # session 20 trace: the 2048-token weight-gradient GEMMs with beta 1 took +5.6 us
+        # (2048^2 weights) and +21 us (2048 x 8192) over forward GEMMs of their size
+        wgrad_accumulate_exposed=0.5,
+        step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,
         grad_bytes=4, activation_bytes=2,
         source="ptdp_jax on 4x H100 80GB HBM3 (2026-11-26 traces and RESULTS.md)"),
     "a100": GpuKind(
