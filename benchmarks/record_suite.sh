@@ -71,6 +71,19 @@ prof() {   # prof TAG TRACEDIR MESH [key=value ...]: kernel time by category int
   rm -rf "$dir"
 }
 
+profiled() {   # profiled TAG TRACEDIR CONFIG --mesh d,p,t [key=value ...]: the case's two traced
+  # steps read by profile_step.py against its timed step (and part a's one GPU, if run) into
+  # OUTDIR/prof_TAG.md; the trace kept as OUTDIR/trace_TAG.json.gz if under 15 MB
+  local tag=$1 dir=$2; shift 2
+  local f og; f=$(newest_trace "$dir"); og=$(step_of 1gpu-none-mb8)
+  if [[ -n "$f" ]]; then
+    python3 benchmarks/profile_step.py "$@" --trace "$f" --trace-steps 2 --top 15 \
+      --step-time "$(step_of "$tag")" ${og:+--one-gpu-step $og} > "$out/prof_$tag.md" 2>&1
+    (( $(stat -c %s "$f") < 15000000 )) && cp "$f" "$out/trace_$tag.json.gz"
+  fi
+  rm -rf "$dir"
+}
+
 if [[ "${SUITE:-record}" == "dp" ]]; then
   # Issue 10, an A/B: the working tree against BASE (carried), each traced; zero=1; then the
   # pipeline without recomputation and a dynamic-slice flag (8). Session 9 ran it with zero=0's
@@ -383,12 +396,8 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
     # pipelined-p2p flags (NOTES issue 8 section 21, idea 3) A/B against the traced run's step
     run pp4-zbphased-v2-traced $ours $ZP --trace-dir /tmp/z2 --trace-steps 2 --trace-host-level 0
     f=$(newest_trace /tmp/z2)
-    if [[ -n "$f" ]]; then
-      python3 benchmarks/profile_step.py $ZP --trace "$f" --trace-steps 2 --top 15 --step-time "$(step_of pp4-zbphased-v2-traced)" > "$out/prof_zbphased_v2.md" 2>&1
-      for d in 0 2; do python3 benchmarks/idle_gaps.py "$f" --device $d --top 15 --min-us 3 > "$out/gaps_zbphased_v2_gpu$d.md" 2>&1; done
-      (( $(stat -c %s "$f") < 15000000 )) && cp "$f" "$out/trace_zbphased_v2.json.gz"
-    fi
-    rm -rf /tmp/z2
+    for d in 0 2; do [[ -n "$f" ]] && python3 benchmarks/idle_gaps.py "$f" --device $d --top 15 --min-us 3 > "$out/gaps_zbphased_v2_gpu$d.md" 2>&1; done
+    profiled pp4-zbphased-v2-traced /tmp/z2 $ZP
     run pp4-zbphased-v2-p2pflags env XLA_FLAGS="--xla_gpu_enable_pipelined_p2p=true --xla_gpu_collective_permute_decomposer_threshold=0" $ours $ZP
     finish
   fi
@@ -401,13 +410,7 @@ if [[ "${SUITE:-record}" == "s20" ]]; then
       IFS='|' read -r tag mesh args <<< "$c"
       dev=(); [[ "$mesh" == "1,1,1" ]] && dev=(env CUDA_VISIBLE_DEVICES=0)
       run "$tag" "${dev[@]}" $ours $args --trace-dir /tmp/g_$tag --trace-steps 2 --trace-host-level 0
-      f=$(newest_trace /tmp/g_$tag)
-      if [[ -n "$f" ]]; then
-        og=$(step_of 1gpu-none-mb8)
-        python3 benchmarks/profile_step.py $args --trace "$f" --trace-steps 2 --top 15 --step-time "$(step_of "$tag")" ${og:+--one-gpu-step $og} > "$out/prof_$tag.md" 2>&1
-        (( $(stat -c %s "$f") < 15000000 )) && cp "$f" "$out/trace_$tag.json.gz"
-      fi
-      rm -rf /tmp/g_$tag
+      profiled "$tag" /tmp/g_$tag $args
     done
     finish
   fi
