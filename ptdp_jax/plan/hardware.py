@@ -142,8 +142,10 @@ GPU_KINDS: dict[str, GpuKind] = {
 }
 GPU_KINDS["h200"] = replace(
     GPU_KINDS["h100"], name="h200", memory_bytes=143771 * 2 ** 20, hbm_bytes_per_s=4.8e12,
-    tick_overhead_s=0.0, row_overhead_s=0.0,
-    wgrad_accumulate_exposed=0.0,        # not measured apart on H200: its fits hold it
+    tick_overhead_s=0.0,
+    # the same executor as on H100: session 21's 4x H200 lease (benchmarks/results/
+    # 2026-11-27-s21) put the 7.5B phased cases at 0.94-0.97 without these, 0.995-1.013 with
+    row_overhead_s=0.155e-3, wgrad_accumulate_exposed=0.5,
     source="ptdp_jax on 4x H200 (2026-11-26 RESULTS.md); kernels timed as on H100")
 
 
