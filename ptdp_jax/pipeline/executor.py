@@ -61,6 +61,16 @@ def schedule_for(cfg) -> S.Schedule:
 
 # ----------------------------------------------------------------------------- state
 
+def empty_buffer(shape, dtype) -> jax.Array:
+    """An uninitialised buffer for state that the table writes before it reads it (stash,
+    W stash, receive and send buffers). On GPU `lax.empty` is XLA's AllocateBuffer: the loop
+    takes the buffer as it is, where zeros cost a fill and a copy into the loop of every such
+    buffer once a step (session 20's trace: 309 `memcpy128` a step). On CPU it is zeros.
+    tests/test_phased.py fills these with NaN and checks that the gradients do not change."""
+    make = getattr(jax.lax, "empty", None) or jnp.zeros     # zeros where JAX has no lax.empty
+    return make(shape, dtype)
+
+
 class PipeState(NamedTuple):
     """The scan carry. Receive buffers and the stash have a trash row at index [size]."""
     fwd_buf: jax.Array      # (TF+1, b, s, h) activations received, by slot
@@ -176,26 +186,33 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     def zeros(shape, dt):
         return vary(jnp.zeros(shape, dt), manual)
 
+    def empty(shape, dt):
+        """A buffer the table writes before every read of it: uninitialised (see `empty`)."""
+        return vary(empty_buffer(shape, dt), manual)
+
     # Residual shapes from one abstract trace made like the real ones (varying input, traced
     # layer index and microbatch), so that it yields the same residual structure.
     i32 = jax.ShapeDtypeStruct((), jnp.int32)
     res_abs = jax.eval_shape(lambda x, i, mb: layer_fwd(W[0][0], vary(x, manual), i, mb)[1],
                              jax.ShapeDtypeStruct((b, s, h), dtype), i32, i32)
     TF, TB, TS = sched.num_fwd_slots, sched.num_bwd_slots, sched.num_stash_slots
-    msg0 = zeros((b, s, h), dtype)
+    # Only the sums start at zero; every other buffer is written before it is read (the
+    # schedule's slots; an idle stage's arrivals go to the trash rows).
+    msg = lambda: empty((b, s, h), dtype)
     f32 = lambda t: jax.tree.map(lambda a: zeros(a.shape, jnp.float32), t)
     state = PipeState(
-        fwd_buf=zeros((TF + 1, b, s, h), dtype), bwd_buf=zeros((TB + 1, b, s, h), dtype),
-        recv_down=msg0, recv_up=msg0, send_down=msg0, send_up=msg0, mid=msg0, head_y=msg0,
-        stash=(tuple(tuple(tuple(zeros(a.shape, a.dtype) for a in res_abs) for _ in range(lmax))
+        fwd_buf=empty((TF + 1, b, s, h), dtype), bwd_buf=empty((TB + 1, b, s, h), dtype),
+        recv_down=msg(), recv_up=msg(), send_down=msg(), send_up=msg(), mid=msg(),
+        head_y=msg(),
+        stash=(tuple(tuple(tuple(empty(a.shape, a.dtype) for a in res_abs) for _ in range(lmax))
                      for _ in range(TS)) if static else
-               tuple(tuple(zeros((TS + 1,) + a.shape, a.dtype) for a in res_abs)
+               tuple(tuple(empty((TS + 1,) + a.shape, a.dtype) for a in res_abs)
                      for _ in range(lmax))),
         g_layers=tuple(tuple(f32(_grads_of(W[j][l])) for l in range(lmax)) for j in range(v)),
-        wstash=(tuple(tuple({k: tuple(zeros(sh_, dtype) for sh_ in gemm_shapes[k]) for k in dense}
+        wstash=(tuple(tuple({k: tuple(empty(sh_, dtype) for sh_ in gemm_shapes[k]) for k in dense}
                             for _ in range(lmax)) for _ in range(sched.num_wstash_slots))
                 if zb and static else
-                tuple({k: tuple(zeros((sched.num_wstash_slots + 1,) + sh_, dtype)
+                tuple({k: tuple(empty((sched.num_wstash_slots + 1,) + sh_, dtype)
                                 for sh_ in gemm_shapes[k]) for k in dense} if zb else {}
                       for _ in range(lmax))),
         g_embed=f32(params["embed"]), g_head=f32(params["head"]), g_vocab=f32(head_w),
