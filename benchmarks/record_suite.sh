@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/record_suite.sh OUTDIR DEADLINE_S [PEER_DIR]
 #   SUITE=flags bash benchmarks/record_suite.sh ...   # XLA command-buffer variants, best one kept
-#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | s16 | s16c | s16d | s17 | s17c | s18 | s18b | s20 | s21 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
+#   SUITE=p4 | s11 | s12 | s13 | s13b | s13c | s14 | s14c | s14d | s15 | s16 | s16c | s16d | s17 | s17c | s18 | s18b | s20 | s21 | s22 | tp2 | llama2 | qkv | attn | peer2 | phased | phased2 | stash2 | stash2b | dp | next | four | one | host | overlap      # the other suites (see each block)
 #
 # Writes OUTDIR/record.jsonl (one JSON line per case, tagged), OUTDIR/record.log (stderr of
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
@@ -336,6 +336,36 @@ if [[ "${SUITE:-record}" == "s15" ]]; then
   run tp2-sp-mb4 env CUDA_VISIBLE_DEVICES=0,1 $ours $TP2
   run tp2-sp-ov-mb4 env CUDA_VISIBLE_DEVICES=0,1 $ours $TP2 parallel.tp_comm_overlap=true --trace-dir /tmp/s7
   prof tp2-sp-ov-mb4 /tmp/s7 1,1,2 train.micro_batch_size=4 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true
+  finish
+fi
+
+if [[ "${SUITE:-record}" == "s22" ]]; then
+  # 4 GPUs (carry .peer): the uninitialised pipeline buffers (executor.empty_buffer, NOTES issue
+  # 8 section 23) A/B against --zero-buffers (the code before), and issue 9 target 2 again
+  # (session 21, 4x H200: zb-phased v 3 micro 2 1.4674 s, 1.229x the peer; 1.25x needs 1.4426).
+  # Part a (~470 s): one GPU, the 7.5B zb-phased v 3 micro 2 (12 steps), the peer. Part b
+  # (~420 s): the same with --zero-buffers, then the 1.3B zb-phased v 2 both ways. Part c
+  # (~300 s): the 1.3B plain 1f1b (issue 9 target 1), more NCCL channels for the permutes and
+  # the (4,1,1) all-reduce (compiled programs from part b's cache).
+  export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
+  export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+  ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
+  ZB13="$B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=zb-phased parallel.virtual_stages=2 --steps 10"
+  DP4="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16"
+  case "${S22_PART:-a}" in
+  a) one_gpu
+     run 7.5b-pp4-zbphased-v3-mb2 $ours $ZB75
+     run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75 ;;
+  b) run 7.5b-pp4-zbphased-v3-mb2-zerobuf $ours $ZB75 --zero-buffers
+     run pp4-zbphased-v2-sel $ours $ZB13 --hlo-dir /tmp/h_new
+     run pp4-zbphased-v2-sel-zerobuf $ours $ZB13 --zero-buffers --hlo-dir /tmp/h_old
+     for d in new old; do [[ -f /tmp/h_$d/step_after_optimizations.txt ]] && python3 benchmarks/hlo_copies.py /tmp/h_$d/step_after_optimizations.txt --min-mb 1 --top 20 > "$out/copies_zbphased_v2_$d.md" 2>&1; done ;;
+  c) run pp4-1f1b-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b
+     run pp4-zbphased-v2-p2pmin16 env NCCL_MIN_P2P_NCHANNELS=16 $ours $ZB13
+     run pp4-zbphased-v2-p2pmin32 env NCCL_MIN_P2P_NCHANNELS=32 NCCL_MAX_P2P_NCHANNELS=32 $ours $ZB13
+     run dp4-zero0-bf16-mb4 $ours $DP4
+     run dp4-zero0-bf16-mb4-minch32 env NCCL_MIN_NCHANNELS=32 $ours $DP4 ;;
+  esac
   finish
 fi
 
