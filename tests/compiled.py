@@ -9,7 +9,9 @@ from ptdp_jax import step
 from ptdp_jax.sharding import make_mesh
 
 
-def _lowered(cfg, wrap=lambda f: f):
+def _lowered(cfg, wrap=lambda f: f, trace_only=False):
+    """The gradient function lowered for this backend (or only traced, to lower it for
+    another platform: `.lower(lowering_platforms=("cuda",))`)."""
     mesh = make_mesh(cfg.parallel.mesh_shape)
     tx, _ = S.make_optimizer(cfg)
     params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
@@ -17,7 +19,8 @@ def _lowered(cfg, wrap=lambda f: f):
     params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                           params, shardings)
     batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1), np.int32)
-    return jax.jit(wrap(step.make_grad_fn(cfg, mesh))).lower(params, batch, 0)
+    traced = jax.jit(wrap(step.make_grad_fn(cfg, mesh))).trace(params, batch, 0)
+    return traced if trace_only else traced.lower()
 
 
 def compile_grad_fn(cfg):
