@@ -138,6 +138,10 @@ class ParallelConfig:
                                          # per-tick stash copies: 1-16% faster steps on 2x H100,
                                          # less memory; more branches to compile). auto: on for
                                          # 1f1b and 1f1b-phased (see static_stash_on)
+    overlap_p2p: bool = False            # phased schedules: a steady forward row's message is
+                                         # filed after the backward row's op, not before it, so
+                                         # that its permute can run under that op (A/B: not
+                                         # yet measured on GPUs)
 
     @property
     def mesh_shape(self) -> tuple[int, int, int]:

@@ -146,6 +146,11 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(m.seq_len % tp == 0, f"parallel.sequence_parallel splits the sequence over "
                                   f"parallel.tensor={tp}, which must divide "
                                   f"model.seq_len={m.seq_len}")
+    if p.overlap_p2p:
+        need(pp > 1 and p.schedule in ("1f1b-phased", "zb-phased"),
+             f"parallel.overlap_p2p overlaps the phased schedules' forward messages with their "
+             f"backward rows: it needs parallel.pipe > 1 and parallel.schedule 1f1b-phased or "
+             f"zb-phased (got pipe={pp}, schedule={p.schedule!r})")
     if p.tp_comm_overlap:
         need(p.sequence_parallel and tp > 1,
              f"parallel.tp_comm_overlap decomposes sequence parallelism's collectives: it needs "

@@ -23,12 +23,14 @@ CASES = [
                           "parallel.static_stash": False}),
     ("gpt", (2, 4, 1), {"parallel.schedule": "zb-phased", "train.recompute": "selective"}),
     ("gpt", (1, 2, 1), {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}),
+    ("gpt", (1, 4, 1), {"parallel.schedule": "zb-phased", "parallel.virtual_stages": 2,
+                        "parallel.overlap_p2p": True}),
 ]
 
 
 @pytest.mark.parametrize("arch,mesh,extra", CASES,
                          ids=["1f1b-141", "phased-v2-222", "zb-phased-v2-dyn-122-llama",
-                              "zb-phased-241-sel", "zb-v-121"])
+                              "zb-phased-241-sel", "zb-v-121", "zb-phased-v2-141-overlap"])
 def test_buffers_written_before_read(arch, mesh, extra, monkeypatch):
     cfg = tiny_config(arch, mesh, **extra)
     ref = loss_and_grads(cfg)
@@ -84,3 +86,60 @@ def test_gpu_lowering_allocates_without_filling(monkeypatch):
     # each buffer one allocation; a few the program never uses are dropped (488 -> 475 here)
     assert made and 0.9 * len(made) <= allocated <= len(made)
     assert "AllocateBuffer" not in cpu
+
+
+def _steady_pair_bodies(jaxpr):
+    """The bodies of the scans whose rows hold two switches: the phased steady pairs."""
+    found = []
+
+    def walk(jx):
+        for eqn in jx.eqns:
+            if eqn.primitive.name == "scan":
+                body = eqn.params["jaxpr"].jaxpr
+                if sum(e.primitive.name == "cond" for e in body.eqns) == 2:
+                    found.append(body)
+            for v in eqn.params.values():
+                for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+    walk(jaxpr)
+    return found
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_overlap_p2p_keeps_the_forward_message_out_of_the_backward_switch(overlap):
+    """parallel.overlap_p2p: in a steady (forward, backward) pair, the forward row's permute
+    feeds nothing that the backward row's switch takes, so XLA may run it under that op;
+    without it the arrival is filed into the receive buffer before the switch."""
+    from ptdp_jax import state as S, step
+    from ptdp_jax.sharding import make_mesh
+    cfg = tiny_config("gpt", (1, 4, 1), **{"parallel.schedule": "1f1b-phased",
+                                            "parallel.overlap_p2p": overlap})
+    mesh = make_mesh(cfg.parallel.mesh_shape)
+    tx, _ = S.make_optimizer(cfg)
+    params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
+    batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1), np.int32)
+    jaxpr = jax.make_jaxpr(step.make_grad_fn(cfg, mesh))(params, batch, 0).jaxpr
+    (body,) = _steady_pair_bodies(jaxpr)
+    conds = [e for e in body.eqns if e.primitive.name == "cond"]
+    first_permute = next(e for e in body.eqns if e.primitive.name == "ppermute")
+    derived = set(first_permute.outvars)
+    for eqn in body.eqns[body.eqns.index(first_permute) + 1:]:
+        if eqn is conds[1]:
+            break
+        if any(not hasattr(v, "val") and v in derived for v in eqn.invars):
+            derived |= set(eqn.outvars)
+    feeds_switch = any(not hasattr(v, "val") and v in derived for v in conds[1].invars)
+    assert feeds_switch != overlap
+
+
+def test_overlap_p2p_changes_no_bit():
+    """Filing the forward message later moves a write between slots the backward row does not
+    touch: the loss and gradients are the same bit for bit."""
+    base = {"parallel.schedule": "zb-phased", "parallel.virtual_stages": 2}
+    off = loss_and_grads(tiny_config("gpt", (2, 2, 2), **base))
+    on = loss_and_grads(tiny_config("gpt", (2, 2, 2), **base, **{"parallel.overlap_p2p": True}))
+    assert on[0] == off[0]
+    for a, b in zip(jax.tree.leaves(on[1]), jax.tree.leaves(off[1])):
+        np.testing.assert_array_equal(a, b)

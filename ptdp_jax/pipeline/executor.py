@@ -354,10 +354,15 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         return c._replace(**{k: jnp.where(getattr(c, k) >= 0, getattr(c, k), n)
                              for k, n in sizes.items() if getattr(c, k) is not None})
 
-    def tick(st: PipeState, row, branch_ops=ops, head="cond", channels=("down", "up")):
+    def tick(st: PipeState, row, branch_ops=ops, head="cond", channels=("down", "up"),
+             late=()):
+        """One row. late: channels whose arrival is filed after the op (parallel.overlap_p2p:
+        it bypasses the switch, so the permute that brought it need not end before the op)."""
         c = trash_if_none(TickControl(**{k: a[stage] for k, a in row.items()}))
-        st = router.receive(st, c)
-        st = jax.lax.switch(c.branch, branch_ops, st, c)
+        st = router.receive(st, c, tuple(ch for ch in ("down", "up") if ch not in late))
+        held = {f"recv_{ch}": getattr(st, f"recv_{ch}") for ch in late}
+        st = jax.lax.switch(c.branch, branch_ops, st._replace(**dict.fromkeys(held)), c)
+        st = router.receive(st._replace(**held), c, late) if late else st
         if spread and head != "none":
             out = (st.loss, st.g_vocab, st.bwd_buf)
             if head == "cond":   # one predicate on every stage: collectives inside are fine
@@ -380,9 +385,13 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         # a forward row sends activations down only, a backward row gradients up only; the
         # head runs after every forward row at v = 1, and at v > 1 (where only the forward rows
         # whose last stage runs the last chunk have one) in a conditional
+        # parallel.overlap_p2p: the forward row's message (used by the next forward row) is
+        # filed after the backward row's op, so that its permute can run under that op
+        late = ("down",) if cfg.parallel.overlap_p2p else ()
+
         def pair(st: PipeState, rows):
             st, _ = tick(st, rows[0], f_ops, "static" if heads.all() else "cond", ("down",))
-            return tick(st, rows[1], b_ops, "none", ("up",))
+            return tick(st, rows[1], b_ops, "none", ("up",), late)
         if len(warm):
             state, _ = jax.lax.scan(lambda st, r: tick(st, r, w_ops, "none", ("down",)),
                                     state, w_rows)

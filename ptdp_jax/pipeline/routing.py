@@ -137,10 +137,15 @@ class Router:
         up = (br.op != S.FWD) != (self.two_way and br.vchunk == 1)
         return "send_up" if up else "send_down"
 
-    def receive(self, st, c: TickControl):
-        fwd_buf = st.fwd_buf.at[c.fwd_recv_slot].set(st.recv_down)
-        bwd_buf = st.bwd_buf.at[c.bwd_recv_slot].set(st.recv_up)
+    def receive(self, st, c: TickControl, channels=("down", "up")):
+        """Files the arrivals of `channels` (all but two-way tables may leave one for later)."""
+        fwd_buf, bwd_buf = st.fwd_buf, st.bwd_buf
+        if "down" in channels:
+            fwd_buf = fwd_buf.at[c.fwd_recv_slot].set(st.recv_down)
+        if "up" in channels:
+            bwd_buf = bwd_buf.at[c.bwd_recv_slot].set(st.recv_up)
         if self.two_way:
+            assert set(channels) == {"down", "up"}
             fwd_buf = fwd_buf.at[c.fwd_recv_up_slot].set(st.recv_up)
             bwd_buf = bwd_buf.at[c.bwd_recv_down_slot].set(st.recv_down)
         return st._replace(fwd_buf=fwd_buf, bwd_buf=bwd_buf)
