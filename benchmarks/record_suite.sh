@@ -348,7 +348,8 @@ if [[ "${SUITE:-record}" == "s22" ]]; then
   # Part a (~330 s): one GPU, the 7.5B zb-phased v 3 micro 2 (12 steps), the peer. Part b
   # (~470 s): the same 7.5B with --zero-buffers, then with overlap_p2p. Part c (~470 s): the
   # 1.3B zb-phased v 2 three ways (HLO copies counted). Part d (~250 s): the 1.3B plain 1f1b
-  # (issue 9 target 1), more NCCL channels (compiled programs from part c's cache).
+  # (issue 9 target 1), more NCCL channels (compiled programs from part c's cache), and
+  # the 1.3B (4,1,1) at zero 2 and 1 with a bf16 reduction (issue 10: the optimizer on a shard).
   export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
   ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -369,7 +370,9 @@ if [[ "${SUITE:-record}" == "s22" ]]; then
      run pp4-zbphased-v2-again $ours $ZB13
      run pp4-zbphased-v2-p2pmin16 env NCCL_MIN_P2P_NCHANNELS=16 $ours $ZB13
      run dp4-zero0-bf16-mb4 $ours $DP4
-     run dp4-zero0-bf16-mb4-minch32 env NCCL_MIN_NCHANNELS=32 $ours $DP4 ;;
+     run dp4-zero0-bf16-mb4-minch32 env NCCL_MIN_NCHANNELS=32 $ours $DP4
+     run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2
+     run dp4-zero1-bf16-mb4 $ours $DP4 parallel.zero=1 ;;
   esac
   finish
 fi
