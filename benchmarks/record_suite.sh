@@ -340,16 +340,17 @@ if [[ "${SUITE:-record}" == "s15" ]]; then
 fi
 
 if [[ "${SUITE:-record}" == "s22" ]]; then
-  # 4 GPUs (carry .peer): session 21's two executor changes, each A/B in one lease (NOTES issue
-  # 8 section 23), and issue 9 target 2 again (session 21, 4x H200: zb-phased v 3 micro 2
+  # 4 GPUs (carry .peer): session 21's executor changes, each A/B in one lease (NOTES issue 8
+  # section 23), and issue 9 target 2 again (session 21, 4x H200: zb-phased v 3 micro 2
   # 1.4674 s, 1.229x the peer; 1.25x needs the peer's step / 1.25):
   #   uninitialised buffers (executor.empty_buffer) against --zero-buffers (the code before);
-  #   parallel.overlap_p2p=true (the forward rows' messages under the backward rows' ops).
-  # Part a (~330 s): one GPU, the 7.5B zb-phased v 3 micro 2 (12 steps), the peer. Part b
-  # (~470 s): the same 7.5B with --zero-buffers, then with overlap_p2p. Part c (~470 s): the
-  # 1.3B zb-phased v 2 three ways (HLO copies counted). Part d (~250 s): the 1.3B plain 1f1b
-  # (issue 9 target 1), more NCCL channels (compiled programs from part c's cache), and
-  # the 1.3B (4,1,1) at zero 2 and 1 with a bf16 reduction (issue 10: the optimizer on a shard).
+  #   parallel.overlap_p2p=true (the forward rows' messages under the backward rows' ops);
+  #   train.keep_ffn_activation=true (no GeLU recompute; the planner says ~1% slower).
+  # Part a (~310 s): one GPU, the 7.5B zb-phased v 3 micro 2 (12 steps), the peer. Part b
+  # (~460 s): the same 7.5B with --zero-buffers, then with overlap_p2p. Part c (~400 s): the
+  # 1.3B zb-phased v 2 three ways (HLO copies counted). Part d (~400 s): the 1.3B plain 1f1b
+  # (issue 9 target 1) and zb-phased v 2 with keep_ffn_activation, NCCL channels up (cached
+  # programs), the (4,1,1) at zero 2 and 1 with a bf16 reduction (issue 10: a sharded update).
   export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
   export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
   ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -367,12 +368,13 @@ if [[ "${SUITE:-record}" == "s22" ]]; then
      run pp4-zbphased-v2-sel-overlap $ours $ZB13 $OV
      for d in new old; do [[ -f /tmp/h_$d/step_after_optimizations.txt ]] && python3 benchmarks/hlo_copies.py /tmp/h_$d/step_after_optimizations.txt --min-mb 1 --top 20 > "$out/copies_zbphased_v2_$d.md" 2>&1; done ;;
   d) run pp4-1f1b-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b
+     run pp4-zbphased-v2-keepact $ours $ZB13 train.keep_ffn_activation=true
      run pp4-zbphased-v2-again $ours $ZB13
      run pp4-zbphased-v2-p2pmin16 env NCCL_MIN_P2P_NCHANNELS=16 $ours $ZB13
      run dp4-zero0-bf16-mb4 $ours $DP4
-     run dp4-zero0-bf16-mb4-minch32 env NCCL_MIN_NCHANNELS=32 $ours $DP4
      run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2
-     run dp4-zero1-bf16-mb4 $ours $DP4 parallel.zero=1 ;;
+     run dp4-zero1-bf16-mb4 $ours $DP4 parallel.zero=1
+     run dp4-zero0-bf16-mb4-minch32 env NCCL_MIN_NCHANNELS=32 $ours $DP4 ;;
   esac
   finish
 fi

@@ -86,6 +86,9 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"               # float32 | bfloat16 (bf16 compute, fp32 master weights)
     recompute: str = "none"              # none | selective | full
+    keep_ffn_activation: bool = False    # with selective: keep the MLP activation's output
+                                         # (GeLU / SwiGLU) for the backward instead of running it
+                                         # again: T f bytes x 2 more a layer and microbatch
     scan_layers: bool | str = "auto"     # p = 1: scan over layers (compiles faster for deep models;
                                          # runs slower: residuals stacked and copied per layer).
                                          # auto: only with parallel.zero=3 (Config.scan_layers_on)
@@ -97,6 +100,14 @@ class TrainConfig:
     sample_prompt: str = "The "
     sample_temperature: float = 0.0      # 0: greedy
     sample_top_k: int = 0                # sample among the k likeliest tokens (0: all)
+
+    @property
+    def remat(self) -> str:
+        """The layers' recomputation policy (models/model.py REMAT_POLICIES): recompute, with
+        selective's variant that keeps the MLP activation (keep_ffn_activation)."""
+        if self.recompute == "selective" and self.keep_ffn_activation:
+            return "selective+act"
+        return self.recompute
 
 
 STATIC_STASH_AUTO = ("1f1b", "1f1b-phased", "zb-phased")    # parallel.static_stash=auto: on for these

@@ -44,7 +44,7 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
 
     def loss_fn(prm, tokens_bs1, key_rows):
         return M.loss_sum(cfg.model, prm, tokens_bs1[:, :-1], tokens_bs1[:, 1:], sh,
-                          cfg.train.recompute, dtype, key_rows, cfg.scan_layers_on)
+                          cfg.train.remat, dtype, key_rows, cfg.scan_layers_on)
 
     # unrolled layers: each layer's gradient taken and summed on its own, stacked once after
     # the loop (M.unstack_layers)

@@ -146,6 +146,10 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(m.seq_len % tp == 0, f"parallel.sequence_parallel splits the sequence over "
                                   f"parallel.tensor={tp}, which must divide "
                                   f"model.seq_len={m.seq_len}")
+    need(not t.keep_ffn_activation or t.recompute == "selective",
+         f"train.keep_ffn_activation keeps what selective recomputation would run again: it "
+         f"needs train.recompute=selective (got {t.recompute!r}; none keeps it already, full "
+         f"keeps only the layer inputs)")
     if p.overlap_p2p:
         need(pp > 1 and p.schedule in ("1f1b-phased", "zb-phased"),
              f"parallel.overlap_p2p overlaps the phased schedules' forward messages with their "

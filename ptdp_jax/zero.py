@@ -124,7 +124,7 @@ def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows):
             layers = [(s, _layer(grp(fulls, "layers"), i), _layer(grp(accs, "layers"), i))
                       for i, s in enumerate(shards["layers"])]
     x = M.embed(mc, sh, e, tokens_bs1[:, :-1], key_rows)
-    x = M.run_layers(mc, sh, layers, x, cfg.train.recompute, key_rows,
+    x = M.run_layers(mc, sh, layers, x, cfg.train.remat, key_rows,
                      scan=cfg.scan_layers_on,     # auto: zero=3 scans (a layer at a time)
                      weights=None if make is None else (lambda lp: make("layers", *lp)))
     return M.head_loss(mc, sh, e, hd, x, tokens_bs1[:, 1:])

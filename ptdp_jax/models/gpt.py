@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, HEADS, attention_impl, causal_attention,
-                                    column_dense, dropout, fold_rows, gather_seq, row_dense,
-                                    layer_norm)
+from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, FFN_ACT, HEADS, attention_impl,
+                                    causal_attention, column_dense, dropout, fold_rows,
+                                    gather_seq, row_dense, layer_norm)
 
 DENSE_WEIGHTS = ("q_w", "k_w", "v_w", "out_w", "fc1_w", "fc2_w")   # layer weights used through dense()
 
@@ -64,7 +65,7 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
     y = layer_norm(x_bsh, p["ln2_scale"], p["ln2_bias"], cfg.norm_eps)
     u_bsf, = column_dense(sh, y, [("bsh,hf->bsf", p["fc1_w"], p["fc1_b"])], FFN)
-    u_bsf = jax.nn.gelu(u_bsf, approximate=True)
+    u_bsf = checkpoint_name(jax.nn.gelu(u_bsf, approximate=True), FFN_ACT)
     mlp_bsh = row_dense(sh, u_bsf, "bsf,fh->bsh", p["fc2_w"], p["fc2_b"])
     x_bsh = x_bsh + dropout(mlp_bsh, cfg.dropout, fold_rows(key_rows, 1))
     return sh.constrain(x_bsh, ACT)

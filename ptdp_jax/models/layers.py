@@ -17,6 +17,7 @@ ACT_FULL = ("batch", "seq", "embed")         # (b, s, h) input of a column-paral
                                              # whole sequence (all-gathered under seq. parallelism)
 HEADS = ("batch", "seq", "heads", "head_dim")  # (b, s, n, d) per-head tensors
 FFN = ("batch", "seq", "mlp")                # (b, s, f) MLP hidden
+FFN_ACT = "ffn_act"   # checkpoint name of the MLP activation's output (train.keep_ffn_activation)
 
 
 def layer_norm(x_bsh, scale_h, bias_h, eps):

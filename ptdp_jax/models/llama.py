@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
-from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, HEADS, attention_impl, causal_attention,
-                                    column_dense, dropout, fold_rows, gather_seq, row_dense,
-                                    rms_norm, rotary)
+from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, FFN_ACT, HEADS, attention_impl,
+                                    causal_attention, column_dense, dropout, fold_rows,
+                                    gather_seq, row_dense, rms_norm, rotary)
 
 DENSE_WEIGHTS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")   # used through dense()
 
@@ -55,7 +56,8 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     y = rms_norm(x_bsh, p["mlp_norm"], cfg.norm_eps)
     g_bsf, u_bsf = column_dense(sh, y, [("bsh,hf->bsf", p[w], None) for w in ("w_gate", "w_up")],
                                 FFN)
-    mlp_bsh = row_dense(sh, jax.nn.silu(g_bsf) * u_bsf, "bsf,fh->bsh", p["w_down"])
+    act_bsf = checkpoint_name(jax.nn.silu(g_bsf) * u_bsf, FFN_ACT)
+    mlp_bsh = row_dense(sh, act_bsf, "bsf,fh->bsh", p["w_down"])
     x_bsh = x_bsh + dropout(mlp_bsh, cfg.dropout, fold_rows(key_rows, 1))
     return sh.constrain(x_bsh, ACT)
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ptdp_jax.models import gpt, llama
 from ptdp_jax.models.fused_loss import fused_head_loss, num_chunks
-from ptdp_jax.models.layers import gather_seq, vocab_parallel_cross_entropy
+from ptdp_jax.models.layers import FFN_ACT, gather_seq, vocab_parallel_cross_entropy
 from ptdp_jax.sharding import Sharder
 
 ARCHS = {"gpt": gpt, "llama": llama}
@@ -159,8 +159,17 @@ def _save_dense_and_flash(prim, *_, **params) -> bool:
     return prim.name in FLASH_ATTENTION_FWD
 
 
+def _save_dense_flash_and_act(prim, *args, **params) -> bool:
+    """Selective recomputation that also keeps the MLP activation's output (GeLU / SwiGLU,
+    named FFN_ACT): the backward runs no activation again (train.keep_ffn_activation)."""
+    if prim.name == "name" and params.get("name") == FFN_ACT:
+        return True
+    return _save_dense_and_flash(prim, *args, **params)
+
+
 REMAT_POLICIES = {
     "selective": _save_dense_and_flash,             # keep GEMM and flash-attention outputs
+    "selective+act": _save_dense_flash_and_act,     # ... and the MLP activation's output
     "full": jax.checkpoint_policies.nothing_saveable,                          # keep layer inputs
 }
 WEIGHTS = "layer_weights"   # the name of the weights a `layer_fn(weights=...)` hook makes

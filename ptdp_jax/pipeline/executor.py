@@ -154,7 +154,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         return {k: MasterGrad(a[0, j, l], params["layers"][k][0, j, l]) if k in dense
                 else a[0, j, l] for k, a in w["layers"].items()}
     W = [[layer_weights(j, l) for l in range(lmax)] for j in range(v)]
-    layer = M.layer_fn(mc, sh, cfg.train.recompute)
+    layer = M.layer_fn(mc, sh, cfg.train.remat)
     res = Residuals()            # layer pullbacks <-> stashable leaves (without the weights)
     spread = spread_over_pipe(cfg)          # the head over every stage (pipeline/head.py)
     slices = VocabSlices(cfg) if spread else None

@@ -146,6 +146,8 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd + 2 * tp_ar
     if tr.recompute == "selective":     # a flash attention's outputs are kept, not recomputed
         bwd += (0.0 if flash_attention_bytes_per_token(cfg) else attn_fwd) + elem_fwd
+        if tr.keep_ffn_activation:      # ... and the activation's output: T f read and written
+            bwd -= min(elem_fwd, _memory_seconds(2 * 2 * T * m.ffn / t, gpu))
     elif tr.recompute == "full":
         bwd += fwd
     fwd += copy_fwd
