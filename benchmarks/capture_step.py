@@ -11,8 +11,7 @@ loss one step later), and where the trace (perfetto_trace.json.gz) was written. 
 the optimized HLO of the step is written there too. `--trace-steps 2` traces two steps, so
 that `profile_step.py --trace-steps 2` can read the second, which the profiler's start does
 not skew. `benchmarks/profile_step.py` runs
-this and then reads the trace by category. `--zero-buffers` starts the pipeline's stash and
-message buffers as zeros (the code before session 21), for an A/B in one lease."""
+this and then reads the trace by category."""
 from __future__ import annotations
 
 import argparse
@@ -37,9 +36,6 @@ def main(argv=None):
                          "Python 1); 0 traces the device only (a traced pipeline step ran 2.2x "
                          "its untraced time in session 15)")
     ap.add_argument("--hlo-dir", default="")
-    ap.add_argument("--zero-buffers", action="store_true",
-                    help="A/B: the pipeline's stash and message buffers start as zeros (as "
-                         "before session 21), not uninitialised (executor.empty_buffer)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
 
@@ -54,10 +50,6 @@ def main(argv=None):
     from ptdp_jax.step import compile_all
     from ptdp_jax.train import resolve_config
 
-    if a.zero_buffers:
-        import jax.numpy as jnp
-        from ptdp_jax.pipeline import executor
-        executor.empty_buffer = jnp.zeros
     mesh_shape = tuple(int(x) for x in a.mesh.split(","))
     cfg = validate(resolve_config(a.config, mesh_shape, parse_cli_overrides(a.overrides)),
                    len(jax.devices()))

@@ -149,3 +149,14 @@ def test_overlap_p2p_changes_no_bit():
     assert on[0] == off[0]
     for a, b in zip(jax.tree.leaves(on[1]), jax.tree.leaves(off[1])):
         np.testing.assert_array_equal(a, b)
+
+
+def test_empty_buffers_false_keeps_zeros(monkeypatch):
+    """parallel.empty_buffers=false: every buffer starts as zeros (the A/B and the way back)."""
+    made = []
+    monkeypatch.setattr(executor, "empty_buffer", lambda shape, dtype: made.append(shape))
+    from compiled import _lowered
+    text = _lowered(tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "zb-phased",
+                                                      "parallel.empty_buffers": False}),
+                    trace_only=True).lower(lowering_platforms=("cuda",)).as_text()
+    assert not made and "AllocateBuffer" not in text

@@ -188,11 +188,12 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
     def empty(shape, dt):
         """A buffer the table writes before every read of it: uninitialised (`empty_buffer`)
-        where 'tensor' is 1. With tensor parallelism zeros: XLA's partitioner knows a zero
+        where 'tensor' is 1 and parallel.empty_buffers is on. With tensor parallelism zeros: XLA's partitioner knows a zero
         broadcast's sharding from its users, but gives an AllocateBuffer the whole shape and
         slices it (a CPU compile of a (1,2,2) zb-phased step: 264 dynamic-slices more)."""
-        return zeros(shape, dt) if cfg.parallel.tensor > 1 else vary(empty_buffer(shape, dt),
-                                                                     manual)
+        if cfg.parallel.tensor > 1 or not cfg.parallel.empty_buffers:
+            return zeros(shape, dt)
+        return vary(empty_buffer(shape, dt), manual)
 
     # Residual shapes from one abstract trace made like the real ones (varying input, traced
     # layer index and microbatch), so that it yields the same residual structure.
