@@ -1,11 +1,11 @@
 """The executor's buffers that the schedule writes before it reads them (stash, W stash,
 receive and send buffers) start uninitialised where 'tensor' is 1 (`executor.empty_buffer`:
-XLA's AllocateBuffer on GPU, no fill and no copy into the loop). Here they start as NaN: any read of a slot before
-its write, or any idle stage's garbage reaching a sum, would turn the loss or a gradient into
-NaN. The loss and every gradient must come out bit for bit as with zeros (CPU: `lax.empty`
-is zeros), on pure and data-parallel meshes, for every executor path (ticks, phased loops, static and
-indexed stash, W stash, ZB-V's turn, the head over the pipe with and without its
-conditional)."""
+XLA's AllocateBuffer on GPU, no fill and no copy into the loop). Here they start as NaN: any
+read of a slot before its write, or any idle stage's garbage reaching a sum, would turn the
+loss or a gradient into NaN. The loss and every gradient must come out bit for bit as with
+zeros (CPU: `lax.empty` is zeros), on pure and data-parallel meshes, for every executor path
+(ticks, phased loops, interleaved, static and indexed stash, W stash, ZB-V's turn, the head
+over the pipe with and without its conditional)."""
 from __future__ import annotations
 
 import jax
@@ -23,6 +23,7 @@ CASES = [
                           "parallel.static_stash": False}),
     ("gpt", (2, 4, 1), {"parallel.schedule": "zb-phased", "train.recompute": "selective"}),
     ("gpt", (1, 2, 1), {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}),
+    ("gpt", (1, 2, 1), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
     ("gpt", (1, 4, 1), {"parallel.schedule": "zb-phased", "parallel.virtual_stages": 2,
                         "parallel.overlap_p2p": True}),
 ]
@@ -30,7 +31,8 @@ CASES = [
 
 @pytest.mark.parametrize("arch,mesh,extra", CASES,
                          ids=["1f1b-141", "phased-v2-221", "zb-phased-v2-dyn-121-llama",
-                              "zb-phased-241-sel", "zb-v-121", "zb-phased-v2-141-overlap"])
+                              "zb-phased-241-sel", "zb-v-121", "interleaved-v2-121",
+                              "zb-phased-v2-141-overlap"])
 def test_buffers_written_before_read(arch, mesh, extra, monkeypatch):
     cfg = tiny_config(arch, mesh, **extra)
     ref = loss_and_grads(cfg)
