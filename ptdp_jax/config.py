@@ -149,9 +149,9 @@ class ParallelConfig:
                                          # per-tick stash copies: 1-16% faster steps on 2x H100,
                                          # less memory; more branches to compile). auto: on for
                                          # 1f1b and 1f1b-phased (see static_stash_on)
-    empty_buffers: bool = True           # pipelines where 'tensor' is 1: the stash and message
+    empty_buffers: bool = False          # pipelines where 'tensor' is 1: the stash and message
                                          # buffers start uninitialised (no zero fill and copy a
-                                         # step); false: zeros, as before session 21
+                                         # step); false: zeros (not yet measured on GPUs)
     overlap_p2p: bool = False            # phased schedules: a steady forward row's message is
                                          # filed after the backward row's op, not before it, so
                                          # that its permute can run under that op (A/B: not

@@ -1,5 +1,6 @@
 """The executor's buffers that the schedule writes before it reads them (stash, W stash,
-receive and send buffers) start uninitialised where 'tensor' is 1 (`executor.empty_buffer`:
+receive and send buffers) start uninitialised with parallel.empty_buffers where 'tensor' is 1
+(`executor.empty_buffer`:
 XLA's AllocateBuffer on GPU, no fill and no copy into the loop). Here they start as NaN: any
 read of a slot before its write, or any idle stage's garbage reaching a sum, would turn the
 loss or a gradient into NaN. The loss and every gradient must come out bit for bit as with
@@ -15,6 +16,8 @@ import pytest
 
 from parity import loss_and_grads, tiny_config
 from ptdp_jax.pipeline import executor
+
+ON = {"parallel.empty_buffers": True}
 
 CASES = [
     ("gpt", (1, 4, 1), {"parallel.schedule": "1f1b"}),
@@ -34,7 +37,7 @@ CASES = [
                               "zb-phased-241-sel", "zb-v-121", "interleaved-v2-121",
                               "zb-phased-v2-141-overlap"])
 def test_buffers_written_before_read(arch, mesh, extra, monkeypatch):
-    cfg = tiny_config(arch, mesh, **extra)
+    cfg = tiny_config(arch, mesh, **extra, **ON)
     ref = loss_and_grads(cfg)
     calls = []
 
@@ -80,7 +83,7 @@ def test_gpu_lowering_allocates_without_filling(monkeypatch):
         return real(shape, dtype)
     monkeypatch.setattr(executor, "empty_buffer", counted)
     cfg = tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "zb-phased",
-                                            "parallel.virtual_stages": 2})
+                                            "parallel.virtual_stages": 2}, **ON)
     traced = _lowered(cfg, trace_only=True)
     cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
     cpu = traced.lower(lowering_platforms=("cpu",)).as_text()
@@ -91,7 +94,7 @@ def test_gpu_lowering_allocates_without_filling(monkeypatch):
     # with tensor parallelism the buffers stay zeros (the partitioner would slice a whole-shape
     # allocation on every tensor rank)
     made.clear()
-    tp = _lowered(tiny_config("gpt", (1, 2, 2), **{"parallel.schedule": "zb-phased"}),
+    tp = _lowered(tiny_config("gpt", (1, 2, 2), **{"parallel.schedule": "zb-phased"}, **ON),
                   trace_only=True).lower(lowering_platforms=("cuda",)).as_text()
     assert not made and "AllocateBuffer" not in tp
 
@@ -154,11 +157,10 @@ def test_overlap_p2p_changes_no_bit():
 
 
 def test_empty_buffers_false_keeps_zeros(monkeypatch):
-    """parallel.empty_buffers=false: every buffer starts as zeros (the A/B and the way back)."""
+    """parallel.empty_buffers=false (the default until measured): every buffer is zeros."""
     made = []
     monkeypatch.setattr(executor, "empty_buffer", lambda shape, dtype: made.append(shape))
     from compiled import _lowered
-    text = _lowered(tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "zb-phased",
-                                                      "parallel.empty_buffers": False}),
+    text = _lowered(tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "zb-phased"}),
                     trace_only=True).lower(lowering_platforms=("cuda",)).as_text()
     assert not made and "AllocateBuffer" not in text
