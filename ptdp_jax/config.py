@@ -86,9 +86,8 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"               # float32 | bfloat16 (bf16 compute, fp32 master weights)
     recompute: str = "none"              # none | selective | full
-    keep_ffn_activation: bool = False    # with selective: keep the MLP activation's output
-                                         # (GeLU / SwiGLU) for the backward instead of running it
-                                         # again: T f bytes x 2 more a layer and microbatch
+    keep_ffn_activation: bool = False    # selective: keep the MLP activation (GeLU / SwiGLU),
+                                         # not run again in the backward (2 T f bytes a layer)
     scan_layers: bool | str = "auto"     # p = 1: scan over layers (compiles faster for deep models;
                                          # runs slower: residuals stacked and copied per layer).
                                          # auto: only with parallel.zero=3 (Config.scan_layers_on)
@@ -103,8 +102,7 @@ class TrainConfig:
 
     @property
     def remat(self) -> str:
-        """The layers' recomputation policy (models/model.py REMAT_POLICIES): recompute, with
-        selective's variant that keeps the MLP activation (keep_ffn_activation)."""
+        """The layers' policy (models/model.py REMAT_POLICIES): recompute or selective+act."""
         if self.recompute == "selective" and self.keep_ffn_activation:
             return "selective+act"
         return self.recompute
@@ -149,13 +147,10 @@ class ParallelConfig:
                                          # per-tick stash copies: 1-16% faster steps on 2x H100,
                                          # less memory; more branches to compile). auto: on for
                                          # 1f1b and 1f1b-phased (see static_stash_on)
-    empty_buffers: bool = False          # pipelines where 'tensor' is 1: the stash and message
-                                         # buffers start uninitialised (no zero fill and copy a
-                                         # step); false: zeros (not yet measured on GPUs)
-    overlap_p2p: bool = False            # phased schedules: a steady forward row's message is
-                                         # filed after the backward row's op, not before it, so
-                                         # that its permute can run under that op (A/B: not
-                                         # yet measured on GPUs)
+    empty_buffers: bool = False          # pipelines, 'tensor' 1: stash and message buffers
+                                         # uninitialised (no zero fill and copy a step)
+    overlap_p2p: bool = False            # phased: a forward row's message filed after the
+                                         # backward row's op, its permute under that op
 
     @property
     def mesh_shape(self) -> tuple[int, int, int]:
