@@ -66,7 +66,7 @@ def empty_buffer(shape, dtype) -> jax.Array:
     W stash, receive and send buffers). On GPU `lax.empty` is XLA's AllocateBuffer: the loop
     takes the buffer as it is, where zeros cost a fill and a copy into the loop of every such
     buffer once a step (session 20's trace: 309 `memcpy128` a step). On CPU it is zeros.
-    tests/test_phased.py fills these with NaN and checks that the gradients do not change."""
+    tests/test_uninitialised.py fills these with NaN and checks that no gradient changes."""
     make = getattr(jax.lax, "empty", None) or jnp.zeros     # zeros where JAX has no lax.empty
     return make(shape, dtype)
 
@@ -188,9 +188,10 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
     def empty(shape, dt):
         """A buffer the table writes before every read of it: uninitialised (`empty_buffer`)
-        where 'tensor' is 1 and parallel.empty_buffers is on. With tensor parallelism zeros: XLA's partitioner knows a zero
-        broadcast's sharding from its users, but gives an AllocateBuffer the whole shape and
-        slices it (a CPU compile of a (1,2,2) zb-phased step: 264 dynamic-slices more)."""
+        with parallel.empty_buffers where 'tensor' is 1. With tensor parallelism zeros: XLA's
+        partitioner knows a zero broadcast's sharding from its users, but gives an
+        AllocateBuffer the whole shape and slices it (a CPU compile of a (1,2,2) zb-phased
+        step: 264 dynamic-slices more)."""
         if cfg.parallel.tensor > 1 or not cfg.parallel.empty_buffers:
             return zeros(shape, dt)
         return vary(empty_buffer(shape, dt), manual)
