@@ -123,15 +123,10 @@ def test_overlap_p2p_keeps_the_forward_message_out_of_the_backward_switch(overla
     """parallel.overlap_p2p: in a steady (forward, backward) pair, the forward row's permute
     feeds nothing that the backward row's switch takes, so XLA may run it under that op;
     without it the arrival is filed into the receive buffer before the switch."""
-    from ptdp_jax import state as S, step
-    from ptdp_jax.sharding import make_mesh
+    from compiled import _lowered
     cfg = tiny_config("gpt", (1, 4, 1), **{"parallel.schedule": "1f1b-phased",
                                             "parallel.overlap_p2p": overlap})
-    mesh = make_mesh(cfg.parallel.mesh_shape)
-    tx, _ = S.make_optimizer(cfg)
-    params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
-    batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1), np.int32)
-    jaxpr = jax.make_jaxpr(step.make_grad_fn(cfg, mesh))(params, batch, 0).jaxpr
+    jaxpr = _lowered(cfg, trace_only=True).jaxpr.jaxpr
     (body,) = _steady_pair_bodies(jaxpr)
     conds = [e for e in body.eqns if e.primitive.name == "cond"]
     first_permute = next(e for e in body.eqns if e.primitive.name == "ppermute")
