@@ -84,6 +84,12 @@ profiled() {   # profiled TAG TRACEDIR CONFIG --mesh d,p,t [key=value ...]: the 
   rm -rf "$dir"
 }
 
+# a suite of its own file: benchmarks/suites/NAME.sh, sourced here with the helpers above
+if [[ -f "benchmarks/suites/${SUITE:-record}.sh" ]]; then
+  source "benchmarks/suites/${SUITE}.sh"
+  finish
+fi
+
 if [[ "${SUITE:-record}" == "dp" ]]; then
   # Issue 10, an A/B: the working tree against BASE (carried), each traced; zero=1; then the
   # pipeline without recomputation and a dynamic-slice flag (8). Session 9 ran it with zero=0's
