@@ -10,7 +10,7 @@
 # every case) and OUTDIR/trace_pp4_1f1b.json.gz (a traced step for benchmarks/profile_step.py).
 # PEER_DIR: a copy of ../shared/peer (torch_ptd.py), carried to the machine; skipped if absent.
 set -u
-out=$1; deadline=$2; peer=${3:-.peer}
+out=$1; deadline=$2; peer=${3:-.peer}; peer_dir=$peer
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:-.}:. PYTHONUNBUFFERED=1
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}

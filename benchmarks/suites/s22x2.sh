@@ -11,7 +11,7 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB2="$B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.schedule=zb-phased parallel.virtual_stages=2 --steps 16"
 DP2="$B13 --mesh 2,1,1 train.micro_batch_size=8 train.recompute=none parallel.grad_reduce_dtype=bfloat16 --steps 12"
 EB="parallel.empty_buffers=true"; OV="parallel.overlap_p2p=true"
-peer2="torchrun --standalone --nproc-per-node 2 $peer/torch_ptd.py"
+peer2="torchrun --standalone --nproc-per-node 2 $peer_dir/torch_ptd.py"
 case "${S22_PART:-a}" in
 a) one_gpu
    run pp2-zbphased-v2 $ours $ZB2 --hlo-dir /tmp/h_old
