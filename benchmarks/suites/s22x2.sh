@@ -6,6 +6,7 @@
 # keep_ffn_activation / default again (HLO copies of the first two counted).
 # Part b (~540 s): plain 1f1b, zb-phased v 2 with both executor changes, (2,1,1) zero 0 / 2 /
 # 1 bf16 micro 8, NCCL_MIN_NCHANNELS=32, the peer's pp2 1f1b.
+# Part c (~450 s): keep_ffn_activation on 1f1b, 1f1b-phased and one GPU, each A/B.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-240} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB2="$B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.schedule=zb-phased parallel.virtual_stages=2 --steps 16"
@@ -27,4 +28,12 @@ b) run pp2-1f1b-sel $ours $B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.sc
    run dp2-zero1-bf16-mb8 $ours $DP2 parallel.zero=1
    run dp2-zero0-bf16-mb8-minch32 env NCCL_MIN_NCHANNELS=32 $ours $DP2
    run peer-pp2-1f1b $peer2 --dp 1 --pp 2 --tp 1 --schedule 1f1b $P13 ;;
+c) # keep_ffn_activation on other paths (part a: zb-phased v 2 -1.8%, beyond the drift)
+   KA="train.keep_ffn_activation=true"; PH="$B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.schedule=1f1b-phased --steps 16"
+   run pp2-zbphased-v2-keepact-again $ours $ZB2 $KA
+   run pp2-1f1b-sel-keepact $ours $B13 --mesh 1,2,1 train.micro_batch_size=1 parallel.schedule=1f1b --steps 16 $KA
+   run pp2-phased-sel $ours $PH
+   run pp2-phased-sel-keepact $ours $PH $KA
+   run 1gpu-sel-mb8 env CUDA_VISIBLE_DEVICES=0 $ours $B13 --mesh 1,1,1 train.micro_batch_size=8
+   run 1gpu-sel-mb8-keepact env CUDA_VISIBLE_DEVICES=0 $ours $B13 --mesh 1,1,1 train.micro_batch_size=8 $KA ;;
 esac
