@@ -86,8 +86,9 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"               # float32 | bfloat16 (bf16 compute, fp32 master weights)
     recompute: str = "none"              # none | selective | full
-    keep_ffn_activation: bool = False    # selective: keep the MLP activation (GeLU / SwiGLU),
-                                         # not run again in the backward (2 T f bytes a layer)
+    keep_ffn_activation: bool | str = "auto"  # selective: keep the MLP activation (GeLU / SwiGLU),
+                                         # not run again in the backward (2 T f bytes a layer);
+                                         # auto: on with selective (as Megatron's selective)
     scan_layers: bool | str = "auto"     # p = 1: scan over layers (compiles faster for deep models;
                                          # runs slower: residuals stacked and copied per layer).
                                          # auto: only with parallel.zero=3 (Config.scan_layers_on)
@@ -103,7 +104,7 @@ class TrainConfig:
     @property
     def remat(self) -> str:
         """The layers' policy (models/model.py REMAT_POLICIES): recompute or selective+act."""
-        if self.recompute == "selective" and self.keep_ffn_activation:
+        if self.recompute == "selective" and self.keep_ffn_activation in (True, "auto"):
             return "selective+act"
         return self.recompute
 

@@ -59,8 +59,13 @@ def _candidates(cfg, n_devices: int):
     t, par = cfg.train, cfg.parallel
     out = []
     lighter = {"none": ["selective", "full"], "selective": ["full"], "full": []}[t.recompute]
+    keeps = t.keep_ffn_activation in (True, "auto")        # selective keeps the MLP activation
+    if t.recompute == "selective" and keeps:
+        out.append({"train.keep_ffn_activation": False})
     for r in lighter:
         out.append({"train.recompute": r})
+        if r == "selective" and keeps:
+            out.append({"train.recompute": r, "train.keep_ffn_activation": False})
     if par.data > 1:                 # the state split over the data-parallel replicas
         out += [{"parallel.zero": z} for z in (1, 2, 3) if z > par.zero]
     mbs = [b for b in range(t.micro_batch_size - 1, 0, -1)
@@ -108,7 +113,8 @@ def _fits(cfg, have: int, n_devices: int, limit: int = 4) -> list[str]:
             continue
         taken.append(keys)
         shown = {k: v for k, v in over.items() if k != "parallel.stage_layers"}
-        found.append(" ".join(f"{k}={v}" for k, v in shown.items()) + f" ({total / GiB:.2f} GiB)")
+        found.append(" ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                              for k, v in shown.items()) + f" ({total / GiB:.2f} GiB)")
         if len(found) >= limit:
             break
     return found

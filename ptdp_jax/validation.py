@@ -146,7 +146,9 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(m.seq_len % tp == 0, f"parallel.sequence_parallel splits the sequence over "
                                   f"parallel.tensor={tp}, which must divide "
                                   f"model.seq_len={m.seq_len}")
-    need(not t.keep_ffn_activation or t.recompute == "selective",
+    need(t.keep_ffn_activation in (True, False, "auto"),
+         f"train.keep_ffn_activation must be true, false or auto, got {t.keep_ffn_activation!r}")
+    need(t.keep_ffn_activation is not True or t.recompute == "selective",
          f"train.keep_ffn_activation keeps what selective recomputation would run again: it "
          f"needs train.recompute=selective (got {t.recompute!r}; none keeps it already, full "
          f"keeps only the layer inputs)")

@@ -56,13 +56,26 @@ def test_refusal_names_settings_that_fit(device_gib):
         PF.check_memory(cfg)
     msg = str(e.value)
     assert "needs 1.14 GiB per device" in msg and "a CPU device has 0.90 GiB" in msg
-    assert "train.recompute=selective (0.71 GiB)" in msg and "train.micro_batch_size=1" in msg
+    assert "train.recompute=selective (0.75 GiB)" in msg and "train.micro_batch_size=1" in msg
     assert isinstance(e.value, ValueError)                     # a ConfigError: exit 2
     fixed = resolve_config("configs/demo.yaml", None, {"model.seq_len": 4096,
                                                        "train.recompute": "selective"})
     assert PF.check_memory(fixed).total < 0.9 * GiB
     assert PF.check_memory(resolve_config(
         "configs/demo.yaml", None, {"model.seq_len": 4096, "train.skip_memory_check": True})) is None
+
+
+def test_refusal_names_the_mlp_activation_under_selective(device_gib):
+    """Selective recomputation keeps the MLP activation by default (auto); where that is what
+    does not fit, dropping it is the lightest change named, and it fits."""
+    device_gib(0.74)
+    ov = {"model.seq_len": 4096, "train.recompute": "selective"}
+    with pytest.raises(PF.MemoryCheckError) as e:
+        PF.check_memory(resolve_config("configs/demo.yaml", None, ov))
+    assert "Settings that fit (by the estimate): train.keep_ffn_activation=false (0.71 GiB)" \
+        in str(e.value)
+    fixed = resolve_config("configs/demo.yaml", None, {**ov, "train.keep_ffn_activation": False})
+    assert PF.check_memory(fixed).total < 0.74 * GiB
 
 
 def test_compiled_step_checked_before_it_runs(tmp_path, data_cache, device_gib, monkeypatch):

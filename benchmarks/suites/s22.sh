@@ -1,35 +1,36 @@
 # Sourced by benchmarks/record_suite.sh (SUITE=s22), which defines the helpers (run,
 # one_gpu, prof, profiled, traced, step_of, finish) and B13, B75, P13, P75, L75, ours, peer.
-# 4 GPUs (carry .peer): session 21's executor changes, each A/B in one lease (NOTES issue 8
-# section 23), and issue 9 target 2 again (session 21, 4x H200: zb-phased v 3 micro 2
-# 1.4674 s, 1.229x the peer; 1.25x needs the peer's step / 1.25):
-#   uninitialised buffers (parallel.empty_buffers=true) against the default (zeros);
-#   parallel.overlap_p2p=true (the forward rows' messages under the backward rows' ops);
-#   train.keep_ffn_activation=true (no GeLU recompute; the planner says ~1% slower).
+# 4 GPUs (carry .peer), written in session 21, revised in session 22 after the 2x H200 A/B
+# (NOTES issue 8 section 24): issue 9 target 2 again with the new default (session 21, 4x
+# H200: zb-phased v 3 micro 2 1.4674 s, 1.229x the peer; 1.25x needs the peer's step / 1.25).
+#   train.keep_ffn_activation is now auto (on under selective): each case below runs it; the
+#   A/B against false (the activation run again, the session-21 default) is in parts b and d;
+#   uninitialised buffers (parallel.empty_buffers=true, -0.8 ms at pp2: inside the drift) at
+#   the 7.5B, whose stash is ~5x the 1.3B's; parallel.overlap_p2p=true (nothing at pp2) on
+#   the 1.3B.
 # Part a (~310 s): one GPU, the 7.5B zb-phased v 3 micro 2 (12 steps), the peer. Part b
-# (~460 s): the same 7.5B with parallel.empty_buffers=true, then with overlap_p2p. Part c
+# (~460 s): the same 7.5B with keep_ffn_activation=false, then with empty_buffers. Part c
 # (~400 s): the 1.3B zb-phased v 2 three ways (HLO copies counted). Part d (~400 s): the
-# 1.3B plain 1f1b (issue 9 target 1) and zb-phased v 2 with keep_ffn_activation, NCCL
-# channels up (cached programs), the (4,1,1) at zero 2 and 1 with a bf16 reduction (issue
-# 10: a sharded update).
+# 1.3B plain 1f1b (issue 9 target 1) and zb-phased v 2 without keep_ffn_activation, NCCL
+# channels up (cached programs), the (4,1,1) at zero 2 and 1 with a bf16 reduction.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
 ZB13="$B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=zb-phased parallel.virtual_stages=2 --steps 10"
 DP4="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16"
-OV="parallel.overlap_p2p=true"
+OV="parallel.overlap_p2p=true"; NOKEEP="train.keep_ffn_activation=false"
 case "${S22_PART:-a}" in
 a) one_gpu
    run 7.5b-pp4-zbphased-v3-mb2 $ours $ZB75
    run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75 ;;
-b) run 7.5b-pp4-zbphased-v3-mb2-emptybuf $ours $ZB75 parallel.empty_buffers=true
-   run 7.5b-pp4-zbphased-v3-mb2-overlap $ours $ZB75 $OV ;;
+b) run 7.5b-pp4-zbphased-v3-mb2-nokeep $ours $ZB75 $NOKEEP
+   run 7.5b-pp4-zbphased-v3-mb2-emptybuf $ours $ZB75 parallel.empty_buffers=true ;;
 c) run pp4-zbphased-v2-sel-emptybuf $ours $ZB13 parallel.empty_buffers=true --hlo-dir /tmp/h_new
    run pp4-zbphased-v2-sel $ours $ZB13 --hlo-dir /tmp/h_old
    run pp4-zbphased-v2-sel-overlap $ours $ZB13 $OV
    for d in new old; do [[ -f /tmp/h_$d/step_after_optimizations.txt ]] && python3 benchmarks/hlo_copies.py /tmp/h_$d/step_after_optimizations.txt --min-mb 1 --top 20 > "$out/copies_zbphased_v2_$d.md" 2>&1; done ;;
 d) run pp4-1f1b-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b
-   run pp4-zbphased-v2-keepact $ours $ZB13 train.keep_ffn_activation=true
+   run pp4-zbphased-v2-nokeep $ours $ZB13 $NOKEEP
    run pp4-zbphased-v2-again $ours $ZB13
    run pp4-zbphased-v2-p2pmin16 env NCCL_MIN_P2P_NCHANNELS=16 $ours $ZB13
    run dp4-zero0-bf16-mb4 $ours $DP4

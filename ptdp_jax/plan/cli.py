@@ -56,6 +56,12 @@ def _params(n) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
 
+def _recompute(c: Candidate) -> str:
+    """selective+mlp: selective that runs the MLP activation again (keeping it does not fit)."""
+    kept = c.keep_ffn_activation in (True, "auto")
+    return c.recompute + ("" if c.recompute != "selective" or kept else "+mlp")
+
+
 def format_table(rows: list[Candidate], top: int) -> str:
     """Markdown: the `top` best valid layouts, then the best of each kind of rejection."""
     head = ("| # | d | p | t | micro | m | schedule | recompute | s/g | zero | params/GPU "
@@ -70,7 +76,7 @@ def format_table(rows: list[Candidate], top: int) -> str:
         mem = "-" if j["memory_per_device_gib"] is None else \
             f"{j['memory_per_device_gib']:.1f} ({parts})"
         return (f"| {i} | {c.data} | {c.pipe} | {c.tensor} | {c.micro_batch_size} | "
-                f"{c.num_microbatches} | {sched} | {c.recompute} | "
+                f"{c.num_microbatches} | {sched} | {_recompute(c)} | "
                 f"{'yes' if c.scatter_gather else 'no'} | {c.zero} | "
                 f"{_params(j['params_per_device'])} | "
                 f"{mem} | {_fmt(j['bubble'], '.3f')} | "

@@ -29,7 +29,7 @@ from ptdp_jax.plan.hardware import GpuKind, detect_gpu_kind, gpu_kind
 
 LAYOUT_KEYS = ("parallel.data", "parallel.pipe", "parallel.tensor", "train.micro_batch_size",
                "parallel.schedule", "parallel.virtual_stages", "train.recompute",
-               "parallel.scatter_gather", "parallel.zero")
+               "parallel.scatter_gather", "parallel.zero", "train.keep_ffn_activation")
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)      # tried where they divide the batch of a replica
 RECOMPUTES = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "1f1b-phased", "zb-phased", "interleaved")   # gpipe: never faster than
@@ -55,6 +55,7 @@ class Candidate:
     scatter_gather: bool
     num_microbatches: int
     zero: int = 0                         # parallel.zero
+    keep_ffn_activation: bool | str = "auto"  # selective: False where keeping it does not fit
     reason: str = ""                      # "" = a valid layout
     fits: bool = False
     params_per_device: float = 0.0         # parameters held by the most loaded device
@@ -73,7 +74,7 @@ class Candidate:
                 "parallel.tensor": self.tensor, "train.micro_batch_size": self.micro_batch_size,
                 "parallel.schedule": self.schedule, "parallel.virtual_stages": self.virtual_stages,
                 "train.recompute": self.recompute, "parallel.scatter_gather": self.scatter_gather,
-                "parallel.zero": self.zero}
+                "parallel.zero": self.zero, "train.keep_ffn_activation": self.keep_ffn_activation}
 
     def to_json(self) -> dict:
         e, mem = self.estimate, self.memory
@@ -83,7 +84,8 @@ class Candidate:
             "micro_batch_size": self.micro_batch_size, "num_microbatches": self.num_microbatches,
             "schedule": self.schedule, "virtual_stages": self.virtual_stages,
             "recompute": self.recompute, "scatter_gather": self.scatter_gather,
-            "zero": self.zero, "fits": self.fits, "reason": self.reason,
+            "zero": self.zero, "keep_ffn_activation": self.keep_ffn_activation,
+            "fits": self.fits, "reason": self.reason,
             "params_per_device": int(self.params_per_device) if mem else None,
             "memory_per_device_gib": g(mem.total) if mem else None,
             "weights_gib": g(mem.params) if mem else None,
@@ -166,10 +168,18 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
                             for z in pick("parallel.zero", _zeros(d, p)):
                                 c = Candidate(**base, micro_batch_size=b, schedule=sched,
                                               virtual_stages=v, recompute=rc, scatter_gather=sg,
-                                              num_microbatches=m, zero=z, reason=hard or treason)
+                                              num_microbatches=m, zero=z, reason=hard or treason,
+                                              keep_ffn_activation=_keep(cfg, fixed, rc))
                                 # a tensor group across hosts is slow, not impossible
                                 # (parallel.allow_cross_host_tensor): still predicted
                                 yield c, None if hard else layout_config(cfg, c)
+
+
+def _keep(cfg, fixed: dict, recompute: str) -> bool | str:
+    """train.keep_ffn_activation of a candidate: the pinned or configured value under
+    selective; otherwise auto (true needs selective)."""
+    keep = fixed.get("train.keep_ffn_activation", cfg.train.keep_ffn_activation)
+    return keep if recompute == "selective" or keep is False else "auto"
 
 
 def _zeros(d: int, p: int) -> tuple[int, ...]:
@@ -206,7 +216,8 @@ def layout_config(cfg, c: Candidate):
                                          scatter_gather=c.scatter_gather, zero=c.zero,
                                          stage_layers=()),
                    train=replace(cfg.train, micro_batch_size=c.micro_batch_size,
-                                 recompute=c.recompute))
+                                 recompute=c.recompute,
+                                 keep_ffn_activation=c.keep_ffn_activation))
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -252,6 +263,11 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
             continue
         mem = estimate_memory(lcfg)
         c = replace(c, params_per_device=sum(params_per_device(lcfg).values()))
+        if mem.total > limit and lcfg.train.remat == "selective+act" and \
+                "train.keep_ffn_activation" not in fixed:     # selective, the activation run again
+            c = replace(c, keep_ffn_activation=False)
+            lcfg = layout_config(cfg, c)
+            mem = estimate_memory(lcfg)
         if mem.total > limit:
             rows.append(replace(c, memory=mem, reason=c.reason or (
                 f"does not fit: {mem.total / GiB:.1f} GiB > {limit / GiB:.1f} GiB per device")))
@@ -272,7 +288,8 @@ def choose_layout(cfg, num_devices: int, gpus_per_host: int, gpu: GpuKind | str 
                   fixed: dict | None = None) -> dict:
     """The planner's layout for the devices at hand, as dotted overrides: parallel.data, .pipe,
     .tensor, .schedule, .virtual_stages, .scatter_gather, .zero, train.micro_batch_size and
-    train.recompute (stage_layers is left to the config: the planner splits evenly).
+    train.recompute and .keep_ffn_activation (stage_layers is left to the config: the planner
+    splits evenly).
     fixed: the user's explicit keys (any of those), which win: they are not searched and come
     back unchanged. gpu: a kind, its name, or None for the kind of jax's first local device
     (`hardware.detect_gpu_kind`, with that device's memory). Raises ConfigError when no layout
