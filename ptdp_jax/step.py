@@ -20,6 +20,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
+from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax import zero as Z
 from ptdp_jax.config import ConfigError
 from ptdp_jax.sharding import (Sharder, data_axis, manual_axes, psum_over,
@@ -42,13 +43,17 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     keys = None if keys_r is None else keys_r.reshape((m, b) + keys_r.shape[1:])
     params = dict(params, layers=jax.tree.map(lambda x: x[0, 0], params["layers"]))
 
+    # unrolled layers: each layer's gradient taken and summed on its own, stacked once after
+    # the loop (M.unstack_layers); the GEMM weights as (compute copy made once a step, float32
+    # master) pairs, so that their gradients come out of the GEMM in float32 and the sums
+    # below take them inside the GEMM (cuBLAS beta = 1), as the pipeline executor's do
+    split = (lambda t: t) if cfg.scan_layers_on else M.per_layer
+    wrap = (lambda layers: layers) if cfg.scan_layers_on else _master_grads(cfg, params, dtype)
+
     def loss_fn(prm, tokens_bs1, key_rows):
+        prm = dict(prm, layers=wrap(prm["layers"]))
         return M.loss_sum(cfg.model, prm, tokens_bs1[:, :-1], tokens_bs1[:, 1:], sh,
                           cfg.train.remat, dtype, key_rows, cfg.scan_layers_on)
-
-    # unrolled layers: each layer's gradient taken and summed on its own, stacked once after
-    # the loop (M.unstack_layers)
-    split = (lambda t: t) if cfg.scan_layers_on else M.per_layer
 
     def body(acc, xs):
         tokens, key_rows = xs
@@ -61,6 +66,15 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     grads = M.stack_layers(grads)
     grads = dict(grads, layers=jax.tree.map(lambda x: x[None, None], grads["layers"]))
     return loss, grads
+
+
+def _master_grads(cfg, params, dtype):
+    """per-layer float32 layer params -> the same with each GEMM weight as
+    MasterGrad(compute copy, float32 master); the compute copies are made here, once."""
+    dense = M.dense_weight_names(cfg.model)
+    copies = M.cast(M.unstack_layers(params["layers"]), dtype)
+    return lambda layers: [{k: MasterGrad(c[k], v) if k in dense else v for k, v in lp.items()}
+                           for c, lp in zip(copies, layers)]
 
 
 def make_grad_fn(cfg, mesh):

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ptdp_jax.models import gpt, llama
+from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax.models.fused_loss import fused_head_loss, num_chunks
 from ptdp_jax.models.layers import FFN_ACT, gather_seq, vocab_parallel_cross_entropy
 from ptdp_jax.sharding import Sharder
@@ -198,8 +199,12 @@ def _weights_not_saved(policy):
 
 
 def cast(tree, dtype):
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                        tree)
+    """Floating leaves to dtype; dense.MasterGrad pairs (already a compute copy and its float32
+    master) as they are."""
+    return jax.tree.map(
+        lambda x: x if isinstance(x, MasterGrad) else
+        x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+        tree, is_leaf=lambda x: isinstance(x, MasterGrad))
 
 
 def embed(cfg, sh, embed_p, tokens_bs, key_rows=None):
