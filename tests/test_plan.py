@@ -545,3 +545,29 @@ def test_h200_tick_interleaved_priced_above_the_phased_schedules():
         return estimate_step(cfg, gpu_kind("h200"), 8).step_time_s
     tick, zb = step("interleaved"), step("zb-phased")
     assert zb == pytest.approx(1.4983, rel=0.03) and tick > 1.8181 > zb
+
+
+# session 22, 1x H100 (benchmarks/results/2026-11-27-s22x2/h100_mastergrad): p = 1 with the
+# GEMM weights' float32 sums inside the GEMM; the MLP activation kept (selective's default)
+H100_S22 = [
+    (dict(B13, train__micro_batch_size=1, train__keep_ffn_activation="auto"), 0.6356),
+    (dict(B13, train__micro_batch_size=8, train__keep_ffn_activation="auto"), 0.5444),
+    (dict(B13, train__micro_batch_size=8, train__recompute="none"), 0.5365),
+]
+
+
+@pytest.mark.parametrize("overrides,measured_s", H100_S22, ids=["sel-mb1", "sel-mb8", "none-mb8"])
+def test_our_h100_s22_one_gpu_measurements(overrides, measured_s):
+    est = estimate_step(config("bench-1.3b", **overrides), H100, 8)
+    assert est.step_time_s == pytest.approx(measured_s, rel=0.06)
+
+
+def test_unrolled_p1_sums_in_the_gemm():
+    """Without pipelining, micro 1 m 16 on one GPU: the unrolled loop adds the GEMM weights'
+    gradients in the GEMM (half of 8 bytes a weight a microbatch exposed), a layer scan in
+    separate passes (10 bytes a weight for m - 1 microbatches)."""
+    from ptdp_jax.plan.cost import accumulate_seconds
+    unrolled = config("bench-1.3b", **dict(B13, train__micro_batch_size=1))
+    scanned = config("bench-1.3b", **dict(B13, train__micro_batch_size=1,
+                                          train__scan_layers=True))
+    assert accumulate_seconds(unrolled, H100) < 0.55 * accumulate_seconds(scanned, H100)

@@ -240,14 +240,20 @@ def accumulate_seconds(cfg, gpu: GpuKind) -> float:
     full-size float32 accumulators: m - 1 passes over them (read the sum and the gradient,
     write the sum; zero 2 and 3 add shard-sized sums, in the reduce-scatter's shadow). 7.5B
     (4,1,1) zero 1 micro 1 (m 8) on 4x H200, session 15: 2.33 s measured, 0.14 s more than
-    zero 2 at the same micro batch."""
+    zero 2 at the same micro batch. The unrolled loop of zero 0 (and 1 with its reduction after
+    the backward) adds the GEMM weights' float32 gradients inside the GEMM (`step._master_grads`)
+    at the pipeline's cost per microbatch (`wgrad_accumulate_exposed`); the rest (embedding,
+    norms) takes the passes."""
     from ptdp_jax.state import zero_stage
-    m = cfg.num_microbatches
-    if cfg.parallel.pipe > 1 or m == 1 or zero_stage(cfg) > 1:
+    m, z = cfg.num_microbatches, zero_stage(cfg)
+    if cfg.parallel.pipe > 1 or m == 1 or z > 1:
         return 0.0
     n = sum(params_per_device(cfg).values())
     compute = 4 if cfg.train.dtype == "float32" else 2
-    return (m - 1) * _memory_seconds(n * (2 * 4 + compute), gpu)
+    in_gemm = not cfg.scan_layers_on and not (z == 1 and cfg.parallel.overlap_grad_reduce_on)
+    dense = cfg.model.num_layers * sum(K * N for _, K, N in layer_gemms(cfg)) if in_gemm else 0
+    return (m - 1) * _memory_seconds((n - dense) * (2 * 4 + compute), gpu) + \
+        m * gpu.wgrad_accumulate_exposed * _memory_seconds(8.0 * dense, gpu)
 
 
 def optimizer_seconds(cfg, gpu: GpuKind) -> float:
