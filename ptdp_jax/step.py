@@ -47,8 +47,10 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     # the loop (M.unstack_layers); the GEMM weights as (compute copy made once a step, float32
     # master) pairs, so that their gradients come out of the GEMM in float32 and the sums
     # below take them inside the GEMM (cuBLAS beta = 1), as the pipeline executor's do
+    # (parallel.tp_comm_overlap's rings take plain weights)
     split = (lambda t: t) if cfg.scan_layers_on else M.per_layer
-    wrap = (lambda layers: layers) if cfg.scan_layers_on else _master_grads(cfg, params, dtype)
+    plain = cfg.scan_layers_on or cfg.parallel.tp_comm_overlap
+    wrap = (lambda layers: layers) if plain else _master_grads(cfg, params, dtype)
 
     def loss_fn(prm, tokens_bs1, key_rows):
         prm = dict(prm, layers=wrap(prm["layers"]))
