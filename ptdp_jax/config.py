@@ -86,9 +86,8 @@ class TrainConfig:
     seed: int = 0
     dtype: str = "float32"               # float32 | bfloat16 (bf16 compute, fp32 master weights)
     recompute: str = "none"              # none | selective | full
-    keep_ffn_activation: bool | str = "auto"  # selective: keep the MLP activation (GeLU / SwiGLU),
-                                         # not run again in the backward (2 T f bytes a layer);
-                                         # auto: on with selective (as Megatron's selective)
+    keep_ffn_activation: bool | str = "auto"  # selective (auto: on): keep the MLP activation,
+                                         # not run again in the backward (2 T f bytes a layer)
     scan_layers: bool | str = "auto"     # p = 1: scan over layers (compiles faster for deep models;
                                          # runs slower: residuals stacked and copied per layer).
                                          # auto: only with parallel.zero=3 (Config.scan_layers_on)
@@ -102,11 +101,15 @@ class TrainConfig:
     sample_top_k: int = 0                # sample among the k likeliest tokens (0: all)
 
     @property
+    def keeps_ffn_activation(self) -> bool:
+        """keep_ffn_activation resolved (true or auto): selective keeps the activation."""
+        return self.keep_ffn_activation in (True, "auto")
+
+    @property
     def remat(self) -> str:
         """The layers' policy (models/model.py REMAT_POLICIES): recompute or selective+act."""
-        if self.recompute == "selective" and self.keep_ffn_activation in (True, "auto"):
-            return "selective+act"
-        return self.recompute
+        keep = self.recompute == "selective" and self.keeps_ffn_activation
+        return "selective+act" if keep else self.recompute
 
 
 STATIC_STASH_AUTO = ("1f1b", "1f1b-phased", "zb-phased")    # parallel.static_stash=auto: on for these

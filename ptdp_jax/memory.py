@@ -199,7 +199,7 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
         kv = getattr(m, "kv_heads", None) or m.num_heads     # grouped-query K and V
         qkv = h + 2 * h * kv // m.num_heads
         sharded = qkv + (2 * f if m.arch == "llama" else f)
-        sharded += f if cfg.train.keep_ffn_activation in (True, "auto") else 0  # its output
+        sharded += f if cfg.train.keeps_ffn_activation else 0      # the activation's output
         return 2.0 * (3 * h / sp + sharded / t) * scale + flash_attention_bytes_per_token(cfg)
     if mode == "none":
         per_h = NONE_BYTES_PER_H_AT_T1 if cfg.parallel.pipe > 1 else NONE_BYTES_PER_H_NO_PIPE

@@ -59,12 +59,11 @@ def _candidates(cfg, n_devices: int):
     t, par = cfg.train, cfg.parallel
     out = []
     lighter = {"none": ["selective", "full"], "selective": ["full"], "full": []}[t.recompute]
-    keeps = t.keep_ffn_activation in (True, "auto")        # selective keeps the MLP activation
-    if t.recompute == "selective" and keeps:
+    if t.recompute == "selective" and t.keeps_ffn_activation:
         out.append({"train.keep_ffn_activation": False})
     for r in lighter:
         out.append({"train.recompute": r})
-        if r == "selective" and keeps:
+        if r == "selective" and t.keeps_ffn_activation:
             out.append({"train.recompute": r, "train.keep_ffn_activation": False})
     if par.data > 1:                 # the state split over the data-parallel replicas
         out += [{"parallel.zero": z} for z in (1, 2, 3) if z > par.zero]

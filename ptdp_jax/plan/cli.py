@@ -58,8 +58,8 @@ def _params(n) -> str:
 
 def _recompute(c: Candidate) -> str:
     """selective+mlp: selective that runs the MLP activation again (keeping it does not fit)."""
-    kept = c.keep_ffn_activation in (True, "auto")
-    return c.recompute + ("" if c.recompute != "selective" or kept else "+mlp")
+    dropped = c.recompute == "selective" and c.keep_ffn_activation is False
+    return c.recompute + ("+mlp" if dropped else "")
 
 
 def format_table(rows: list[Candidate], top: int) -> str:
