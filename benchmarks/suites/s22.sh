@@ -15,6 +15,8 @@
 # channels up (cached programs), the (4,1,1) at zero 2 and 1 with a bf16 reduction. Part e
 # (~250 s): issue 11 target 1 on H100 (46.8% MFU on H200 in s17; the p = 1 sums in the GEMM
 # since: predicted -1 to -2%) and the 1.3B (1,1,4) micro 16 (target 2: 40%).
+# Part f (session 23, ~480 s): part a's 7.5B compile (256 s) left no time for its peer; f runs the
+# peer first, then the issue 8/9/10 cases of part d that matter most, in one call after a.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -41,4 +43,10 @@ d) run pp4-1f1b-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.sc
    run dp4-zero0-bf16-mb4-minch32 env NCCL_MIN_NCHANNELS=32 $ours $DP4 ;;
 e) run 7.5b-tp4-sp-mb8 $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none train.micro_batch_size=8 parallel.sequence_parallel=true --steps 5
    run tp4-sp-mb16 $ours $B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true ;;
+f) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+   run pp4-1f1b-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b
+   run pp4-zbphased-v2-sel $ours $ZB13
+   run dp4-zero0-bf16-mb4 $ours $DP4
+   run pp4-zbphased-v2-nokeep $ours $ZB13 $NOKEEP
+   run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2 ;;
 esac
