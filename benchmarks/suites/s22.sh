@@ -18,6 +18,7 @@
 # Part f (session 23, ~480 s): part a's 7.5B compile (256 s) left no time for its peer; f runs the
 # peer first, then the issue 8/9/10 cases of part d that matter most, in one call after a.
 # Part g (~340 s): issue 9 target 2 with both executor keys on (section 25), the peer first.
+# Part h (~200 s): issue 10 target 1, (4,1,1) zero 2 and zero 0 traced: where 12 ms go.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -52,4 +53,9 @@ f) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
    run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2 ;;
 g) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
    run 7.5b-pp4-zbphased-v3-mb2-emptybuf-overlap $ours $ZB75 parallel.empty_buffers=true $OV ;;
+h) one_gpu
+   run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2 --trace-dir /tmp/tr_z2
+   profiled dp4-zero2-bf16-mb4 /tmp/tr_z2 $DP4 parallel.zero=2
+   run dp4-zero0-bf16-mb4 $ours $DP4 --trace-dir /tmp/tr_z0
+   profiled dp4-zero0-bf16-mb4 /tmp/tr_z0 $DP4 ;;
 esac
