@@ -54,8 +54,8 @@ f) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
 g) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
    run 7.5b-pp4-zbphased-v3-mb2-emptybuf-overlap $ours $ZB75 parallel.empty_buffers=true $OV ;;
 h) one_gpu
-   run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2 --trace-dir /tmp/tr_z2
+   run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2 --trace-dir /tmp/tr_z2 --trace-steps 2
    profiled dp4-zero2-bf16-mb4 /tmp/tr_z2 $DP4 parallel.zero=2
-   run dp4-zero0-bf16-mb4 $ours $DP4 --trace-dir /tmp/tr_z0
+   run dp4-zero0-bf16-mb4 $ours $DP4 --trace-dir /tmp/tr_z0 --trace-steps 2
    profiled dp4-zero0-bf16-mb4 /tmp/tr_z0 $DP4 ;;
 esac
