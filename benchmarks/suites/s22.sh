@@ -17,7 +17,8 @@
 # since: predicted -1 to -2%) and the 1.3B (1,1,4) micro 16 (target 2: 40%).
 # Part f (session 23, ~480 s): part a's 7.5B compile (256 s) left no time for its peer; f runs the
 # peer first, then the issue 8/9/10 cases of part d that matter most, in one call after a.
-# Part g (~340 s): issue 9 target 2 with both executor keys on (section 25), the peer first.
+# Part g (~360 s): issue 9 target 2 with both executor keys on (section 25), the peer first;
+# then (4,1,1) zero 2 with the collectives combined up to 512 MB (issue 10, session 23).
 # Part h (~200 s): issue 10 target 1, (4,1,1) zero 2 and zero 0 traced: where 12 ms go.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
@@ -52,7 +53,8 @@ f) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
    run pp4-zbphased-v2-nokeep $ours $ZB13 $NOKEEP
    run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2 ;;
 g) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
-   run 7.5b-pp4-zbphased-v3-mb2-emptybuf-overlap $ours $ZB75 parallel.empty_buffers=true $OV ;;
+   run 7.5b-pp4-zbphased-v3-mb2-emptybuf-overlap $ours $ZB75 parallel.empty_buffers=true $OV --steps 8
+   run dp4-zero2-bf16-mb4-combined $ours $DP4 parallel.zero=2 ;;
 h) one_gpu
    run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2 --trace-dir /tmp/tr_z2 --trace-steps 2
    profiled dp4-zero2-bf16-mb4 /tmp/tr_z2 $DP4 parallel.zero=2
