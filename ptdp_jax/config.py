@@ -4,8 +4,7 @@
     cfg.model.hidden_size, cfg.parallel.mesh_shape, cfg.num_microbatches
 
 Every constraint is checked by `validation.validate(cfg, num_devices)` before anything is
-compiled; a violation raises `ConfigError` (a ValueError) naming the key and
-the numbers.
+compiled; a violation raises `ConfigError` (a ValueError) naming the key and the numbers.
 """
 from __future__ import annotations
 
