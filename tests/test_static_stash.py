@@ -78,23 +78,25 @@ def test_static_w_stash_indexes_nothing():
     assert dyn8[0] - dyn4[0] > _indexed_accesses(8, False)[0] - _indexed_accesses(4, False)[0]
 
 
+def _mesh(platform):
+    """A stand-in mesh whose first device is on `platform` (step.compiler_options reads it)."""
+    return types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform=platform)]))
+
+
 def test_gpu_compiles_static_stash_with_region_analysis():
     """Without region-based live-range analysis XLA:GPU copies every stash buffer through
     every branch of the 1f1b switch (benchmarks/NOTES.md); the step asks for it on GPU."""
     from parity import tiny_config
     from ptdp_jax.step import compiler_options
 
-    def mesh(platform):
-        return types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform=platform)]))
-
     cfg = tiny_config("gpt", (1, 2, 1))
     no_merge = {"xla_gpu_dot_merger_threshold_mb": 0}        # tests/test_gemms.py
-    assert compiler_options(cfg, mesh("gpu")) == {
+    assert compiler_options(cfg, _mesh("gpu")) == {
         **no_merge, "xla_gpu_copy_insertion_use_region_analysis": True}
-    assert compiler_options(cfg, mesh("cpu")) == {}
+    assert compiler_options(cfg, _mesh("cpu")) == {}
     off = tiny_config("gpt", (1, 2, 1), **{"parallel.static_stash": False})
-    assert compiler_options(off, mesh("gpu")) == no_merge
-    assert compiler_options(tiny_config("gpt", (2, 1, 1)), mesh("gpu")) == no_merge
+    assert compiler_options(off, _mesh("gpu")) == no_merge
+    assert compiler_options(tiny_config("gpt", (2, 1, 1)), _mesh("gpu")) == no_merge
 
 
 def test_gpu_combines_the_collectives_of_zero_1_and_2():
@@ -103,19 +105,16 @@ def test_gpu_combines_the_collectives_of_zero_1_and_2():
     from parity import tiny_config
     from ptdp_jax.step import compiler_options
 
-    def mesh(platform):
-        return types.SimpleNamespace(devices=np.array([types.SimpleNamespace(platform=platform)]))
-
     no_merge = {"xla_gpu_dot_merger_threshold_mb": 0}
     combine = {"xla_gpu_all_gather_combine_threshold_bytes": 512 * 2 ** 20,
                "xla_gpu_reduce_scatter_combine_threshold_bytes": 512 * 2 ** 20}
     for zero in (1, 2):
         z = tiny_config("gpt", (2, 1, 1), **{"parallel.zero": zero})
-        assert compiler_options(z, mesh("gpu")) == {**no_merge, **combine}
-        assert compiler_options(z, mesh("cpu")) == {}
+        assert compiler_options(z, _mesh("gpu")) == {**no_merge, **combine}
+        assert compiler_options(z, _mesh("cpu")) == {}
     for mesh_shape, zero in (((2, 1, 1), 3), ((2, 1, 2), 2)):
         z = tiny_config("gpt", mesh_shape, **{"parallel.zero": zero})
-        assert compiler_options(z, mesh("gpu")) == no_merge
+        assert compiler_options(z, _mesh("gpu")) == no_merge
 
 
 def test_memory_estimate_counts_no_trash_slot():
