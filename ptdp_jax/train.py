@@ -19,6 +19,7 @@ import jax
 
 from ptdp_jax import checkpoint as CK
 from ptdp_jax import preflight
+from ptdp_jax.compile_cache import use_compile_cache
 from ptdp_jax.config import Config, ConfigError, load_config
 from ptdp_jax.validation import validate
 from ptdp_jax.distributed import maybe_initialize, to_host
@@ -101,6 +102,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     validate(cfg, len(jax.devices()))
     is_main = jax.process_index() == 0
     log = log if is_main else _quiet
+    cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
     feed = Feed(cfg)                                         # opens and checks the data
     preflight.check_memory(cfg)                              # the estimate against a device
     replaced = CK.check_fresh_start(cfg)                     # never drops checkpoints unasked
@@ -113,7 +115,8 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     t0 = time.perf_counter()
     log("ptdp_jax: compiling the train step ...")           # minutes for deep pipelines
     train_step = _compile_step(cfg, compiled, tx)            # and XLA's own memory analysis
-    log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s")
+    log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s"
+        + (f" (compilation cache: {cache})" if cache else ""))
     state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
     runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
     runlog.header()
@@ -282,6 +285,7 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
     maybe_initialize(**dict(distributed or {}))
     cfg = auto_layout(cfg, overrides, mesh_shape, log)
     validate(cfg, len(jax.devices()))
+    use_compile_cache(cfg.run.compile_cache)               # a dry run fills the cache
     Feed(cfg)
     est = preflight.check_memory(cfg)
     mesh = make_mesh(cfg.parallel.mesh_shape,
