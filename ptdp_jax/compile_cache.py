@@ -5,11 +5,13 @@ Compiling takes minutes for deep pipelines (the 7.5B GPT's zb-phased v 3 step: ~
 4x H200), seconds without pipelining.
 
     auto  JAX's own cache directory where one is set (JAX_COMPILATION_CACHE_DIR), else
-          $XDG_CACHE_HOME/ptdp_jax/xla (~/.cache/ptdp_jax/xla) (default)
+          $XDG_CACHE_HOME/ptdp_jax/xla (~/.cache/ptdp_jax/xla), at most 8 GiB where
+          the `filelock` package is installed (JAX's eviction needs it) (default)
     off   no cache
-    DIR   that directory (on a multi-host run, each process writes its own programs there)
+    DIR   that directory
 
-JAX takes the setting at the first compile of the process, so train() applies it first."""
+JAX opens the directory at the cache's first use in the process and keeps it (a later change
+is ignored), so train() and dry_run() set it before they compile anything."""
 from __future__ import annotations
 
 import os
@@ -17,9 +19,22 @@ import os
 import jax
 
 
+DEFAULT_MAX_BYTES = 8 * 2 ** 30      # the default directory's bound (JAX evicts the oldest)
+
+
 def default_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "ptdp_jax", "xla")
+
+
+def _can_evict() -> bool:
+    """JAX's cache evicts (jax_compilation_cache_max_size) only with `filelock` installed;
+    without it a bound would fail the first compile, so the cache then grows unbounded."""
+    try:
+        import filelock  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def use_compile_cache(setting: str) -> str | None:
@@ -29,7 +44,11 @@ def use_compile_cache(setting: str) -> str | None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
     if setting == "auto":
-        path = jax.config.jax_compilation_cache_dir or default_dir()
+        path = jax.config.jax_compilation_cache_dir
+        if not path:                        # ours: bounded, least recently used out first
+            path = default_dir()
+            if jax.config.jax_compilation_cache_max_size == -1 and _can_evict():
+                jax.config.update("jax_compilation_cache_max_size", DEFAULT_MAX_BYTES)
     else:
         path = os.path.abspath(os.path.expanduser(setting))
     jax.config.update("jax_enable_compilation_cache", True)

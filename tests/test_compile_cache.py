@@ -1,5 +1,6 @@
 """run.compile_cache: the compiled train step kept on disk, so that a run started again with
 the same config (a resume, a run after --dry-run) compiles nothing new."""
+import importlib.util
 import os
 import subprocess
 
@@ -15,7 +16,8 @@ from ptdp_jax.validation import validate
 @pytest.fixture
 def jax_cache_config():
     """JAX's cache settings restored after the test (they are process-wide)."""
-    keys = ("jax_compilation_cache_dir", "jax_enable_compilation_cache")
+    keys = ("jax_compilation_cache_dir", "jax_enable_compilation_cache",
+            "jax_compilation_cache_max_size")
     before = {k: getattr(jax.config, k) for k in keys}
     yield
     for k, v in before.items():
@@ -28,7 +30,10 @@ def test_settings(tmp_path, monkeypatch, jax_cache_config):
     assert use_compile_cache("auto") == str(tmp_path / "c")     # a directory already set stays
     jax.config.update("jax_compilation_cache_dir", None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    jax.config.update("jax_compilation_cache_max_size", -1)
     assert use_compile_cache("auto") == str(tmp_path / "xdg" / "ptdp_jax" / "xla") == default_dir()
+    bounded = importlib.util.find_spec("filelock") is not None      # JAX evicts with it only
+    assert jax.config.jax_compilation_cache_max_size == (8 * 2 ** 30 if bounded else -1)
     assert jax.config.jax_enable_compilation_cache
     assert use_compile_cache("off") is None
     assert not jax.config.jax_enable_compilation_cache
