@@ -127,8 +127,8 @@ class ParallelConfig:
     tp_comm_overlap: bool = False        # with sequence_parallel: its all-gathers and reduce-scatters
                                          # decomposed into rings of permutes around the GEMMs
                                          # (collective matmul, Megatron's --tp-comm-overlap)
-    # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p; zb-v: stage
-    # c for c < p, 2p-1-c after) summing to model.num_layers; () = even split; "auto" = balanced.
+    # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p; zb-v: stage c
+    # for c < p, 2p-1-c after), summing to num_layers; () = even; "auto" = balanced with the head.
     stage_layers: tuple[int, ...] | str = ()
     allow_cross_host_tensor: bool = False  # multi-process: let 'tensor' span hosts (warns; slow)
     layout: str = "manual"               # manual | auto: ptdp-plan's best layout for the devices
