@@ -4,10 +4,10 @@ config, mesh and software (a resume after a preemption, the next job of an array
 Compiling takes minutes for deep pipelines (the 7.5B GPT's zb-phased v 3 step: ~4 min on
 4x H200), seconds without pipelining.
 
-    auto  JAX's own cache directory where one is set (JAX_COMPILATION_CACHE_DIR), else
+    auto  (true) JAX's own cache directory where one is set (JAX_COMPILATION_CACHE_DIR), else
           $XDG_CACHE_HOME/ptdp_jax/xla (~/.cache/ptdp_jax/xla), at most 8 GiB where
           the `filelock` package is installed (JAX's eviction needs it) (default)
-    off   no cache
+    off   no cache (false; on the command line and in YAML `off` reads as false)
     DIR   that directory
 
 JAX opens the directory at the cache's first use in the process and keeps it (a later change
@@ -37,13 +37,13 @@ def _can_evict() -> bool:
     return True
 
 
-def use_compile_cache(setting: str) -> str | None:
-    """Point JAX's persistent compilation cache at `setting` (auto | off | a directory);
-    returns the directory, or None for off."""
-    if setting == "off":
+def use_compile_cache(setting: bool | str) -> str | None:
+    """Point JAX's persistent compilation cache at `setting` (auto / true, off / false, or a
+    directory); returns the directory, or None for off."""
+    if setting is False or setting == "off":
         jax.config.update("jax_enable_compilation_cache", False)
         return None
-    if setting == "auto":
+    if setting is True or setting == "auto":
         path = jax.config.jax_compilation_cache_dir
         if not path:                        # ours: bounded, least recently used out first
             path = default_dir()

@@ -207,7 +207,7 @@ class RunConfig:
     dir: str = "runs/latest"             # metrics.jsonl and TensorBoard events
     progress: bool = True
     tensorboard: bool = True
-    compile_cache: str = "auto"          # auto | off | DIR: compiled steps kept on disk (compile_cache.py)
+    compile_cache: bool | str = "auto"   # auto (true) | false (off) | DIR: compiled steps on disk
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
     need(m.dropout < 1, f"model.dropout must be < 1, got {m.dropout}")
     need(m.ffn >= 1, f"model.ffn_hidden_size must be positive, got {m.ffn}")
     need(0 < cfg.data.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
-    need(cfg.run.compile_cache.strip() != "",
+    need(not isinstance(cfg.run.compile_cache, str) or cfg.run.compile_cache.strip() != "",
          f"run.compile_cache must be auto, off or a directory, got {cfg.run.compile_cache!r}")
 
     d, pp, tp = p.mesh_shape

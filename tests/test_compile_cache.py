@@ -9,7 +9,7 @@ import pytest
 
 import helpers_ckpt as H
 from ptdp_jax.compile_cache import default_dir, use_compile_cache
-from ptdp_jax.config import ConfigError, load_config
+from ptdp_jax.config import ConfigError, load_config, parse_cli_overrides
 from ptdp_jax.validation import validate
 
 
@@ -37,6 +37,17 @@ def test_settings(tmp_path, monkeypatch, jax_cache_config):
     assert jax.config.jax_enable_compilation_cache
     assert use_compile_cache("off") is None
     assert not jax.config.jax_enable_compilation_cache
+    assert use_compile_cache(True) == default_dir() and jax.config.jax_enable_compilation_cache
+    assert use_compile_cache(False) is None and not jax.config.jax_enable_compilation_cache
+
+
+@pytest.mark.parametrize("text, value", [("off", False), ("false", False), ("auto", "auto"),
+                                         ("true", True), ("/tmp/xla cache", "/tmp/xla cache")])
+def test_command_line_values(text, value):
+    """`off` is YAML's false on the command line: it must turn the cache off, not name a
+    directory 'False'."""
+    cfg = load_config(overrides=parse_cli_overrides([f"run.compile_cache={text}"]))
+    assert cfg.run.compile_cache == value
 
 
 def test_empty_setting_is_refused_before_compiling():
@@ -49,23 +60,25 @@ def _cached_files(d):
 
 
 def test_a_second_run_compiles_nothing_new(tmp_path, data_cache):
-    """Two CLI processes, the same config: the first fills the cache (and says where it is),
-    the second finds every program there."""
+    """CLI processes with the same config: the first fills the cache (and says where it is),
+    the second finds every program there, a third with `off` neither reads nor writes one."""
     cache = tmp_path / "xla"
-    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 2, "run.compile_cache": str(cache),
-                                         "checkpoint.every": 0})
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 2, "checkpoint.every": 0})
     runs = []
-    for i in range(2):
-        ov["run.dir"] = str(tmp_path / f"run{i}")
-        ov["checkpoint.dir"] = str(tmp_path / f"ckpt{i}")
+    for i, setting in enumerate([str(cache), str(cache), "off"]):
+        ov.update({"run.dir": str(tmp_path / f"run{i}"),
+                   "checkpoint.dir": str(tmp_path / f"ckpt{i}"),
+                   "run.compile_cache": setting})
         env = H.subprocess_env(JAX_LOG_COMPILES="1")      # logs the cache's hits
-        r = subprocess.run(H.cli_command(ov), cwd=H.REPO, env=env, text=True,
+        r = subprocess.run(H.cli_command(ov), cwd=tmp_path, env=env, text=True,
                            capture_output=True, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         runs.append((r.stdout + r.stderr, _cached_files(cache)))
-    (out1, files1), (out2, files2) = runs
+    (out1, files1), (out2, files2), (out3, files3) = runs
     assert f"compilation cache: {cache}" in out1
     assert files1, "the first run wrote no compiled program"
     hit = "Persistent compilation cache hit for 'jit_step_fn'"
     assert hit not in out1 and hit in out2        # the train step came from the cache
     assert files2 == files1                       # and nothing was compiled again
+    assert "compilation cache" not in out3 and hit not in out3 and files3 == files1
+    assert not (tmp_path / "False").exists() and not (tmp_path / "off").exists()   # cwd
