@@ -20,6 +20,10 @@
 # Part g (~360 s): issue 9 target 2 with both executor keys on (section 25), the peer first;
 # then (4,1,1) zero 2 with the collectives combined up to 512 MB (issue 10, session 23).
 # Part h (~200 s): issue 10 target 1, (4,1,1) zero 2 and zero 0 traced: where 12 ms go.
+# Part i (session 24, ~450 s): one GPU, the 1.3B pp4 1f1b and zb-phased v 2 with and without
+# both executor keys (empty_buffers, overlap_p2p: -39 ms on the 7.5B in part g), then part h.
+# Part j (~360 s, same lease as g): part g's 7.5B without the two keys (the A/B), then with them
+# again (its program cached on that machine).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -60,4 +64,15 @@ h) one_gpu
    profiled dp4-zero2-bf16-mb4 /tmp/tr_z2 $DP4 parallel.zero=2
    run dp4-zero0-bf16-mb4 $ours $DP4 --trace-dir /tmp/tr_z0 --trace-steps 2
    profiled dp4-zero0-bf16-mb4 /tmp/tr_z0 $DP4 ;;
+i) one_gpu
+   run pp4-1f1b-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b
+   run pp4-zbphased-v2-sel $ours $ZB13
+   run pp4-zbphased-v2-sel-emptybuf-overlap $ours $ZB13 parallel.empty_buffers=true $OV
+   run pp4-1f1b-sel-emptybuf-overlap $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b parallel.empty_buffers=true $OV
+   run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2 --trace-dir /tmp/tr_z2 --trace-steps 2
+   profiled dp4-zero2-bf16-mb4 /tmp/tr_z2 $DP4 parallel.zero=2
+   run dp4-zero0-bf16-mb4 $ours $DP4 --trace-dir /tmp/tr_z0 --trace-steps 2
+   profiled dp4-zero0-bf16-mb4 /tmp/tr_z0 $DP4 ;;
+j) run 7.5b-pp4-zbphased-v3-mb2 $ours $ZB75 --steps 8
+   run 7.5b-pp4-zbphased-v3-mb2-emptybuf-overlap $ours $ZB75 parallel.empty_buffers=true $OV --steps 8 ;;
 esac
