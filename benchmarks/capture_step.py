@@ -23,6 +23,22 @@ import sys
 import time
 
 
+def _override_combine(ag_mib: int, rs_mib: int) -> None:
+    """Replace the combine thresholds that step.compiler_options gives the train step."""
+    from ptdp_jax import step
+    base = step.compiler_options
+
+    def options(cfg, mesh):
+        o = base(cfg, mesh)
+        for key, mib in (("xla_gpu_all_gather_combine_threshold_bytes", ag_mib),
+                         ("xla_gpu_reduce_scatter_combine_threshold_bytes", rs_mib)):
+            o.pop(key, None)
+            if mib and o:                        # o is empty off GPU
+                o[key] = mib * 2 ** 20
+        return o
+    step.compiler_options = options
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
@@ -36,6 +52,13 @@ def main(argv=None):
                          "Python 1); 0 traces the device only (a traced pipeline step ran 2.2x "
                          "its untraced time in session 15)")
     ap.add_argument("--hlo-dir", default="")
+    ap.add_argument("--back-to-back", action="store_true",
+                    help="trace the steps as the timed loop runs them (only the loss waited for, "
+                         "no pause): the GPUs' idle time between steps shows; profile_step.py "
+                         "cannot cut such a trace into steps (use idle_gaps.py)")
+    ap.add_argument("--combine-mib", default="",
+                    help="AG,RS: XLA's all-gather and reduce-scatter combine thresholds in MiB "
+                         "instead of step.compiler_options' (0: XLA's own default); an A/B only")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
 
@@ -50,6 +73,8 @@ def main(argv=None):
     from ptdp_jax.step import compile_all
     from ptdp_jax.train import resolve_config
 
+    if a.combine_mib:
+        _override_combine(*(int(x) for x in a.combine_mib.split(",")))
     mesh_shape = tuple(int(x) for x in a.mesh.split(","))
     cfg = validate(resolve_config(a.config, mesh_shape, parse_cli_overrides(a.overrides)),
                    len(jax.devices()))
@@ -79,6 +104,11 @@ def main(argv=None):
         times.append(time.perf_counter() - t0)
     times = times[1:]
     final_loss = float(out["loss"])      # of the last timed step: the same with or without a trace
+    t0 = time.perf_counter()                 # the same steps queued without a wait between them:
+    for i in range(a.steps):                 # the host's time between two steps (the loss read,
+        state, out = c.step(state, batches[i % 2])   # the next dispatch) is then hidden
+    jax.block_until_ready((state, out))
+    queued = (time.perf_counter() - t0) / a.steps
     trace = None
     if a.trace_dir:
         opts = None
@@ -88,11 +118,15 @@ def main(argv=None):
         with jax.profiler.trace(a.trace_dir, create_perfetto_trace=True, profiler_options=opts):
             for _ in range(a.trace_steps):       # each waited for: a gap between them
                 state, out = c.step(state, batches[0])
+                if a.back_to_back:
+                    float(out["loss"])
+                    continue
                 # the whole state, not only the loss (ready on some devices before the update
                 # ends on all: session 14 found no idle gap between two traced steps at p = 4),
                 # then a pause every device idles through, where profiling.last_run cuts
                 jax.block_until_ready((state, out))
                 time.sleep(0.1)
+            jax.block_until_ready((state, out))
         found = sorted(glob.glob(os.path.join(a.trace_dir, "**", "perfetto_trace.json.gz"),
                                  recursive=True), key=os.path.getmtime)
         trace = found[-1] if found else None
@@ -104,6 +138,7 @@ def main(argv=None):
            "micro_batch": cfg.train.micro_batch_size, "recompute": cfg.train.recompute,
            "step_time_s": round(statistics.median(times), 4),
            "step_times_s": [round(t, 4) for t in times], "first_step_s": round(first, 2),
+           "step_time_queued_s": round(queued, 4), "combine_mib": a.combine_mib or None,
            "tokens_per_s": round(B * s / statistics.median(times), 1),
            "peak_mem_gib": [round(m.get("peak_bytes_in_use", 0) / 2**30, 2) for m in mem],
            "final_loss": round(final_loss, 4), "trace": trace, "trace_steps": a.trace_steps}

@@ -149,10 +149,11 @@ class ParallelConfig:
                                          # per-tick stash copies: 1-16% faster steps on 2x H100,
                                          # less memory; more branches to compile). auto: on for
                                          # 1f1b and 1f1b-phased (see static_stash_on)
-    empty_buffers: bool = False          # pipelines, 'tensor' 1: stash and message buffers
+    empty_buffers: bool = True           # pipelines, 'tensor' 1: stash and message buffers
                                          # uninitialised (no zero fill and copy a step)
-    overlap_p2p: bool = False            # phased: a forward row's message filed after the
-                                         # backward row's op, its permute under that op
+    overlap_p2p: bool | str = "auto"     # phased: a forward row's message filed after the
+                                         # backward row's op, its permute under that op. auto:
+                                         # on for 1f1b-phased and zb-phased with pipe > 1
 
     @property
     def mesh_shape(self) -> tuple[int, int, int]:
@@ -167,6 +168,12 @@ class ParallelConfig:
         if self.zero == 0 or self.pipe > 1:
             return False
         return self.zero in (2, 3) or self.overlap_grad_reduce in (True, "auto")
+
+    @property
+    def overlap_p2p_on(self) -> bool:
+        """overlap_p2p resolved: true, or auto where the schedule is a phased one."""
+        phased = self.pipe > 1 and self.schedule in ("1f1b-phased", "zb-phased")
+        return self.overlap_p2p is True or (self.overlap_p2p == "auto" and phased)
 
     @property
     def static_stash_on(self) -> bool:

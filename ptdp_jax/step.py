@@ -185,7 +185,8 @@ class Compiled:
     batch_sharding: object = None
 
 
-COMBINE_BYTES = 512 * 2 ** 20     # XLA's collective combiners under zero 1 and 2 (compiler_options)
+GATHER_COMBINE_BYTES = 512 * 2 ** 20    # XLA's all-gather combiner under zero 1 and 2
+SCATTER_COMBINE_BYTES = 128 * 2 ** 20   # and its reduce-scatter combiner (compiler_options)
 
 
 def compiler_options(cfg, mesh) -> dict:
@@ -198,10 +199,13 @@ def compiler_options(cfg, mesh) -> dict:
     - with a stash buffer per slot (parallel.static_stash), region-based live-range analysis in
       copy insertion: without it the 1f1b switch copies every stash buffer through every branch
       each tick (0.542 s against 0.416 s);
-    - with parallel.zero 1 or 2 (tensor 1), XLA's all-gather and reduce-scatter combiners up
-      to 512 MB (default ~30 MB): the weights' gathers and the gradients' reduce-scatters run
-      as fewer, larger collectives at a higher bandwidth, and the kernels beside them are
-      slowed for less time ((2,1,1) zero 2 on 2x H200: 0.2870 -> 0.2790 s). Not zero 3, whose
+    - with parallel.zero 1 or 2 (tensor 1), XLA's all-gather combiner up to 512 MB and its
+      reduce-scatter combiner up to 128 MB (default ~30 MB): the weights' gathers and the
+      gradients' reduce-scatters run as fewer, larger collectives at a higher bandwidth, and
+      the kernels beside them are slowed for less time ((2,1,1) zero 2 on 2x H200: 0.2870 ->
+      0.2790 s with both at 512 MB). The reduce-scatters stop at 128 MB because at 512 MB the
+      combiner joins the whole backward's into two that wait for its end ((4,1,1) zero 2 on 4x
+      H200: 0.1481 s at 512, 0.1454 s at 128, 0.1504 s at XLA's default). Not zero 3, whose
       per-layer gathers bound its memory, nor tensor parallelism's collectives (not measured)."""
     if mesh.devices.flat[0].platform != "gpu":
         return {}
@@ -209,8 +213,8 @@ def compiler_options(cfg, mesh) -> dict:
     if cfg.parallel.pipe > 1 and cfg.parallel.static_stash_on:
         options["xla_gpu_copy_insertion_use_region_analysis"] = True
     if cfg.parallel.zero in (1, 2) and cfg.parallel.tensor == 1:
-        options["xla_gpu_all_gather_combine_threshold_bytes"] = COMBINE_BYTES
-        options["xla_gpu_reduce_scatter_combine_threshold_bytes"] = COMBINE_BYTES
+        options["xla_gpu_all_gather_combine_threshold_bytes"] = GATHER_COMBINE_BYTES
+        options["xla_gpu_reduce_scatter_combine_threshold_bytes"] = SCATTER_COMBINE_BYTES
     return options
 
 

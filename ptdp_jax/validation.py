@@ -154,7 +154,9 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
          f"train.keep_ffn_activation keeps what selective recomputation would run again: it "
          f"needs train.recompute=selective (got {t.recompute!r}; none keeps it already, full "
          f"keeps only the layer inputs)")
-    if p.overlap_p2p:
+    need(p.overlap_p2p in (True, False, "auto"),
+         f"parallel.overlap_p2p must be true, false or auto, got {p.overlap_p2p!r}")
+    if p.overlap_p2p is True:
         need(pp > 1 and p.schedule in ("1f1b-phased", "zb-phased"),
              f"parallel.overlap_p2p overlaps the phased schedules' forward messages with their "
              f"backward rows: it needs parallel.pipe > 1 and parallel.schedule 1f1b-phased or "

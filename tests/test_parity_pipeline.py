@@ -28,7 +28,7 @@ SG = {"parallel.scatter_gather": True}
 DYN = {"parallel.static_stash": False}    # the residual stash indexed per tick
 STAT = {"parallel.static_stash": True}    # a buffer per slot (auto: only for 1f1b, 1f1b-phased)
 M3P = {"train.global_batch_size": 6, "train.micro_batch_size": 1}   # m = 6 = 3p for p = 2
-OV = {"parallel.overlap_p2p": True}
+OV = {"parallel.overlap_p2p": False}      # the phased schedules' default is on (auto)
 
 
 def mb(m, d=1):
@@ -117,7 +117,8 @@ CASES = [
     ("gpt", (2, 2, 2), {**I2, **mb(2, 2), **SEL, **STAT}),
     ("llama", (2, 4, 1), {**ZB, **mb(4, 2), **SEL, **STAT}),
     ("llama", (2, 2, 1), {**ZV, **mb(2, 2), "parallel.stage_layers": (3, 1, 2, 2), **STAT}),
-    # parallel.overlap_p2p: the steady forward row's message filed after the backward row's op
+    # parallel.overlap_p2p=false: the steady forward row's message filed before the backward
+    # row's op (auto, the default, files it after: every other phased case here)
     ("gpt", (1, 4, 1), {**PH, **mb(8), **OV}),
     ("gpt", (2, 2, 2), {**PH2, **mb(2, 2), **SEL, **SG, **OV}),
     ("llama", (2, 4, 1), {**ZP, **mb(4, 2), **SEL, **OV}),
@@ -151,8 +152,8 @@ def _id(case):
         tags.append("sg")
     if "parallel.static_stash" in o:
         tags.append("static" if o["parallel.static_stash"] else "dyn")
-    if o.get("parallel.overlap_p2p"):
-        tags.append("overlap")
+    if "parallel.overlap_p2p" in o:
+        tags.append("overlap" if o["parallel.overlap_p2p"] else "nooverlap")
     if "parallel.stage_layers" in o:
         sl = o["parallel.stage_layers"]
         tags.append("layers-" + (sl if isinstance(sl, str) else "".join(map(str, sl))))

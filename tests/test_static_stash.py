@@ -101,13 +101,14 @@ def test_gpu_compiles_static_stash_with_region_analysis():
 
 def test_gpu_combines_the_collectives_of_zero_1_and_2():
     """zero 1 and 2 without tensor parallelism: XLA's all-gather and reduce-scatter combiners
-    up to 512 MB on GPU (benchmarks/NOTES.md, issue 10, session 23); not zero 3, not t > 1."""
+    up to 512 and 128 MB on GPU (benchmarks/NOTES.md, issue 10, sessions 23 and 24); not zero
+    3, not t > 1."""
     from parity import tiny_config
     from ptdp_jax.step import compiler_options
 
     no_merge = {"xla_gpu_dot_merger_threshold_mb": 0}
     combine = {"xla_gpu_all_gather_combine_threshold_bytes": 512 * 2 ** 20,
-               "xla_gpu_reduce_scatter_combine_threshold_bytes": 512 * 2 ** 20}
+               "xla_gpu_reduce_scatter_combine_threshold_bytes": 128 * 2 ** 20}
     for zero in (1, 2):
         z = tiny_config("gpt", (2, 1, 1), **{"parallel.zero": zero})
         assert compiler_options(z, _mesh("gpu")) == {**no_merge, **combine}

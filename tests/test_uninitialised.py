@@ -144,18 +144,31 @@ def test_overlap_p2p_changes_no_bit():
     """Filing the forward message later moves a write between slots the backward row does not
     touch: the loss and gradients are the same bit for bit."""
     base = {"parallel.schedule": "zb-phased", "parallel.virtual_stages": 2}
-    off = loss_and_grads(tiny_config("gpt", (2, 2, 2), **base))
+    off = loss_and_grads(tiny_config("gpt", (2, 2, 2), **base, **{"parallel.overlap_p2p": False}))
     on = loss_and_grads(tiny_config("gpt", (2, 2, 2), **base, **{"parallel.overlap_p2p": True}))
     assert on[0] == off[0]
     for a, b in zip(jax.tree.leaves(on[1]), jax.tree.leaves(off[1])):
         np.testing.assert_array_equal(a, b)
 
 
+def test_overlap_p2p_auto_is_on_for_the_phased_schedules_only():
+    for schedule, pipe, on in (("1f1b-phased", 2, True), ("zb-phased", 4, True),
+                               ("1f1b", 2, False), ("zb-v", 2, False), ("zb-phased", 1, False)):
+        extra = {"parallel.virtual_stages": 2} if schedule == "zb-v" else {}
+        cfg = tiny_config("gpt", (1, pipe, 1), **{"parallel.schedule": schedule}, **extra)
+        assert cfg.parallel.overlap_p2p == "auto" and cfg.parallel.overlap_p2p_on is on
+        assert not tiny_config("gpt", (1, pipe, 1), **{"parallel.schedule": schedule,
+                                                       "parallel.overlap_p2p": False},
+                               **extra).parallel.overlap_p2p_on
+
+
 def test_empty_buffers_false_keeps_zeros(monkeypatch):
-    """parallel.empty_buffers=false (the default until measured): every buffer is zeros."""
+    """parallel.empty_buffers=false: every buffer is zeros (true, the default since session 24,
+    gives the same bits: test_buffers_written_before_read)."""
     made = []
     monkeypatch.setattr(executor, "empty_buffer", lambda shape, dtype: made.append(shape))
     from compiled import _lowered
-    text = _lowered(tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "zb-phased"}),
+    text = _lowered(tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "zb-phased",
+                                                     "parallel.empty_buffers": False}),
                     trace_only=True).lower(lowering_platforms=("cuda",)).as_text()
     assert not made and "AllocateBuffer" not in text

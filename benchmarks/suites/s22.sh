@@ -24,6 +24,11 @@
 # both executor keys (empty_buffers, overlap_p2p: -39 ms on the 7.5B in part g), then part h.
 # Part j (~360 s, same lease as g): part g's 7.5B without the two keys (the A/B), then with them
 # again (its program cached on that machine).
+# Part k (~200 s): one GPU and (4,1,1) zero 2, timed with and without a wait per step, and
+# traced 3 steps back to back: is the GPU idle between two steps (issue 10's 0.95x window)?
+# Part l (~200 s): (4,1,1) zero 2 with the reduce-scatters' combine threshold (MiB) at 512 (the
+# default), XLA's own, 64 and 128; k's trace: the combined reduce-scatters run after the backward.
+# Part m (~130 s): one GPU, then zero 2 with the new default (reduce-scatters at 128) and at 512.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -75,4 +80,17 @@ i) one_gpu
    profiled dp4-zero0-bf16-mb4 /tmp/tr_z0 $DP4 ;;
 j) run 7.5b-pp4-zbphased-v3-mb2 $ours $ZB75 --steps 8
    run 7.5b-pp4-zbphased-v3-mb2-emptybuf-overlap $ours $ZB75 parallel.empty_buffers=true $OV --steps 8 ;;
+k) for t in 1gpu dp4; do
+     if [[ $t == 1gpu ]]; then args="$B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none"; e="env CUDA_VISIBLE_DEVICES=0"
+     else args="$DP4 parallel.zero=2"; e=""; fi
+     run $t-b2b $e $ours $args --trace-dir /tmp/tr_$t --trace-steps 3 --back-to-back
+     tr=$(newest_trace /tmp/tr_$t); [[ -n $tr ]] && cp "$tr" "$out/trace_$t-b2b.json.gz" &&
+       python3 benchmarks/idle_gaps.py "$tr" --top 12 --min-us 200 > "$out/gaps_$t-b2b.md" 2>&1
+   done ;;
+l) for c in 512,512 512,0 512,64 512,128 0,0; do
+     run dp4-zero2-combine-${c/,/-} $ours $DP4 parallel.zero=2 --combine-mib $c
+   done ;;
+m) one_gpu
+   run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2
+   run dp4-zero2-combine-512-512 $ours $DP4 parallel.zero=2 --combine-mib 512,512 ;;
 esac

@@ -393,7 +393,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         # whose last stage runs the last chunk have one) in a conditional
         # parallel.overlap_p2p: the forward row's message (used by the next forward row) is
         # filed after the backward row's op, so that its permute can run under that op
-        late = ("down",) if cfg.parallel.overlap_p2p else ()
+        late = ("down",) if cfg.parallel.overlap_p2p_on else ()
 
         def pair(st: PipeState, rows):
             st, _ = tick(st, rows[0], f_ops, "static" if heads.all() else "cond", ("down",))
