@@ -382,6 +382,24 @@ def test_idle_gaps_grouped_by_the_kernels_around_them(tmp_path, capsys):
     assert "1 gaps" in out and "| 0.09 | 1 | 90 | a | c |" in out
 
 
+def test_nccl_timeline_times_each_collective_against_the_compute_beside_it(tmp_path, capsys):
+    """benchmarks/nccl_timeline.py: steps cut at idle gaps over 1 ms; for each NCCL kernel of
+    the chosen step, its start within the step, its length and the time with compute beside it
+    (the union of the compute kernels, not their sum)."""
+    T = _load("benchmarks/nccl_timeline.py", "nccl_timeline")
+    step = [k("gemm_a", 0.0, 600.0), k("gemm_b", 100.0, 600.0, tid=2),
+            k("ncclDevKernel_ReduceScatter_Sum_bf16", 400.0, 400.0, tid=3)]
+    later = [dict(s, ts=s["ts"] + 5000.0) for s in step]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(make_trace({0: step + later})))
+    ks = sorted(P.load_trace(str(f))[0], key=lambda x: x.ts_us)
+    assert T.step_starts_us(ks) == [0.0, 5000.0]
+    assert T.beside_us([x for x in ks if "nccl" not in x.name], 400.0, 800.0) == 300.0
+    T.main([str(f)])
+    out = capsys.readouterr().out
+    assert "step 1 of 2: 0.8 ms" in out and "| 0.4 | 0.40 | 0.30 | ncclDevKernel_Reduce" in out
+
+
 HLO = """HloModule m
 
 %branch_0 (param.1: (bf16[2,1024,1024])) -> (bf16[2,1024,1024]) {
