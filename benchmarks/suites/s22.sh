@@ -31,6 +31,9 @@
 # Part l (~200 s): (4,1,1) zero 2 with the reduce-scatters' combine threshold (MiB) at 512 (the
 # default), XLA's own, 64 and 128; k's trace: the combined reduce-scatters run after the backward.
 # Part m (~130 s): one GPU, then zero 2 with the new default (reduce-scatters at 128) and at 512.
+# Part n (written in session 24, not yet run; ~200 s): zero 2 with NCCL limited to 8 and 4
+# channels (fewer SMs taken from the element-wise kernels beside the collectives), and eight
+# steps traced back to back (every (4,1,1) run has one step in six ~15 ms slower).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -95,4 +98,9 @@ l) for c in 512,512 512,0 512,64 512,128 0,0; do
 m) one_gpu
    run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2
    run dp4-zero2-combine-512-512 $ours $DP4 parallel.zero=2 --combine-mib 512,512 ;;
+n) one_gpu
+   run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2 --steps 12
+   for ch in 8 4; do run dp4-zero2-maxch$ch env NCCL_MAX_NCHANNELS=$ch $ours $DP4 parallel.zero=2 --steps 12; done
+   run dp4-zero2-b2b8 $ours $DP4 parallel.zero=2 --trace-dir /tmp/tr_b8 --trace-steps 8 --back-to-back
+   tr=$(newest_trace /tmp/tr_b8); [[ -n $tr ]] && cp "$tr" "$out/trace_dp4-zero2-b2b8.json.gz" ;;
 esac
