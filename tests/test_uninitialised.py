@@ -29,13 +29,15 @@ CASES = [
     ("gpt", (1, 2, 1), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
     ("gpt", (1, 4, 1), {"parallel.schedule": "zb-phased", "parallel.virtual_stages": 2,
                         "parallel.overlap_p2p": True}),
+    ("gpt", (1, 2, 1), {"parallel.schedule": "gpipe"}),
+    ("llama", (2, 2, 1), {"parallel.schedule": "zb-h1", "train.recompute": "selective"}),
 ]
 
 
 @pytest.mark.parametrize("arch,mesh,extra", CASES,
                          ids=["1f1b-141", "phased-v2-221", "zb-phased-v2-dyn-121-llama",
                               "zb-phased-241-sel", "zb-v-121", "interleaved-v2-121",
-                              "zb-phased-v2-141-overlap"])
+                              "zb-phased-v2-141-overlap", "gpipe-121", "zb-h1-221-llama-sel"])
 def test_buffers_written_before_read(arch, mesh, extra, monkeypatch):
     cfg = tiny_config(arch, mesh, **extra, **ON)
     ref = loss_and_grads(cfg)
