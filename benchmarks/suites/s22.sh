@@ -34,6 +34,8 @@
 # Part n (written in session 24, not yet run; ~200 s): zero 2 with NCCL limited to 8 and 4
 # channels (fewer SMs taken from the element-wise kernels beside the collectives), and eight
 # steps traced back to back (every (4,1,1) run has one step in six ~15 ms slower).
+# Part o (not yet run; ~150 s): issue 11 target 2, the 1.3B (1,1,4) SP micro 16 traced (never
+# traced at t = 4: where its 63% goes).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -103,4 +105,8 @@ n) one_gpu
    for ch in 8 4; do run dp4-zero2-maxch$ch env NCCL_MAX_NCHANNELS=$ch $ours $DP4 parallel.zero=2 --steps 12; done
    run dp4-zero2-b2b8 $ours $DP4 parallel.zero=2 --trace-dir /tmp/tr_b8 --trace-steps 8 --back-to-back
    tr=$(newest_trace /tmp/tr_b8); [[ -n $tr ]] && cp "$tr" "$out/trace_dp4-zero2-b2b8.json.gz" ;;
+o) one_gpu
+   TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+   run tp4-sp-mb16 $ours $TP4 --trace-dir /tmp/tr_tp4 --trace-steps 2
+   profiled tp4-sp-mb16 /tmp/tr_tp4 $TP4 ;;
 esac
