@@ -30,14 +30,7 @@ def step_starts_us(kernels, gap_us: float = 1000.0) -> list[float]:
 
 def beside_us(compute, lo: float, hi: float) -> float:
     """Time in [lo, hi) with a compute kernel running (their union)."""
-    spans = sorted((max(lo, k.ts_us), min(hi, k.end_us)) for k in compute
-                   if k.end_us > lo and k.ts_us < hi)
-    total, end = 0.0, lo
-    for a, b in spans:
-        a = max(a, end)
-        if b > a:
-            total, end = total + b - a, b
-    return total
+    return sum(b - a for a, b, _ in profiling.exclusive_timeline(compute, lo, hi))
 
 
 def main(argv=None) -> None:
@@ -51,12 +44,12 @@ def main(argv=None) -> None:
     step = min(a.step, len(starts) - 2)
     lo, hi = starts[step], starts[step + 1]
     inside = [k for k in kernels if lo <= k.ts_us < hi]
-    compute = [k for k in inside if "nccl" not in k.name.lower()]
+    compute = [k for k in inside if profiling.classify(k) != "collective"]
     print(f"GPU {a.device}, step {step} of {len(starts) - 1}: "
           f"{(max(k.end_us for k in inside) - lo) / 1e3:.1f} ms")
     print("| start ms | ms | ms with compute beside | kernel |\n|---|---|---|---|")
     for k in inside:
-        if "nccl" in k.name.lower():
+        if profiling.classify(k) == "collective":
             print(f"| {(k.ts_us - lo) / 1e3:.1f} | {(k.end_us - k.ts_us) / 1e3:.2f} | "
                   f"{beside_us(compute, k.ts_us, k.end_us) / 1e3:.2f} | {k.name[:50]} |")
 
