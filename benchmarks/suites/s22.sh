@@ -36,6 +36,9 @@
 # steps traced back to back (every (4,1,1) run has one step in six ~15 ms slower).
 # Part o (not yet run; ~150 s): issue 11 target 2, the 1.3B (1,1,4) SP micro 16 traced (never
 # traced at t = 4: where its 63% goes).
+# Part p (session 25, ~260 s): issue 11 target 2, parallel.batch_split (NOTES issue 11 Session
+# 25): the 1.3B (1,1,4) SP micro 16 at k = 1, 2 (traced) and 4. Part q (~300 s): the 7.5B
+# (1,1,4) SP micro 8 (target 1) at k = 1 and 2.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -60,6 +63,15 @@ d) run pp4-1f1b-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.sc
    run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2
    run dp4-zero1-bf16-mb4 $ours $DP4 parallel.zero=1
    run dp4-zero0-bf16-mb4-minch32 env NCCL_MIN_NCHANNELS=32 $ours $DP4 ;;
+p) one_gpu
+   TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+   run tp4-sp-mb16 $ours $TP4
+   run tp4-sp-mb16-k2 $ours $TP4 parallel.batch_split=2 --trace-dir /tmp/tr_k2 --trace-steps 2
+   profiled tp4-sp-mb16-k2 /tmp/tr_k2 $TP4 parallel.batch_split=2
+   run tp4-sp-mb16-k4 $ours $TP4 parallel.batch_split=4 ;;
+q) TP75="$B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none train.micro_batch_size=8 parallel.sequence_parallel=true"
+   run 7.5b-tp4-sp-mb8-k2 $ours $TP75 parallel.batch_split=2 --steps 5
+   run 7.5b-tp4-sp-mb8 $ours $TP75 --steps 5 ;;
 e) run 7.5b-tp4-sp-mb8 $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none train.micro_batch_size=8 parallel.sequence_parallel=true --steps 5
    run tp4-sp-mb16 $ours $B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true ;;
 f) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
