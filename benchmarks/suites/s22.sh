@@ -38,7 +38,9 @@
 # traced at t = 4: where its 63% goes).
 # Part p (session 25, ~260 s): issue 11 target 2, parallel.batch_split (NOTES issue 11 Session
 # 25): the 1.3B (1,1,4) SP micro 16 at k = 1, 2 (traced) and 4. Part q (~300 s): the 7.5B
-# (1,1,4) SP micro 8 (target 1) at k = 1 and 2.
+# (1,1,4) SP micro 8 (target 1) at k = 1 and 2. Part r (~250 s): part p's k = 2 missed (the
+# forward's collectives still wait between the chunks' GEMMs): its compiled HLO (the schedule),
+# and k = 2 and k = 1 with XLA's latency-hiding scheduler named on.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -69,6 +71,12 @@ p) one_gpu
    run tp4-sp-mb16-k2 $ours $TP4 parallel.batch_split=2 --trace-dir /tmp/tr_k2 --trace-steps 2
    profiled tp4-sp-mb16-k2 /tmp/tr_k2 $TP4 parallel.batch_split=2
    run tp4-sp-mb16-k4 $ours $TP4 parallel.batch_split=4 ;;
+r) TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+   LHS="XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true"
+   run tp4-sp-mb16-k2-hlo $ours $TP4 parallel.batch_split=2 --hlo-dir /tmp/hlo_k2
+   gzip -c /tmp/hlo_k2/step_after_optimizations.txt > "$out/hlo_k2.txt.gz"
+   run tp4-sp-mb16-k2-lhs env $LHS $ours $TP4 parallel.batch_split=2
+   run tp4-sp-mb16-lhs env $LHS $ours $TP4 ;;
 q) TP75="$B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none train.micro_batch_size=8 parallel.sequence_parallel=true"
    run 7.5b-tp4-sp-mb8-k2 $ours $TP75 parallel.batch_split=2 --steps 5
    run 7.5b-tp4-sp-mb8 $ours $TP75 --steps 5 ;;
