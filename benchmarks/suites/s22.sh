@@ -79,7 +79,11 @@ r) TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none paralle
    run tp4-sp-mb16-lhs env $LHS $ours $TP4 ;;
 q) TP75="$B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none train.micro_batch_size=8 parallel.sequence_parallel=true"
    run 7.5b-tp4-sp-mb8-k2 $ours $TP75 parallel.batch_split=2 --steps 5
-   run 7.5b-tp4-sp-mb8 $ours $TP75 --steps 5 ;;
+   run 7.5b-tp4-sp-mb8 $ours $TP75 --steps 5
+   # part r's schedule puts chunk 1's gather beside chunk 0's GEMM, yet it runs after it:
+   # the GEMM holds every SM when the gather's kernel arrives? NCCL's stream at top priority
+   TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+   run tp4-sp-mb16-k2-prio env XLA_FLAGS=--xla_gpu_enable_highest_priority_async_stream=true $ours $TP4 parallel.batch_split=2 ;;
 e) run 7.5b-tp4-sp-mb8 $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none train.micro_batch_size=8 parallel.sequence_parallel=true --steps 5
    run tp4-sp-mb16 $ours $B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true ;;
 f) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
