@@ -113,9 +113,6 @@ class ParallelConfig:
     tp_comm_overlap: bool = False        # with sequence_parallel: its all-gathers and reduce-scatters
                                          # decomposed into rings of permutes around the GEMMs
                                          # (collective matmul, Megatron's --tp-comm-overlap)
-    batch_split: int = 1                 # pipe 1: each microbatch's rows cut into this many chunks
-                                         # that go through every layer side by side, so one chunk's
-                                         # tensor-parallel collectives run beside another's GEMMs
     # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p; zb-v: stage c
     # for c < p, 2p-1-c after), summing to num_layers; () = even; "auto" = balanced with the head.
     stage_layers: tuple[int, ...] | str = ()

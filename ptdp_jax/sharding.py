@@ -74,10 +74,8 @@ def sequence_parallel_on(parallel) -> bool:
 def sequence_parallel_rows(cfg) -> bool:
     """Whether sequence parallelism splits the activations' rows (t divides
     train.micro_batch_size, the rows of a microbatch on one data replica) rather than their
-    sequence: the same split of the tokens, along the major dim. With parallel.batch_split the
-    rows are those of one chunk of the microbatch."""
-    rows = cfg.train.micro_batch_size // getattr(cfg.parallel, "batch_split", 1)
-    return sequence_parallel_on(cfg.parallel) and rows % cfg.parallel.tensor == 0
+    sequence: the same split of the tokens, along the major dim."""
+    return sequence_parallel_on(cfg.parallel) and cfg.train.micro_batch_size % cfg.parallel.tensor == 0
 
 
 def rules(sequence_parallel: bool = False, rows: bool = False) -> dict:
@@ -161,23 +159,20 @@ class Sharder:
     shard_map that is manual over some axes, specs drop those axes. sequence_parallel:
     the table with SEQUENCE_PARALLEL_RULES (`sequence_parallel_on(cfg.parallel)`); rows:
     with SEQUENCE_PARALLEL_ROWS_RULES instead (`sequence_parallel_rows(cfg)`); tp_overlap: the
-    tensor-parallel GEMMs through models/tp_overlap.py; batch_split: the layers' rows in chunks
-    (models.model.run_layers); `for_config` makes all four from a config. in_layer_scan: set
-    by the layer scan (models.model.run_layers) for what runs inside it."""
+    tensor-parallel GEMMs through models/tp_overlap.py; `for_config` makes all three from a
+    config. in_layer_scan: set by the layer scan (models.model.run_layers) for what runs inside it."""
     mesh: Mesh | None = None
     manual: frozenset[str] = frozenset()
     sequence_parallel: bool = False
     in_layer_scan: bool = False
     rows: bool = False
     tp_overlap: bool = False    # parallel.tp_comm_overlap (models/tp_overlap.py)
-    batch_split: int = 1        # parallel.batch_split (models.model.run_layers)
 
     @classmethod
     def for_config(cls, cfg, mesh) -> "Sharder":
         sp = sequence_parallel_on(cfg.parallel)
         return cls(mesh, sequence_parallel=sp, rows=sequence_parallel_rows(cfg),
-                   tp_overlap=sp and bool(getattr(cfg.parallel, "tp_comm_overlap", False)),
-                   batch_split=getattr(cfg.parallel, "batch_split", 1))
+                   tp_overlap=sp and bool(getattr(cfg.parallel, "tp_comm_overlap", False)))
 
     def spec(self, names) -> P:
         return logical_to_spec(tuple(names), self.manual, self.sequence_parallel, self.rows)

@@ -161,17 +161,6 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
              f"parallel.overlap_p2p overlaps the phased schedules' forward messages with their "
              f"backward rows: it needs parallel.pipe > 1 and parallel.schedule 1f1b-phased or "
              f"zb-phased (got pipe={pp}, schedule={p.schedule!r})")
-    k = p.batch_split
-    need(isinstance(k, int) and not isinstance(k, bool) and k >= 1,
-         f"parallel.batch_split must be an integer >= 1, got {k!r}")
-    if k > 1:
-        need(pp == 1,
-             f"parallel.batch_split runs without pipelining (got parallel.batch_split={k}, "
-             f"parallel.pipe={pp}): the pipeline's stages run their microbatches through "
-             f"their own layer loop")
-        need(t.micro_batch_size % k == 0,
-             f"parallel.batch_split={k} must divide train.micro_batch_size="
-             f"{t.micro_batch_size} (each chunk gets micro_batch_size / batch_split rows)")
     if p.tp_comm_overlap:
         need(p.sequence_parallel and tp > 1,
              f"parallel.tp_comm_overlap decomposes sequence parallelism's collectives: it needs "

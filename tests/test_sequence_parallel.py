@@ -101,8 +101,7 @@ def layer_collectives(cfg, dump_dir, gather_dims=None):
     into a reduce-scatter, ReduceScatterCreator). gather_dims: a list that collects the
     dimension of each all-gather."""
     from ptdp_jax.sharding import sequence_parallel_rows
-    b = cfg.train.micro_batch_size // cfg.parallel.batch_split     # one chunk's rows
-    s, h = cfg.model.seq_len, cfg.model.hidden_size
+    b, s, h = cfg.train.micro_batch_size, cfg.model.seq_len, cfg.model.hidden_size
     t = cfg.parallel.tensor
     bsh = f"f32[{b},{s},{h}]"
     scattered = f"f32[{b // t},{s},{h}]" if sequence_parallel_rows(cfg) else f"f32[{b},{s // t},{h}]"

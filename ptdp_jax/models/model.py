@@ -21,7 +21,7 @@ import numpy as np
 from ptdp_jax.models import gpt, llama
 from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax.models.fused_loss import fused_head_loss, num_chunks
-from ptdp_jax.models.layers import ACT, FFN_ACT, gather_seq, vocab_parallel_cross_entropy
+from ptdp_jax.models.layers import FFN_ACT, gather_seq, vocab_parallel_cross_entropy
 from ptdp_jax.sharding import Sharder
 
 ARCHS = {"gpt": gpt, "llama": llama}
@@ -220,18 +220,13 @@ def layer_fn(cfg, sh, recompute: str = "none", weights=None):
     inside any custom_vjp it uses)."""
     layer = arch(cfg).layer
 
-    def one(lp, x_bsh, idx, key_rows):
+    def f(lp, x_bsh, idx, key_rows):
         keys = None
         if key_rows is not None:
             keys = jax.vmap(lambda k: jax.random.fold_in(k, idx))(key_rows)
-        return layer(lp, x_bsh, cfg, sh, keys)
-
-    def f(lp, x_bsh, idx, key_rows):
         if weights is not None:
             lp = weights(lp)
-        if isinstance(x_bsh, tuple):      # parallel.batch_split: chunks of rows, side by side
-            return tuple(one(lp, x, idx, k) for x, k in zip(x_bsh, key_rows))
-        return one(lp, x_bsh, idx, key_rows)
+        return layer(lp, x_bsh, cfg, sh, keys)
 
     if weights is not None:
         f = jax.checkpoint(f, policy=_weights_not_saved(
@@ -248,19 +243,7 @@ def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None,
     otherwise the layers unrolled (longer compile, and no stacked residual buffers for the
     backward to be written into and read from). weights: see layer_fn (layers_p is then
     whatever the hook takes, with the layer axis leading). Unrolled, layers_p may also be a
-    list of per-layer pytrees (what the hook takes for each layer).
-
-    sh.batch_split = k > 1 (parallel.batch_split): the rows cut into k chunks (`split_rows`)
-    that every layer runs one after another on its weights; the chunks depend on each other
-    nowhere, so the compiler's scheduler can run one chunk's collectives beside another's
-    GEMMs. Each row sees the same computation (weight gradients: sums of k GEMMs)."""
-    k = 1 if sh is None else sh.batch_split
-    if k > 1:
-        xs = tuple(sh.constrain(x, ACT) for x in split_rows(x_bsh, k))
-        keys = (None,) * k if key_rows is None else split_rows(key_rows, k)
-        sh = dataclasses.replace(sh, batch_split=1)
-        return merge_rows(run_layers(cfg, sh, layers_p, xs, recompute, keys, first_layer,
-                                     scan, weights))
+    list of per-layer pytrees (what the hook takes for each layer)."""
     if scan and sh is not None:
         sh = dataclasses.replace(sh, in_layer_scan=True)
     f = layer_fn(cfg, sh, recompute, weights)
@@ -276,19 +259,6 @@ def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None,
     x_bsh, _ = jax.lax.scan(lambda x, sc: (f(sc[0], x, sc[1], key_rows), None),
                             x_bsh, (layers_p, idx))
     return x_bsh
-
-
-def split_rows(x_b, k: int) -> tuple:
-    """(b, ...) -> k chunks of b / k rows; chunk j holds rows j, j + k, j + 2k, ...: where the
-    rows are split in contiguous blocks over devices (data, or rows under sequence parallelism)
-    each block holds b / k / blocks rows of every chunk, so cutting moves no data."""
-    x = x_b.reshape((x_b.shape[0] // k, k) + x_b.shape[1:])
-    return tuple(x[:, j] for j in range(k))
-
-
-def merge_rows(chunks):
-    """The inverse of `split_rows`."""
-    return jnp.stack(chunks, axis=1).reshape((-1,) + chunks[0].shape[1:])
 
 
 def unstack_layers(layers_L):
