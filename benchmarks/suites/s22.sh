@@ -40,7 +40,8 @@
 # 25): the 1.3B (1,1,4) SP micro 16 at k = 1, 2 (traced) and 4. Part q (~300 s): the 7.5B
 # (1,1,4) SP micro 8 (target 1) at k = 1 and 2. Part r (~250 s): part p's k = 2 missed (the
 # forward's collectives still wait between the chunks' GEMMs): its compiled HLO (the schedule),
-# and k = 2 and k = 1 with XLA's latency-hiding scheduler named on.
+# and k = 2 and k = 1 with XLA's latency-hiding scheduler named on. parallel.batch_split was
+# slower everywhere and taken out again: parts p, q and r run only at commit 293ae56.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
