@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/bench_train.py configs/bench-1.3b.yaml --steps 12 \
         [--mesh 1,1,1] [key=value ...]
 
-Prints one JSON line per run: median step time (after the compile step and
+Prints one JSON line per run: median (and mean) step time (after the compile step and
 `--skip` more), tokens/s, model TFLOP/s per device (the paper's formula, no
 recomputation counted), MFU against the device's peak, peak device memory,
 and the first-step (compile) time."""
@@ -53,6 +53,7 @@ def main(argv=None):
         "micro_batch": cfg.train.micro_batch_size, "global_batch": cfg.train.global_batch_size,
         "recompute": cfg.train.recompute, "dtype": cfg.train.dtype,
         "step_time_s": round(dt, 4), "step_time_min_s": round(min(times), 4),
+        "step_time_mean_s": round(statistics.fmean(times), 4),
         "tokens_per_s": round(cfg.train.global_batch_size * cfg.model.seq_len / dt, 1),
         "tflops_per_device": round(flops / dt / n / 1e12, 2),
         "mfu": round(flops / dt / n / peak, 4) if peak else None,

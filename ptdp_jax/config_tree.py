@@ -80,6 +80,9 @@ class TrainConfig:
     eval_batches: int = 2
     log_every: int = 1
     max_bad_steps: int = 5               # consecutive non-finite steps before the run stops
+    dispatch_ahead: bool = True          # dispatch step n + 1 before reading step n's metrics
+                                         # (the host's logging and data work run while the
+                                         # devices compute); false: wait for every step
     sample_tokens: int = 0               # length of the sample printed at the end (0: none)
     sample_prompt: str = "The "
     sample_temperature: float = 0.0      # 0: greedy

@@ -171,7 +171,8 @@ def make_train_step(cfg, mesh, tx):
             "step": state["step"] + 1,
             "bad_steps": jnp.where(finite, 0, state["bad_steps"] + 1),
         }
-        return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
+        return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite,
+                           "bad_steps": new_state["bad_steps"]}
 
     return step_fn
 

@@ -8,6 +8,12 @@
 The loop is a table of contents; each line is one call into its own module: the data
 (feed.py), the step (step.py), the log (runlog.py), the evaluation (evaluate.py), the
 checkpoint (checkpoint.py) and the stop conditions (stopping.py).
+
+The loop dispatches step n + 1 before it reads step n's metrics (train.dispatch_ahead), so the
+host's work between steps (logging, the next batch, the dispatch itself) runs while the devices
+compute. It waits for a step before anything that needs its state: an evaluation, a checkpoint,
+a stop, the last step. A signal therefore ends the run after the step in flight, which may be
+one step after the last one logged; train.stop_at_step and checkpoint.every stay exact.
 """
 from __future__ import annotations
 
@@ -119,6 +125,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
         + (f" (compilation cache: {cache})" if cache else ""))
     state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
     runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
+    stopper = Stopper(cfg)                 # from here a signal ends the run cleanly
     runlog.header()
     if replaced:
         runlog.message(f"checkpoint.overwrite=true: the earlier run's checkpoints in "
@@ -130,23 +137,35 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     if nothing:
         runlog.message(nothing)
         end = start
-    stopper = Stopper(cfg)
+    lr_of = _host_lr(lr)
+    pending, ready = None, None       # a step dispatched and not yet read; when the last was read
+
+    def record(evaluate_now=False):         # read, evaluate, log and count the pending step
+        nonlocal pending, ready
+        n, metrics, seconds, ready = _read(pending, ready)
+        pending, val = None, None
+        if evaluate_now:                                                     # eval
+            val = evaluate(compiled.eval_loss, state["params"], feed.val_batch,
+                           cfg.train.eval_batches)
+            result.val_losses.append((n, val))
+        runlog.step(n, metrics, seconds, lr_of(n - 1), val)                 # log
+        _account(result, metrics, seconds, runlog, n, cfg, ckpt)
+
     try:
         for step in range(start, end):
             batch = feed.batch(step)                                         # data
             t0 = time.perf_counter()
-            state, out = train_step(state, batch)                            # step
-            out = jax.device_get(out)
-            seconds = time.perf_counter() - t0
-            val = None
-            if _eval_due(cfg, step + 1):                                     # eval
-                val = evaluate(compiled.eval_loss, state["params"], feed.val_batch,
-                               cfg.train.eval_batches)
-                result.val_losses.append((step + 1, val))
-            runlog.step(step + 1, out, seconds, float(lr(step)), val)       # log
-            _account(result, out, seconds, state, runlog, step + 1, cfg, ckpt)
+            state, out = train_step(state, batch)                            # step (asynchronous)
+            if pending is not None:               # the step before, logged while this one runs
+                record()
+            pending = (step + 1, out, t0)
             why = stopper.check(step + 1)                                    # stop?
-            if ckpt is not None and (why or ckpt.due(step + 1)):            # checkpoint
+            save = ckpt is not None and (why or ckpt.due(step + 1))
+            evaluate_now = _eval_due(cfg, step + 1)
+            if cfg.train.dispatch_ahead and not (why or save or evaluate_now or step + 1 == end):
+                continue                          # nothing needs this step's state: dispatch on
+            record(evaluate_now)                  # waits for the step
+            if save:                                                         # checkpoint
                 ckpt.save(step + 1, state)
             if why:
                 result.stopped, result.stopped_by_signal = why, stopper.by_signal
@@ -221,14 +240,37 @@ def _eval_due(cfg, step: int) -> bool:
     return bool(t.eval_every and step % t.eval_every == 0) or step == t.steps
 
 
-def _account(result, out, seconds, state, runlog, step, cfg, ckpt):
+def _read(pending, last_ready):
+    """(step, its metrics on the host, seconds, when they were ready) of a dispatched step:
+    waits for it. Its time runs from its dispatch or the previous step's end, the later."""
+    step, out, dispatched = pending
+    out = jax.device_get(out)
+    ready = time.perf_counter()
+    return step, out, ready - max(dispatched, last_ready or dispatched), ready
+
+
+def _host_lr(lr):
+    """step -> the learning rate as a float, computed on the host's CPU device: on an
+    accelerator it would queue behind the step in flight, and the loop would wait for it."""
+    try:
+        cpu = jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return lambda step: float(lr(step))
+
+    def on_cpu(step):
+        with jax.default_device(cpu):
+            return float(lr(step))
+    return on_cpu
+
+
+def _account(result, out, seconds, runlog, step, cfg, ckpt):
     """Per-step bookkeeping: losses, times, non-finite steps (and stopping after too many)."""
     result.losses.append(float(out["loss"]))
     result.step_times.append(seconds)
     if bool(out["finite"]):
         return
     result.bad_steps += 1
-    in_a_row = int(state["bad_steps"])
+    in_a_row = int(out["bad_steps"])
     runlog.message(f"step {step}: non-finite loss or gradient, update skipped ({in_a_row} in a "
                    f"row)")
     if in_a_row >= cfg.train.max_bad_steps:

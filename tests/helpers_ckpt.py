@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -34,18 +35,27 @@ def tiny(tmp_path, data_cache, **extra) -> dict:
 
 
 class Log:
-    """A train(log=...) callback that keeps the lines and sends `sig` to this process
-    when the line of step `at` is logged (the step has finished: train() then
-    checkpoints and returns, as on a real SIGTERM)."""
+    """A train(log=...) callback that keeps the lines and sends `sig` to this process while
+    step `at` is in flight, so that train() ends that step, checkpoints and returns, as on a
+    real SIGTERM: with the run's header if the run starts at step at - 1, else when the line
+    of step at - 1 is logged (train() has dispatched step `at` by then, train.dispatch_ahead;
+    without a progress bar it logs steps 1, 10, 20, ...)."""
 
     def __init__(self, at: int | None = None, sig=signal.SIGTERM):
         self.lines: list[str] = []
         self.at, self.sig = at, sig
+        self.start = 0
 
     def __call__(self, *args, **kw):
         line = " ".join(str(a) for a in args)
         self.lines.append(line)
-        if self.at is not None and line.startswith(f"step {self.at}/"):
+        resumed = re.match(r"resumed from .* at step (\d+)", line)
+        if resumed:
+            self.start = int(resumed.group(1))
+        if self.at is None:
+            return
+        header = line.startswith("ptdp_jax: ") and "metrics in" in line
+        if line.startswith(f"step {self.at - 1}/") or (header and self.start == self.at - 1):
             os.kill(os.getpid(), self.sig)
 
     @property

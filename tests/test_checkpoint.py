@@ -25,23 +25,23 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 
 
 def test_resume_is_bit_identical(tmp_path, data_cache):
-    """20 steps in one go == 10 steps, SIGINT, then a new train() call resuming for 10
-    (same mesh, dropout on): losses and parameters exactly equal."""
+    """20 steps in one go == 11 steps, SIGINT (while step 11 runs), then a new train() call
+    resuming for 9 (same mesh, dropout on): losses and parameters exactly equal."""
     ov = H.tiny(tmp_path, data_cache, **{"train.steps": 20, "model.dropout": 0.1,
                                          "checkpoint.every": 4, "checkpoint.keep": 2})
     mesh = (2, 1, 2)
     base = train(mesh_shape=mesh, overrides={**ov, "checkpoint.dir": ""}, log=H.Log())
 
-    log = H.Log(at=10, sig=signal.SIGINT)
+    log = H.Log(at=11, sig=signal.SIGINT)
     first = train(mesh_shape=mesh, overrides=ov, log=log)
-    assert first.stopped_by_signal and len(first.losses) == 10
-    assert "received SIGINT at step 10" in log.text
+    assert first.stopped_by_signal and len(first.losses) == 11
+    assert "received SIGINT at step 11" in log.text
     ckpt = tmp_path / "ckpt"
     assert CK.CheckpointManager.from_config(resolve_config(None, mesh, ov),
-                                            _shardings(ov, mesh)).steps() == [8, 10]
+                                            _shardings(ov, mesh)).steps() == [8, 11]
 
     second = train(mesh_shape=mesh, overrides=ov, log=H.Log())
-    assert second.start_step == 10 and len(second.losses) == 10
+    assert second.start_step == 11 and len(second.losses) == 9
     assert first.losses + second.losses == base.losses          # bit-identical
     assert H.trees_equal(second.params, base.params)
     assert sorted(int(p.name) for p in ckpt.iterdir()) == [16, 20]   # keep=2

@@ -268,6 +268,40 @@ def test_extend_a_finished_run_keeps_its_schedule(tmp_path, data_cache):
     assert [m["lr"] for m in metrics(tmp_path)][2:] == pytest.approx([1e-3, 1e-3])
 
 
+def test_dispatch_ahead_reads_a_step_while_the_next_runs(tmp_path, data_cache, monkeypatch):
+    """train.dispatch_ahead: step n + 1 is dispatched before step n's metrics are read, except
+    where something needs step n's state (the checkpoint of step 3, the evaluation at step 4,
+    the last step); the losses are bit for bit those of the loop that waits for every step."""
+    events = []
+    compile_step, read = T._compile_step, T._read
+
+    def spy_compile(*a, **k):
+        exe = compile_step(*a, **k)
+
+        def dispatch(state, batch):
+            events.append("dispatch")
+            return exe(state, batch)
+        return dispatch
+
+    def spy_read(pending, last_ready):
+        events.append(f"read {pending[0]}")
+        return read(pending, last_ready)
+
+    monkeypatch.setattr(T, "_compile_step", spy_compile)
+    monkeypatch.setattr(T, "_read", spy_read)
+    ov = small(tmp_path, data_cache, **{"train.steps": 6, "checkpoint.every": 3,
+                                        "train.eval_every": 4})
+    ahead = train(mesh_shape=(1, 1, 1), log=H.Log(), overrides=ov)
+    assert events == ["dispatch", "dispatch", "read 1", "dispatch", "read 2", "read 3",
+                      "dispatch", "read 4", "dispatch", "dispatch", "read 5", "read 6"]
+    assert [s for s, _ in ahead.val_losses] == [4, 6]
+    events.clear()
+    waited = train(mesh_shape=(1, 1, 1), log=H.Log(), overrides={
+        **ov, "train.dispatch_ahead": False, "checkpoint.dir": str(tmp_path / "ckpt2")})
+    assert events == [e for n in range(1, 7) for e in ("dispatch", f"read {n}")]
+    assert waited.losses == ahead.losses and waited.val_losses == ahead.val_losses
+
+
 # ----------------------------------------------------------------------------- logging
 
 def test_logged_loss_is_the_mean_over_the_interval(tmp_path, data_cache):

@@ -42,6 +42,9 @@
 # forward's collectives still wait between the chunks' GEMMs): its compiled HLO (the schedule),
 # and k = 2 and k = 1 with XLA's latency-hiding scheduler named on. parallel.batch_split was
 # slower everywhere and taken out again: parts p, q and r run only at commit 293ae56.
+# Part s (~200 s): train()'s loop, dispatching ahead or waiting for every step
+# (train.dispatch_ahead, NOTES issue 10 Session 25), timed by bench_train.py (train() itself):
+# one GPU and (4,1,1) zero 2, each A/B in the same call (the second run's program cached).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -72,6 +75,13 @@ p) one_gpu
    run tp4-sp-mb16-k2 $ours $TP4 parallel.batch_split=2 --trace-dir /tmp/tr_k2 --trace-steps 2
    profiled tp4-sp-mb16-k2 /tmp/tr_k2 $TP4 parallel.batch_split=2
    run tp4-sp-mb16-k4 $ours $TP4 parallel.batch_split=4 ;;
+s) BT="python3 benchmarks/bench_train.py"
+   G1="$B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none --steps 14"
+   run 1gpu-ahead env CUDA_VISIBLE_DEVICES=0 $BT $G1
+   run 1gpu-waited env CUDA_VISIBLE_DEVICES=0 $BT $G1 train.dispatch_ahead=false
+   run dp4-zero2-ahead $BT $DP4 parallel.zero=2 --steps 30
+   run dp4-zero2-waited $BT $DP4 parallel.zero=2 --steps 30 train.dispatch_ahead=false
+   run dp4-zero2-ahead2 $BT $DP4 parallel.zero=2 --steps 30 ;;
 r) TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
    LHS="XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true"
    run tp4-sp-mb16-k2-hlo $ours $TP4 parallel.batch_split=2 --hlo-dir /tmp/hlo_k2
