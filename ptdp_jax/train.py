@@ -148,6 +148,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
             val = evaluate(compiled.eval_loss, state["params"], feed.val_batch,
                            cfg.train.eval_batches)
             result.val_losses.append((n, val))
+            ready = None                          # the next step's time starts at its dispatch
         runlog.step(n, metrics, seconds, lr_of(n - 1), val)                 # log
         _account(result, metrics, seconds, runlog, n, cfg, ckpt)
 
@@ -167,6 +168,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
             record(evaluate_now)                  # waits for the step
             if save:                                                         # checkpoint
                 ckpt.save(step + 1, state)
+                ready = None
             if why:
                 result.stopped, result.stopped_by_signal = why, stopper.by_signal
                 runlog.message(f"{why} at step {step + 1}: " + (
@@ -242,11 +244,13 @@ def _eval_due(cfg, step: int) -> bool:
 
 def _read(pending, last_ready):
     """(step, its metrics on the host, seconds, when they were ready) of a dispatched step:
-    waits for it. Its time runs from its dispatch or the previous step's end, the later."""
+    waits for it. Its time runs from the previous step's end (last_ready: the host's time
+    between steps counts, so the times add up to the loop's), or, where that is None (the
+    first step, the step after an evaluation or a checkpoint), from its own dispatch."""
     step, out, dispatched = pending
     out = jax.device_get(out)
     ready = time.perf_counter()
-    return step, out, ready - max(dispatched, last_ready or dispatched), ready
+    return step, out, ready - (dispatched if last_ready is None else last_ready), ready
 
 
 def _host_lr(lr):

@@ -45,6 +45,9 @@
 # Part s (~200 s): train()'s loop, dispatching ahead or waiting for every step
 # (train.dispatch_ahead, NOTES issue 10 Session 25), timed by bench_train.py (train() itself):
 # one GPU and (4,1,1) zero 2, each A/B in the same call (the second run's program cached).
+# Part t (~60 s): part s's (4,1,1) A/B again with each step timed from the previous step's end
+# in both loops (part s timed the waiting loop from each dispatch: its host time between steps
+# went uncounted).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -82,6 +85,9 @@ s) BT="python3 benchmarks/bench_train.py"
    run dp4-zero2-ahead $BT $DP4 parallel.zero=2 --steps 30
    run dp4-zero2-waited $BT $DP4 parallel.zero=2 --steps 30 train.dispatch_ahead=false
    run dp4-zero2-ahead2 $BT $DP4 parallel.zero=2 --steps 30 ;;
+t) BT="python3 benchmarks/bench_train.py"
+   run dp4-zero2-waited $BT $DP4 parallel.zero=2 --steps 30 train.dispatch_ahead=false
+   run dp4-zero2-ahead $BT $DP4 parallel.zero=2 --steps 30 ;;
 r) TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
    LHS="XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true"
    run tp4-sp-mb16-k2-hlo $ours $TP4 parallel.batch_split=2 --hlo-dir /tmp/hlo_k2
