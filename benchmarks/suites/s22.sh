@@ -41,7 +41,8 @@
 # (1,1,4) SP micro 8 (target 1) at k = 1 and 2. Part r (~250 s): part p's k = 2 missed (the
 # forward's collectives still wait between the chunks' GEMMs): its compiled HLO (the schedule),
 # and k = 2 and k = 1 with XLA's latency-hiding scheduler named on. parallel.batch_split was
-# slower everywhere and taken out again: parts p, q and r run only at commit 293ae56.
+# slower everywhere and taken out again (448f542): parts p, q and r ran at 293ae56-513596e;
+# on later trees validation refuses the key.
 # Part s (~200 s): train()'s loop, dispatching ahead or waiting for every step
 # (train.dispatch_ahead, NOTES issue 10 Session 25), timed by bench_train.py (train() itself):
 # one GPU and (4,1,1) zero 2, each A/B in the same call (the second run's program cached).
