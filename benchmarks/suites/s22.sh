@@ -49,6 +49,11 @@
 # Part t (~60 s): part s's (4,1,1) A/B again with each step timed from the previous step's end
 # in both loops (part s timed the waiting loop from each dispatch: its host time between steps
 # went uncounted).
+# Part u (session 26, ~450 s): NCCL user-buffer registration (XLA's
+# --xla_gpu_enable_nccl_user_buffers, collective buffers from ncclMemAlloc in their own memory
+# space, XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB): zero-copy ring collectives, fewer SMs and
+# less HBM traffic beside the compute kernels (NOTES issue 10 and 11, Session 26), A/B on
+# (4,1,1) zero 2 and (1,1,4) SP micro 16; then part t's loop A/B.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -151,4 +156,14 @@ o) one_gpu
    TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
    run tp4-sp-mb16 $ours $TP4 --trace-dir /tmp/tr_tp4 --trace-steps 2
    profiled tp4-sp-mb16 /tmp/tr_tp4 $TP4 ;;
+u) one_gpu
+   UB="env XLA_FLAGS=--xla_gpu_enable_nccl_user_buffers=true XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB=${UB_MB:-8192} XLA_PYTHON_CLIENT_MEM_FRACTION=0.8"
+   TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+   run dp4-zero2-bf16-mb4 $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2-ub $UB $ours $DP4 parallel.zero=2 --steps 12
+   run tp4-sp-mb16 $ours $TP4
+   run tp4-sp-mb16-ub $UB $ours $TP4
+   BT="python3 benchmarks/bench_train.py"
+   run dp4-zero2-waited $BT $DP4 parallel.zero=2 --steps 30 train.dispatch_ahead=false
+   run dp4-zero2-ahead $BT $DP4 parallel.zero=2 --steps 30 ;;
 esac
