@@ -54,6 +54,10 @@
 # space, XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB): zero-copy ring collectives, fewer SMs and
 # less HBM traffic beside the compute kernels (NOTES issue 10 and 11, Session 26), A/B on
 # (4,1,1) zero 2 and (1,1,4) SP micro 16; then part t's loop A/B.
+# Part v (session 26, ~300 s): issue 11 target 2's exposed collectives (68.6 ms a step, nothing
+# beside them) at NCCL's own settings against more channels, larger buffers, more threads; the
+# channel counts NCCL picks (NCCL_DEBUG=INFO, one run), and whether part u's user buffers were
+# registered at all.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -166,4 +170,22 @@ u) one_gpu
    BT="python3 benchmarks/bench_train.py"
    run dp4-zero2-waited $BT $DP4 parallel.zero=2 --steps 30 train.dispatch_ahead=false
    run dp4-zero2-ahead $BT $DP4 parallel.zero=2 --steps 30 ;;
+v) TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+   for e in "" NCCL_MIN_NCHANNELS=32 NCCL_BUFFSIZE=16777216; do
+     echo "# $e" >> "$out/collective_bw.txt"
+     timeout 90 env $e python3 benchmarks/collective_bw.py --mib 8 32 128 >> "$out/collective_bw.txt" 2>>"$out/record.log"
+   done
+   run tp4-sp-mb16 $ours $TP4
+   timeout 150 env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,REG NCCL_DEBUG_FILE=/tmp/nccl_info.txt $ours $TP4 --steps 2 > /dev/null 2>&1
+   grep -i "channel\|nthreads\|regist\|buffsize\|tuner\|NCCL version" /tmp/nccl_info.txt* | sed "s/^.*NCCL INFO //" | sort | uniq -c | sort -rn | head -60 > "$out/nccl_info_tp4.txt"
+   run tp4-sp-mb16-minch32 env NCCL_MIN_NCHANNELS=32 $ours $TP4
+   run tp4-sp-mb16-buf16m env NCCL_BUFFSIZE=16777216 $ours $TP4
+   run tp4-sp-mb16-nthr512 env NCCL_NTHREADS=512 $ours $TP4
+   run tp4-sp-mb16-minch32-buf16m env NCCL_MIN_NCHANNELS=32 NCCL_BUFFSIZE=16777216 $ours $TP4
+   UB="env XLA_FLAGS=--xla_gpu_enable_nccl_user_buffers=true XLA_PYTHON_CLIENT_COLLECTIVE_MEM_SIZE_MB=8192 XLA_PYTHON_CLIENT_MEM_FRACTION=0.8"
+   timeout 150 $UB NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,REG NCCL_DEBUG_FILE=/tmp/nccl_ub.txt $ours $TP4 --steps 2 > /dev/null 2>&1
+   grep -i "regist\|ncclMemAlloc\|cuMem" /tmp/nccl_ub.txt* | sed "s/^.*NCCL INFO //" | sort | uniq -c | sort -rn | head -30 > "$out/nccl_info_ub.txt"
+   run tp4-sp-mb16-again $ours $TP4
+   run dp4-zero2-buf16m env NCCL_BUFFSIZE=16777216 $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12 ;;
 esac
