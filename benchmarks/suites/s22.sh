@@ -58,6 +58,10 @@
 # beside them) at NCCL's own settings against more channels, larger buffers, more threads; the
 # channel counts NCCL picks (NCCL_DEBUG=INFO, one run), and whether part u's user buffers were
 # registered at all.
+# Part w (session 26, ~400 s): part v's probe timed the host's dispatch with each collective
+# (0.79 ms for 32 MiB a device); the probe now loops 20 all-gather + reduce-scatter pairs in
+# one program. The probe under NCCL settings, then the (1,1,4) SP micro 16 step A/B/A/B with
+# NCCL_MIN_NCHANNELS=32 (part v: -2.7 ms), and (4,1,1) zero 2 with it.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -188,4 +192,15 @@ v) TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none paralle
    run tp4-sp-mb16-again $ours $TP4
    run dp4-zero2-buf16m env NCCL_BUFFSIZE=16777216 $ours $DP4 parallel.zero=2 --steps 12
    run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12 ;;
+w) TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+   for e in "" NCCL_MIN_NCHANNELS=32 NCCL_MIN_NCHANNELS=64 NCCL_PROTO=LL128 NCCL_BUFFSIZE=16777216; do
+     echo "# $e" >> "$out/collective_bw.txt"
+     timeout 90 env $e python3 benchmarks/collective_bw.py --mib 8 32 128 >> "$out/collective_bw.txt" 2>>"$out/record.log"
+   done
+   run tp4-sp-mb16 $ours $TP4
+   run tp4-sp-mb16-minch32 env NCCL_MIN_NCHANNELS=32 $ours $TP4
+   run tp4-sp-mb16-again $ours $TP4
+   run tp4-sp-mb16-minch32-again env NCCL_MIN_NCHANNELS=32 $ours $TP4
+   run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2-minch32 env NCCL_MIN_NCHANNELS=32 $ours $DP4 parallel.zero=2 --steps 12 ;;
 esac
