@@ -62,6 +62,9 @@
 # (0.79 ms for 32 MiB a device); the probe now loops 20 all-gather + reduce-scatter pairs in
 # one program. The probe under NCCL settings, then the (1,1,4) SP micro 16 step A/B/A/B with
 # NCCL_MIN_NCHANNELS=32 (part v: -2.7 ms), and (4,1,1) zero 2 with it.
+# Part x (session 26, ~300 s): part w's probe put 64 channels ahead of 32 (32 MiB a device:
+# 0.355 against 0.371 and 0.386 ms at NCCL's 24); the (1,1,4) step at 64 and 32 against the
+# default, and issue 11 target 1's 7.5B with and without 64.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -203,4 +206,12 @@ w) TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none paralle
    run tp4-sp-mb16-minch32-again env NCCL_MIN_NCHANNELS=32 $ours $TP4
    run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
    run dp4-zero2-minch32 env NCCL_MIN_NCHANNELS=32 $ours $DP4 parallel.zero=2 --steps 12 ;;
+x) TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+   TP75="$B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none train.micro_batch_size=8 parallel.sequence_parallel=true --steps 5"
+   run tp4-sp-mb16 $ours $TP4
+   run tp4-sp-mb16-minch64 env NCCL_MIN_NCHANNELS=64 $ours $TP4
+   run tp4-sp-mb16-minch32 env NCCL_MIN_NCHANNELS=32 $ours $TP4
+   run tp4-sp-mb16-again $ours $TP4
+   run 7.5b-tp4-sp-mb8 $ours $TP75
+   run 7.5b-tp4-sp-mb8-minch64 env NCCL_MIN_NCHANNELS=64 $ours $TP75 ;;
 esac
