@@ -73,7 +73,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
                 raise ValueError(value)
             return bool(value)
         if typ is int:
-            if isinstance(value, float) and not value.is_integer():
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError(value)
             if isinstance(value, str):
                 value = float(value) if any(c in value for c in ".eE") else value

@@ -100,6 +100,9 @@ class TrainConfig:
         return "selective+act" if keep else self.recompute
 
 
+NCCL_CHANNELS_TENSOR = 64         # parallel.nccl_channels=auto with tensor > 1 (benchmarks/NOTES.md,
+                                  # issue 11 Session 26: 1.3B (1,1,4) -3.7%, 7.5B -1.0% on 4x H200)
+NCCL_MAX_CHANNELS = 64            # NCCL's MAXCHANNELS (2.28)
 STATIC_STASH_AUTO = ("1f1b", "1f1b-phased", "zb-phased")    # parallel.static_stash=auto: on for these
 
 
@@ -143,6 +146,11 @@ class ParallelConfig:
     overlap_p2p: bool | str = "auto"     # phased: a forward row's message filed after the
                                          # backward row's op, its permute under that op. auto:
                                          # on for 1f1b-phased and zb-phased with pipe > 1
+    nccl_channels: int | str = "auto"    # NCCL's least channels a collective runs on (GPU;
+                                         # NCCL_MIN_NCHANNELS, unless that is set already).
+                                         # auto: 64 with tensor > 1 (its collectives wait
+                                         # exposed: -1 to -4% a step), NCCL's own otherwise;
+                                         # 0: NCCL's own (24 on 4x H200)
 
     @property
     def mesh_shape(self) -> tuple[int, int, int]:
@@ -163,6 +171,13 @@ class ParallelConfig:
         """overlap_p2p resolved: true, or auto where the schedule is a phased one."""
         phased = self.pipe > 1 and self.schedule in ("1f1b-phased", "zb-phased")
         return self.overlap_p2p is True or (self.overlap_p2p == "auto" and phased)
+
+    @property
+    def nccl_channels_value(self) -> int:
+        """nccl_channels resolved: 0 leaves NCCL's own choice."""
+        if self.nccl_channels == "auto":
+            return NCCL_CHANNELS_TENSOR if self.tensor > 1 else 0
+        return int(self.nccl_channels)
 
     @property
     def static_stash_on(self) -> bool:

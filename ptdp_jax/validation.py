@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from ptdp_jax.config import CHOICES, Config, ConfigError
+from ptdp_jax.config_tree import NCCL_MAX_CHANNELS
 
 
 def validate(cfg: Config, num_devices: int | None = None) -> Config:
@@ -154,6 +155,10 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
          f"train.keep_ffn_activation keeps what selective recomputation would run again: it "
          f"needs train.recompute=selective (got {t.recompute!r}; none keeps it already, full "
          f"keeps only the layer inputs)")
+    need(p.nccl_channels == "auto" or (type(p.nccl_channels) is int
+                                       and 0 <= p.nccl_channels <= NCCL_MAX_CHANNELS),
+         f"parallel.nccl_channels must be auto or a number of channels from 0 (NCCL's own) "
+         f"to {NCCL_MAX_CHANNELS}, got {p.nccl_channels!r}")
     need(p.overlap_p2p in (True, False, "auto"),
          f"parallel.overlap_p2p must be true, false or auto, got {p.overlap_p2p!r}")
     if p.overlap_p2p is True:
