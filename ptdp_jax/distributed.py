@@ -40,6 +40,8 @@ A restart of all processes resumes from the last complete checkpoint.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 import os
 import warnings
@@ -401,14 +403,32 @@ def host_mesh_devices(shape: tuple[int, int, int], allow_cross_host_tensor: bool
 
 # ----------------------------------------------------------------------------- agreement, gathering
 
-def any_process(flag: bool) -> bool:
-    """True on every process if `flag` is true on any (e.g. a stop signal that reached
-    only some processes); the flag itself in a single-process run."""
+def any_process_later(flag: bool):
+    """Whether `flag` is true on any process (a stop signal that reached only some), without
+    waiting: a one-element-a-device maximum over every device is dispatched behind whatever
+    the devices run now, and the returned function reads it (waiting for it then). Every
+    process must call this at the same points, as any collective. One process: the flag."""
     import jax
     if jax.process_count() == 1:
-        return bool(flag)
-    from jax.experimental import multihost_utils
-    return bool(np.asarray(multihost_utils.process_allgather(np.int32(bool(flag)))).max())
+        return lambda: bool(flag)
+    reduce_max, sharding = _any_program(tuple(jax.devices()))
+    local = [jax.device_put(np.full((1,), int(bool(flag)), np.int32), d)
+             for d in sharding.addressable_devices]
+    out = reduce_max(jax.make_array_from_single_device_arrays(
+        (len(sharding.mesh.devices),), sharding, local))
+    return lambda: bool(np.asarray(out.addressable_data(0)))
+
+
+@functools.lru_cache(maxsize=2)
+def _any_program(devices):
+    """any_process_later's program for these devices (compiled once) and its input sharding:
+    (n devices,) int32 split one element a device -> its maximum, on every device."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    mesh = Mesh(np.asarray(devices, dtype=object), ("all",))
+    fn = jax.jit(jnp.max, out_shardings=NamedSharding(mesh, P()))
+    return fn, NamedSharding(mesh, P("all"))
 
 
 def to_host(tree, only_process0: bool = False):

@@ -50,7 +50,15 @@ class StopSignal:
 
 
 class Stopper:
-    """The stop conditions of a run (see the module doc)."""
+    """The stop conditions of a run (see the module doc).
+
+    One process: a signal or the time limit stops the run after the step in flight. Several
+    processes must stop at the same step, and a signal may reach only some of them, so they
+    agree on it; the agreement (`distributed.any_process_later`, a tiny all-device program) is
+    dispatched at one check and read at the next, so the loop never waits for the step in
+    flight to find out (a read waits only for the step before, which the loop has read
+    already): a signal then stops every process one step later than alone.
+    train.stop_at_step needs no agreement (every process has the same config)."""
 
     def __init__(self, cfg):
         self.stop_at = cfg.train.stop_at_step
@@ -58,22 +66,32 @@ class Stopper:
         self.t0 = time.monotonic()
         self.guard = StopSignal()
         self.by_signal = False
+        self._agreement = None         # several processes: the one dispatched at the last check
 
     def check(self, step: int) -> str | None:
         """After `step` steps: why the run stops now, or None. All processes agree."""
-        from ptdp_jax.distributed import any_process
+        import jax
 
-        why = None
+        from ptdp_jax.distributed import any_process_later
+
+        here = None                                     # this process's own reason, if any
         if self.guard.requested:
-            why, self.by_signal = f"received {self.guard.name}", True
-        elif self.stop_at and step >= self.stop_at:
-            why = f"train.stop_at_step={self.stop_at}"
+            here = f"received {self.guard.name}"
         elif self.minutes and time.monotonic() - self.t0 >= 60 * self.minutes:
-            why = (f"train.stop_after_minutes={self.minutes:g} (ran "
-                   f"{(time.monotonic() - self.t0) / 60:.1f} min)")
-        if any_process(why is not None) and why is None:
-            why = "a stop request on another process"
-        return why
+            here = (f"train.stop_after_minutes={self.minutes:g} (ran "
+                    f"{(time.monotonic() - self.t0) / 60:.1f} min)")
+        if jax.process_count() > 1:
+            agreed, self._agreement = self._agreement, any_process_later(here is not None)
+            if agreed is None or not agreed():
+                here = None                             # not agreed yet: on at the next check
+            elif here is None:
+                here = "a stop request on another process"
+        if here is not None:
+            self.by_signal = here.startswith("received")
+            return here
+        if self.stop_at and step >= self.stop_at:
+            return f"train.stop_at_step={self.stop_at}"
+        return None
 
     def restore(self) -> None:
         self.guard.restore()

@@ -291,6 +291,35 @@ def test_killed_process_stops_the_other_then_restart_resumes(tmp_path, data_cach
     assert f"resumed from {ckpt} at step {last}" in log.text
 
 
+def test_a_signal_to_one_process_stops_both_at_one_step(tmp_path, data_cache):
+    """SIGTERM to process 1 only, mid-run: both processes stop at the same step with one
+    checkpoint, exit 0, and process 0 says why; a restart resumes at that step. The
+    processes agree without waiting for the step in flight (Stopper: one step later)."""
+    import signal
+    ckpt = tmp_path / "ckpt"
+    ov = tiny(tmp_path, data_cache, **{"train.steps": 10_000, "checkpoint.dir": str(ckpt),
+                                       "checkpoint.every": 1, "checkpoint.keep": 100})
+    with Group(tmp_path / "mp", "2,1,4", ov) as g:
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not any(s >= 2 for s in steps_in(ckpt)):
+            assert all(p.poll() is None for p in g.procs), "a process ended early:\n" + g.logs()
+            assert time.monotonic() < deadline, "no checkpoint 2 in time:\n" + g.logs()
+            time.sleep(0.2)
+        g.procs[1].send_signal(signal.SIGTERM)
+        rcs = g.wait()
+        r0, r1 = g.result(0), g.result(1)
+        log0 = g.log(0)
+    assert rcs == [0, 0], g.logs()
+    n = len(r0["losses"])
+    assert n == len(r1["losses"]) and n >= 2, (r0["losses"], r1["losses"])
+    last = steps_in(ckpt)[-1]
+    assert last == n                                  # the stop's checkpoint, at the same step
+    assert re.search(rf"a stop request on another process at step {last}: checkpoint written",
+                     log0), log0
+    res = train(mesh_shape=(2, 1, 4), log=H.Log(), overrides=dict(ov, **{"train.steps": last + 1}))
+    assert res.start_step == last and len(res.losses) == 1
+
+
 def test_tensor_across_hosts_is_refused(tmp_path, data_cache):
     """parallel.tensor=8 on 2 processes of 4 devices: a ConfigError naming the numbers,
     on every process, before anything is compiled."""

@@ -368,3 +368,40 @@ def test_ptdp_generate(trained, capsys):
     assert G.generate(cfg.model, res.params, ByteTokenizer().encode("The "), 12,
                       temperature=0.7, top_k=1) == greedy
     assert G.main([str(d / "ckpt"), "--prompt", "x", "--temperature", "-1"]) == ExitCode.CONFIG
+
+
+def test_processes_agree_on_a_stop_one_check_later(monkeypatch):
+    """Several processes: each check dispatches an agreement and reads only the one of the
+    check before (so it never waits for the step in flight); a stop agreed at check k is
+    taken at check k + 1, on every process, signal or not."""
+    from ptdp_jax import distributed
+    from ptdp_jax.stopping import Stopper
+
+    other = {3}                          # the checks at which the other process has a signal
+    made = []                            # per agreement: [this process's flag, read yet?]
+
+    def later(flag):
+        i = len(made)
+        made.append([flag, False])
+
+        def read():
+            made[i][1] = True
+            return flag or (i + 1) in other
+        return read
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(distributed, "any_process_later", later)
+    stopper = Stopper(load_config())
+    try:
+        for k in (1, 2, 3):
+            assert stopper.check(k) is None
+            assert made[-1][1] is False  # this check's agreement is not read by this check
+        assert stopper.check(4) == "a stop request on another process"
+        assert [f for f, _ in made] == [False] * 4 and not stopper.by_signal
+
+        other.clear()
+        stopper.guard.requested, stopper.guard.name = True, "SIGTERM"     # this process's
+        assert stopper.check(5) is None                          # agreed at the next check
+        assert stopper.check(6) == "received SIGTERM" and stopper.by_signal
+    finally:
+        stopper.restore()
