@@ -54,7 +54,7 @@ class Stopper:
 
     One process: a signal or the time limit stops the run after the step in flight. Several
     processes must stop at the same step, and a signal may reach only some of them, so they
-    agree on it; the agreement (`distributed.any_process_later`, a tiny all-device program) is
+    agree on it; the agreement (`cross_process.any_process_later`, a tiny all-device program) is
     dispatched at one check and read at the next, so the loop never waits for the step in
     flight to find out (a read waits only for the step before, which the loop has read
     already): a signal then stops every process one step later than alone.
@@ -72,7 +72,7 @@ class Stopper:
         """After `step` steps: why the run stops now, or None. All processes agree."""
         import jax
 
-        from ptdp_jax.distributed import any_process_later
+        from ptdp_jax.cross_process import any_process_later
 
         here = None                                     # this process's own reason, if any
         if self.guard.requested:

@@ -28,7 +28,8 @@ from ptdp_jax import preflight
 from ptdp_jax.compile_cache import use_compile_cache
 from ptdp_jax.config import Config, ConfigError, load_config
 from ptdp_jax.validation import validate
-from ptdp_jax.distributed import maybe_initialize, to_host
+from ptdp_jax.cross_process import to_host
+from ptdp_jax.distributed import maybe_initialize
 from ptdp_jax.evaluate import evaluate
 from ptdp_jax.feed import Feed
 from ptdp_jax.runlog import RunLog, new_run_id

@@ -374,7 +374,7 @@ def test_processes_agree_on_a_stop_one_check_later(monkeypatch):
     """Several processes: each check dispatches an agreement and reads only the one of the
     check before (so it never waits for the step in flight); a stop agreed at check k is
     taken at check k + 1, on every process, signal or not."""
-    from ptdp_jax import distributed
+    from ptdp_jax import cross_process
     from ptdp_jax.stopping import Stopper
 
     other = {3}                          # the checks at which the other process has a signal
@@ -390,7 +390,7 @@ def test_processes_agree_on_a_stop_one_check_later(monkeypatch):
         return read
 
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    monkeypatch.setattr(distributed, "any_process_later", later)
+    monkeypatch.setattr(cross_process, "any_process_later", later)
     stopper = Stopper(load_config())
     try:
         for k in (1, 2, 3):
