@@ -22,6 +22,11 @@ def any_process_later(flag: bool):
              for d in sharding.addressable_devices]
     out = reduce_max(jax.make_array_from_single_device_arrays(
         (len(sharding.mesh.devices),), sharding, local))
+    if jax.devices()[0].platform == "cpu":
+        # A GPU runs its programs in the order they come, on one stream; XLA:CPU may run this
+        # one beside the next step, and its gloo collectives would then mix their messages
+        # with the step's (seen with a subset of the devices). Tests only: wait here.
+        out.block_until_ready()
     return lambda: bool(np.asarray(out.addressable_data(0)))
 
 

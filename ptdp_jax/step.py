@@ -229,12 +229,10 @@ def nccl_environment(cfg, mesh, environ) -> dict[str, str]:
     Measured on 4x H200: 1.3B (1,1,4) SP micro 16 0.2065 -> 0.1989 s, 7.5B micro 8 1.687 ->
     1.670 s; (4,1,1) zero 2, whose collectives run beside the compute, no change (0.1438 /
     0.1446 s), so data parallelism alone keeps NCCL's choice. A variable already set wins."""
-    if mesh.devices.flat[0].platform != "gpu":
+    channels = cfg.parallel.nccl_channels_value
+    if mesh.devices.flat[0].platform != "gpu" or not channels or "NCCL_MIN_NCHANNELS" in environ:
         return {}
-    env = {}
-    if cfg.parallel.nccl_channels_value:
-        env["NCCL_MIN_NCHANNELS"] = str(cfg.parallel.nccl_channels_value)
-    return {k: v for k, v in env.items() if k not in environ}
+    return {"NCCL_MIN_NCHANNELS": str(channels)}
 
 
 def compile_all(cfg, mesh, tx):
