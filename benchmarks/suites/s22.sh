@@ -65,6 +65,10 @@
 # Part x (session 26, ~300 s): part w's probe put 64 channels ahead of 32 (32 MiB a device:
 # 0.355 against 0.371 and 0.386 ms at NCCL's 24); the (1,1,4) step at 64 and 32 against the
 # default, and issue 11 target 1's 7.5B with and without 64.
+# Part y (written in session 26, not yet run; ~300 s): one GPU; issue 11 target 2's other half,
+# (2,1,2) and (1,2,2) with the 64-channel default against NCCL's own (parallel.nccl_channels=0);
+# issue 10's (4,1,1) zero 2 with NCCL_CTA_POLICY=1 (NCCL 2.27+: fewer CTAs a collective, less
+# taken from the kernels beside it; ignored by an NCCL that lacks it) against the default.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -214,4 +218,14 @@ x) TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none paralle
    run tp4-sp-mb16-again $ours $TP4
    run 7.5b-tp4-sp-mb8 $ours $TP75
    run 7.5b-tp4-sp-mb8-minch64 env NCCL_MIN_NCHANNELS=64 $ours $TP75 ;;
+y) one_gpu
+   T212="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
+   T122="$B13 --mesh 1,2,2 train.micro_batch_size=2 train.recompute=none parallel.sequence_parallel=true parallel.schedule=1f1b-phased"
+   run tp212-sp-mb8 $ours $T212
+   run tp212-sp-mb8-nccl0 $ours $T212 parallel.nccl_channels=0
+   run tp122-sp-phased $ours $T122
+   run tp122-sp-phased-nccl0 $ours $T122 parallel.nccl_channels=0
+   run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2-cta1 env NCCL_CTA_POLICY=1 $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2-again $ours $DP4 parallel.zero=2 --steps 12 ;;
 esac
