@@ -11,6 +11,7 @@ the shard_map, then runs on each replica's shard.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import partial
 
@@ -239,7 +240,6 @@ def compile_all(cfg, mesh, tx):
     """The step, the evaluation and the state's init, compiled for `mesh`. NCCL reads its
     settings when it makes its first communicator (the first step's collectives), so
     nccl_environment's go into the process's environment here, before anything runs."""
-    import os
     from ptdp_jax.evaluate import make_eval_fn
     os.environ.update(nccl_environment(cfg, mesh, os.environ))
     shardings = state_shardings(cfg, mesh, tx)

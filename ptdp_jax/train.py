@@ -13,7 +13,8 @@ The loop dispatches step n + 1 before it reads step n's metrics (train.dispatch_
 host's work between steps (logging, the next batch, the dispatch itself) runs while the devices
 compute. It waits for a step before anything that needs its state: an evaluation, a checkpoint,
 a stop, the last step. A signal therefore ends the run after the step in flight, which may be
-one step after the last one logged; train.stop_at_step and checkpoint.every stay exact.
+one step after the last one logged (several processes: one step later still, as they agree on
+it without waiting; stopping.Stopper); train.stop_at_step and checkpoint.every stay exact.
 """
 from __future__ import annotations
 
