@@ -69,6 +69,10 @@
 # (2,1,2) and (1,2,2) with the 64-channel default against NCCL's own (parallel.nccl_channels=0);
 # issue 10's (4,1,1) zero 2 with NCCL_CTA_POLICY=1 (NCCL 2.27+: fewer CTAs a collective, less
 # taken from the kernels beside it; ignored by an NCCL that lacks it) against the default.
+# Part z (session 27, ~450 s): issue 8 target 1's floor: the one GPU at micro 1 (m 16, the
+# pipeline's micro batch and recompute) beside micro 8, and the 1.3B pp4 1f1b and zb-phased v 2
+# in the same call (step against the micro-8 ideal and against the micro-1 one); issue 11
+# target 2's (2,1,2) at zero 0 and 2, and zero 2 with the (4,1,1) combine thresholds.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -228,4 +232,14 @@ y) one_gpu
    run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
    run dp4-zero2-cta1 env NCCL_CTA_POLICY=1 $ours $DP4 parallel.zero=2 --steps 12
    run dp4-zero2-again $ours $DP4 parallel.zero=2 --steps 12 ;;
+z) one_gpu
+   run 1gpu-sel-mb1 env CUDA_VISIBLE_DEVICES=0 $ours $B13 --mesh 1,1,1 train.micro_batch_size=1 train.recompute=selective
+   run pp4-1f1b-sel $ours $B13 --mesh 1,4,1 train.micro_batch_size=1 parallel.schedule=1f1b
+   run pp4-zbphased-v2-sel $ours $ZB13
+   run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
+   T212="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
+   COMB="--xla_gpu_all_gather_combine_threshold_bytes=536870912 --xla_gpu_reduce_scatter_combine_threshold_bytes=134217728"
+   run tp212-sp-mb8 $ours $T212
+   run tp212-sp-mb8-zero2 $ours $T212 parallel.zero=2
+   run tp212-sp-mb8-zero2-comb env XLA_FLAGS="$COMB" $ours $T212 parallel.zero=2 ;;
 esac
