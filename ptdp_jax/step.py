@@ -92,6 +92,7 @@ def make_grad_fn(cfg, mesh):
     use_dropout = cfg.model.dropout > 0
     zero = zero_stage(cfg)
     axes = Z.map2(data_axis, pspecs)     # per parameter: its ZeRO dim, or None
+    lay = Z.layouts(cfg, sh)             # per parameter: its tensor-parallel layout
     reduce_dtype = M.DTYPES[cfg.parallel.grad_reduce_dtype]
     # ZeRO reduce-scatters inside the last backward (zero.microbatch_grads), or after it as a
     # pipeline does (parallel.overlap_grad_reduce=false: the step of zero=0 with full weights)
@@ -103,16 +104,16 @@ def make_grad_fn(cfg, mesh):
         # microbatch; the reductions happen once, below (ZeRO: reduce-scatters, zero.py).
         params = jax.tree.map(lambda x: vary(x, manual), params)
         if in_backward:
-            loss, grads = Z.microbatch_grads(cfg, sh, params, batch, keys, manual, axes)
+            loss, grads = Z.microbatch_grads(cfg, sh, params, batch, keys, manual, axes, lay)
         else:
             if zero:                     # the (stage's) weights, once per step
-                params = Z.gather_stage(cfg, params, axes)
+                params = Z.gather_stage(cfg, params, axes, lay)
             if cfg.parallel.pipe == 1:
                 loss, grads = _microbatch_grads(cfg, sh, params, batch, keys, manual)
             else:
                 from ptdp_jax.pipeline.executor import pipeline_grads
                 loss, grads = pipeline_grads(cfg, sh, params, batch, keys)
-        grads = (Z.reduce_grads(cfg, grads, axes, reduced=in_backward) if zero
+        grads = (Z.reduce_grads(cfg, grads, axes, lay, reduced=in_backward) if zero
                  else jax.tree.map(lambda g: g.astype(reduce_dtype), grads))
         # The one data-parallel reduction. Each gradient is summed over the manual axes its
         # state is not sharded over: 'data' (unless ZeRO reduce-scattered it); 'pipe' for the

@@ -73,6 +73,9 @@
 # pipeline's micro batch and recompute) beside micro 8, and the 1.3B pp4 1f1b and zb-phased v 2
 # in the same call (step against the micro-8 ideal and against the micro-1 one); issue 11
 # target 2's (2,1,2) at zero 0 and 2, and zero 2 with the (4,1,1) combine thresholds.
+# Part zz (session 27, ~250 s): part z's (2,1,2) zero 2 ran on whole weights (GSPMD gathered every
+# weight over 'tensor' too; zero.Layout now gathers each device's block): zero 0 against zero 2
+# and zero 2 with the combine thresholds again, and (4,1,1) zero 2 (the best without 'tensor').
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -242,4 +245,11 @@ z) one_gpu
    run tp212-sp-mb8 $ours $T212
    run tp212-sp-mb8-zero2 $ours $T212 parallel.zero=2
    run tp212-sp-mb8-zero2-comb env XLA_FLAGS="$COMB" $ours $T212 parallel.zero=2 ;;
+zz) T212="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
+   COMB="--xla_gpu_all_gather_combine_threshold_bytes=536870912 --xla_gpu_reduce_scatter_combine_threshold_bytes=134217728"
+   run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
+   run tp212-sp-mb8 $ours $T212
+   run tp212-sp-mb8-zero2 $ours $T212 parallel.zero=2
+   run tp212-sp-mb8-zero2-comb env XLA_FLAGS="$COMB" $ours $T212 parallel.zero=2
+   run tp212-sp-mb8-zero1 $ours $T212 parallel.zero=1 ;;
 esac
