@@ -76,6 +76,11 @@
 # Part zz (session 27, ~250 s): part z's (2,1,2) zero 2 ran on whole weights (GSPMD gathered every
 # weight over 'tensor' too; zero.Layout now gathers each device's block): zero 0 against zero 2
 # and zero 2 with the combine thresholds again, and (4,1,1) zero 2 (the best without 'tensor').
+# Part zy (session 27, ~300 s): zero 2 at p = 1 peaks as high as zero 0 ((4,1,1) 33.0 against
+# 33.5 GiB; (2,1,1) 62.4 against 50.0) and its reduce-scatters all run at the end of the
+# backward (s25 trace): XLA's scheduler keeps every full-size gradient to the end. Which of its
+# flags this XLA has, then (4,1,1) and (2,1,2) zero 2 with more collectives in flight and with a
+# lower memory limit for the latency-hiding scheduler.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -252,4 +257,15 @@ zz) T212="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parall
    run tp212-sp-mb8-zero2 $ours $T212 parallel.zero=2
    run tp212-sp-mb8-zero2-comb env XLA_FLAGS="$COMB" $ours $T212 parallel.zero=2
    run tp212-sp-mb8-zero1 $ours $T212 parallel.zero=1 ;;
+zy) so=$(python3 -c 'import glob, jax_plugins, os; print(" ".join(glob.glob(os.path.dirname(jax_plugins.__path__[0]) + "/jax_plugins/*/*.so")))' 2>/dev/null)
+   for f in $so; do strings "$f" | grep -oE "xla_gpu_[a-z0-9_]*(overlap_limit|slop_factor|latency_hiding|collective_memory|memory_limit)[a-z0-9_]*" ; done | sort -u > "$out/xla_flags.txt"
+   T212="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
+   OL="--xla_gpu_experimental_parallel_collective_overlap_limit=2"; SL="--xla_gpu_memory_limit_slop_factor=20"
+   run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2-overlap2 env XLA_FLAGS="$OL" $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2-slop20 env XLA_FLAGS="$SL" $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero0 $ours $DP4 --steps 12
+   run tp212-zero2 $ours $T212
+   run tp212-zero2-overlap2 env XLA_FLAGS="$OL" $ours $T212
+   run tp212-zero2-slop20 env XLA_FLAGS="$SL" $ours $T212 ;;
 esac
