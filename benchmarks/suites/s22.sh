@@ -80,7 +80,8 @@
 # 33.5 GiB; (2,1,1) 62.4 against 50.0) and its reduce-scatters all run at the end of the
 # backward (s25 trace): XLA's scheduler keeps every full-size gradient to the end. Which of its
 # flags this XLA has, then (4,1,1) and (2,1,2) zero 2 with more collectives in flight and with a
-# lower memory limit for the latency-hiding scheduler.
+# lower memory limit for the latency-hiding scheduler. Part zy2 (~200 s, 2 GPUs: no 4-GPU kind
+# was lent for zy): the same on (2,1,1) zero 2 micro 8 (62.4 against zero 0's 50.0 GiB, s23).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -268,4 +269,12 @@ zy) so=$(python3 -c 'import glob, jax_plugins, os; print(" ".join(glob.glob(os.p
    run tp212-zero2 $ours $T212
    run tp212-zero2-overlap2 env XLA_FLAGS="$OL" $ours $T212
    run tp212-zero2-slop20 env XLA_FLAGS="$SL" $ours $T212 ;;
+zy2) so=$(python3 -c 'import glob, jax_plugins, os; print(" ".join(glob.glob(os.path.dirname(jax_plugins.__path__[0]) + "/jax_plugins/*/*.so")))' 2>/dev/null)
+   for f in $so; do strings "$f" | grep -oE "xla_gpu_[a-z0-9_]*(overlap_limit|slop_factor|latency_hiding|collective_memory|memory_limit)[a-z0-9_]*" ; done | sort -u > "$out/xla_flags.txt"
+   DP2="$B13 --mesh 2,1,1 train.micro_batch_size=8 train.recompute=none parallel.grad_reduce_dtype=bfloat16"
+   OL="--xla_gpu_experimental_parallel_collective_overlap_limit=2"; SL="--xla_gpu_memory_limit_slop_factor=20"
+   run dp2-zero2 $ours $DP2 parallel.zero=2
+   run dp2-zero2-overlap2 env XLA_FLAGS="$OL" $ours $DP2 parallel.zero=2
+   run dp2-zero2-slop20 env XLA_FLAGS="$SL" $ours $DP2 parallel.zero=2
+   run dp2-zero0 $ours $DP2 ;;
 esac
