@@ -153,7 +153,8 @@ def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows):
     x = M.embed(mc, sh, e, tokens_bs1[:, :-1], key_rows)
     x = M.run_layers(mc, sh, layers, x, cfg.train.remat, key_rows,
                      scan=cfg.scan_layers_on,     # auto: zero=3 scans (a layer at a time)
-                     weights=None if make is None else (lambda lp: make("layers", *lp)))
+                     weights=None if make is None else (lambda lp: make("layers", *lp)),
+                     regather=cfg.parallel.zero == 3)     # zero 1, 2: weights gathered before
     return M.head_loss(mc, sh, e, hd, x, tokens_bs1[:, 1:])
 
 

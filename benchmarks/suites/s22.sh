@@ -82,6 +82,9 @@
 # flags this XLA has, then (4,1,1) and (2,1,2) zero 2 with more collectives in flight and with a
 # lower memory limit for the latency-hiding scheduler. Part zy2 (~200 s, 2 GPUs: no 4-GPU kind
 # was lent for zy): the same on (2,1,1) zero 2 micro 8 (62.4 against zero 0's 50.0 GiB, s23).
+# Part zx (~180 s, 2 GPUs): zero 1 and 2 without recomputation no longer run each layer under a
+# jax.checkpoint that saves everything (zy2's GPU HLO: the GeLU fusion wrote 5 (b, s, f) tensors
+# a layer for the backward against zero 0's 2): (2,1,1) zero 2, zero 0, zero 1.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -277,4 +280,8 @@ zy2) so=$(python3 -c 'import glob, jax_plugins, os; print(" ".join(glob.glob(os.
    run dp2-zero2-overlap2 env XLA_FLAGS="$OL" $ours $DP2 parallel.zero=2
    run dp2-zero2-slop20 env XLA_FLAGS="$SL" $ours $DP2 parallel.zero=2
    run dp2-zero0 $ours $DP2 ;;
+zx) DP2="$B13 --mesh 2,1,1 train.micro_batch_size=8 train.recompute=none parallel.grad_reduce_dtype=bfloat16"
+   run dp2-zero2 $ours $DP2 parallel.zero=2
+   run dp2-zero0 $ours $DP2
+   run dp2-zero1 $ours $DP2 parallel.zero=1 ;;
 esac
