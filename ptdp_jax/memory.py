@@ -116,11 +116,12 @@ SP_GATHERED_BYTES_PER_H = 4.0       # sequence parallelism, p = 1, recompute=non
                                     # 1.3B and 7.5B (1,1,4) on 4x H200 (session 14)
 ACC_CARRY_COPIES = 2                # zero=1 (p = 1: m > 1, or m = 1 reducing in the backward)
                                     # and zero=2: the float32 gradient sums twice (_state_bytes)
-ZERO2_NONE_RESIDUAL_FACTOR = 1.85   # zero=2 without recomputation (p = 1): the layers run as
+ZERO3_NONE_RESIDUAL_FACTOR = 1.85   # zero=3 without recomputation (p = 1): the layers run as
                                     # jax.checkpoint(everything saveable but the weights), which
-                                    # keeps more than plain autodiff; fitted to the 7.5B (4,1,1)
-                                    # micro 2 (94.4 GiB) and micro 4 (out of memory at 133 GiB),
-                                    # 4x H200, session 15
+                                    # keeps more than plain autodiff (every GeLU intermediate);
+                                    # fitted to zero=2 when it ran that way too (7.5B (4,1,1)
+                                    # micro 2, 94.4 GiB, 4x H200, session 15); zero 1 and 2 run
+                                    # plain autodiff since session 27
 SCAN_RESIDUAL_COPIES = 2            # zero=3's layer scan (p = 1): the residuals twice, fitted
                                     # to the 7.5B (4,1,1) zero=3 selective (4x H100 session 8,
                                     # 4x H200 session 14: 45.6 and 46.17 GiB); other scanned
@@ -305,8 +306,6 @@ def activation_bytes(cfg) -> float:
         # and the backward scan reads, issue 12's copies, is a guess at why); measured only there
         from ptdp_jax.state import zero_stage
         stash *= SCAN_RESIDUAL_COPIES if cfg.scan_layers_on and zero_stage(cfg) == 3 else 1
-        if zero_stage(cfg) == 2 and tr.recompute == "none":
-            stash *= ZERO2_NONE_RESIDUAL_FACTOR
         buffers = 0.0
     else:
         per_layer = layer_activation_bytes_per_token(cfg) * tokens
@@ -345,12 +344,10 @@ def _state_bytes(cfg) -> tuple[float, float, float]:
     if zero == 1:
         # zero=1 without pipelining and m > 1: the full-size float32 accumulators are the
         # microbatch loop's carry, in and out both live (fitted: 7.5B (4,1,1) micro 1 and 2,
-        # 102.3 and 113.0 GiB on 4x H200, session 15); at m = 1 with the reduce-scatters in
-        # the backward, the last microbatch's full-size float32 gradients and what waits for
-        # its reduce-scatter (1.3B (4,1,1) micro 4 none, 33.02 GiB on 4x H100, session 16:
-        # counted once the estimate was 17% under)
-        twice = cfg.num_microbatches > 1 or cfg.parallel.overlap_grad_reduce_on
-        acc = ACC_CARRY_COPIES if twice else 1
+        # 102.3 and 113.0 GiB on 4x H200, session 15); at m = 1 once (1.3B (2,1,1) micro 8
+        # none on 2x H200, session 27: 42.89 GiB, as zero=2's 43.31; session 16's 17% under
+        # at once was the layers' checkpoint wrapper, now gone without recomputation)
+        acc = ACC_CARRY_COPIES if cfg.num_microbatches > 1 else 1
         return master + n * compute, acc * n * GRAD_BYTES_PER_PARAM, adam
     par = cfg.parallel
     from ptdp_jax.pipeline.balance import chunk_layers

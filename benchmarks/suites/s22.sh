@@ -85,6 +85,10 @@
 # Part zx (~180 s, 2 GPUs): zero 1 and 2 without recomputation no longer run each layer under a
 # jax.checkpoint that saves everything (zy2's GPU HLO: the GeLU fusion wrote 5 (b, s, f) tensors
 # a layer for the backward against zero 0's 2): (2,1,1) zero 2, zero 0, zero 1.
+# Part za (written in session 27, not yet run; ~330 s): issue 10 target 1 with part zx's change
+# on 4 GPUs (prediction: (4,1,1) zero 2 0.136-0.139 s, 0.94-0.96x): one GPU, zero 2 twice, zero
+# 0 and 1, zero 2 through train() (bench_train.py), then issue 11 target 2's (2,1,2) at zero 2
+# against zero 0 (zero 2 ran whole weights before part zz and a checkpoint wrapper before zx).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-330} JAX_COMPILATION_CACHE_DIR=/tmp/jcache
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 ZB75="$B75 --mesh 1,4,1 $L75 train.recompute=selective --steps 12 train.micro_batch_size=2 parallel.schedule=zb-phased parallel.virtual_stages=3"
@@ -284,4 +288,13 @@ zx) DP2="$B13 --mesh 2,1,1 train.micro_batch_size=8 train.recompute=none paralle
    run dp2-zero2 $ours $DP2 parallel.zero=2
    run dp2-zero0 $ours $DP2
    run dp2-zero1 $ours $DP2 parallel.zero=1 ;;
+za) one_gpu
+   T212="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
+   run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero0 $ours $DP4 --steps 12
+   run dp4-zero1 $ours $DP4 parallel.zero=1 --steps 12
+   run dp4-zero2-again $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2-train python3 benchmarks/bench_train.py $DP4 parallel.zero=2 --steps 30
+   run tp212-sp-mb8 $ours $T212
+   run tp212-sp-mb8-zero2 $ours $T212 parallel.zero=2 ;;
 esac
