@@ -13,8 +13,7 @@ The model (bytes per device; the most loaded device of the layout):
   `sharding.zero_axes`; a tensor with none stays whole): zero=1 holds 1/d of the master weights
   and AdamW moments plus the weights gathered for the step in the compute dtype (full size)
   and full float32 gradient accumulators (twice without pipelining when m > 1: the
-  microbatch loop's carry, `ACC_CARRY_COPIES`, and at m = 1 with the reduce-scatters in the
-  backward); zero=2 (p = 1) the same but its gradient sums
+  microbatch loop's carry, `ACC_CARRY_COPIES`); zero=2 (p = 1) the same but its gradient sums
   split, twice, plus two layers' full-size float32 gradients before their reduce-scatters
   (fitted, session 15: estimates 4-7% under the 7.5B's measured peaks); zero=3 without
   pipelining also holds the gradients
@@ -114,14 +113,8 @@ NONE_BYTES_PER_H_NO_PIPE = 40.0     # the same without pipelining (autodiff thro
 SP_GATHERED_BYTES_PER_H = 4.0       # sequence parallelism, p = 1, recompute=none: the two
                                     # gathered GEMM inputs XLA keeps whole (16-bit), fitted to
                                     # 1.3B and 7.5B (1,1,4) on 4x H200 (session 14)
-ACC_CARRY_COPIES = 2                # zero=1 (p = 1: m > 1, or m = 1 reducing in the backward)
-                                    # and zero=2: the float32 gradient sums twice (_state_bytes)
-ZERO3_NONE_RESIDUAL_FACTOR = 1.85   # zero=3 without recomputation (p = 1): the layers run as
-                                    # jax.checkpoint(everything saveable but the weights), which
-                                    # keeps more than plain autodiff (every GeLU intermediate);
-                                    # fitted to zero=2 when it ran that way too (7.5B (4,1,1)
-                                    # micro 2, 94.4 GiB, 4x H200, session 15); zero 1 and 2 run
-                                    # plain autodiff since session 27
+ACC_CARRY_COPIES = 2                # zero=1 (p = 1, m > 1) and zero=2: the float32 gradient
+                                    # sums twice (_state_bytes)
 SCAN_RESIDUAL_COPIES = 2            # zero=3's layer scan (p = 1): the residuals twice, fitted
                                     # to the 7.5B (4,1,1) zero=3 selective (4x H100 session 8,
                                     # 4x H200 session 14: 45.6 and 46.17 GiB); other scanned

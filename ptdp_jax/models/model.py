@@ -247,8 +247,7 @@ def run_layers(cfg, sh, layers_p, x_bsh, recompute: str = "none", key_rows=None,
     otherwise the layers unrolled (longer compile, and no stacked residual buffers for the
     backward to be written into and read from). weights: see layer_fn (layers_p is then
     whatever the hook takes, with the layer axis leading; regather: see layer_fn). Unrolled,
-    layers_p may also be a
-    list of per-layer pytrees (what the hook takes for each layer)."""
+    layers_p may also be a list of per-layer pytrees (what the hook takes for each layer)."""
     if scan and sh is not None:
         sh = dataclasses.replace(sh, in_layer_scan=True)
     f = layer_fn(cfg, sh, recompute, weights, regather)
