@@ -154,7 +154,7 @@ def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows):
     x = M.run_layers(mc, sh, layers, x, cfg.train.remat, key_rows,
                      scan=cfg.scan_layers_on,     # auto: zero=3 scans (a layer at a time)
                      weights=None if make is None else (lambda lp: make("layers", *lp)),
-                     regather=cfg.parallel.zero == 3)     # zero 1, 2: weights gathered before
+                     regather=fulls is None)      # zero 3; zero 1, 2 gathered them before
     return M.head_loss(mc, sh, e, hd, x, tokens_bs1[:, 1:])
 
 
@@ -239,8 +239,7 @@ def _gather_all(cfg, shards, axes, lay):
     dtype = M.DTYPES[cfg.train.dtype]
     local_axes = {g: {k: (None if a is None else a - 2 * (g == "layers")) for k, a in grp.items()}
                   for g, grp in axes.items()}
-    return map2(lambda x, ax, la: gather(x, ax, dtype, la), shards, local_axes,
-                {g: lay[g] for g in shards})
+    return map2(lambda x, ax, la: gather(x, ax, dtype, la), shards, local_axes, lay)
 
 
 def _gather_layers(cfg, layers, axes, lay):
