@@ -85,6 +85,9 @@
 # Part zx (~180 s, 2 GPUs): zero 1 and 2 without recomputation no longer run each layer under a
 # jax.checkpoint that saves everything (zy2's GPU HLO: the GeLU fusion wrote 5 (b, s, f) tensors
 # a layer for the backward against zero 0's 2): (2,1,1) zero 2, zero 0, zero 1.
+# Part zh (session 28, ~420 s, for an H100 lease: issue 9 target 2 has only H200 figures): the
+# peer's 7.5B pp4 1F1B, then ours zb-phased v 3 micro 2 (65.9 GiB on H200: fits at 0.92 of 80).
+# Part e is issue 11 target 1 on H100.
 # Part za (written in session 27, not yet run; ~330 s): issue 10 target 1 with part zx's change
 # on 4 GPUs (prediction: (4,1,1) zero 2 0.136-0.139 s, 0.94-0.96x): one GPU, zero 2 twice, zero
 # 0 and 1, zero 2 through train() (bench_train.py), then issue 11 target 2's (2,1,2) at zero 2
@@ -297,4 +300,6 @@ za) one_gpu
    run dp4-zero2-train python3 benchmarks/bench_train.py $DP4 parallel.zero=2 --steps 30
    run tp212-sp-mb8 $ours $T212
    run tp212-sp-mb8-zero2 $ours $T212 parallel.zero=2 ;;
+zh) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
+   run 7.5b-pp4-zbphased-v3-mb2 $ours $ZB75 --steps 8 ;;
 esac
