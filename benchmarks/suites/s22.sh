@@ -85,6 +85,9 @@
 # Part zx (~180 s, 2 GPUs): zero 1 and 2 without recomputation no longer run each layer under a
 # jax.checkpoint that saves everything (zy2's GPU HLO: the GeLU fusion wrote 5 (b, s, f) tensors
 # a layer for the backward against zero 0's 2): (2,1,1) zero 2, zero 0, zero 1.
+# Part zb (session 28, ~300 s, after za): (4,1,1) zero 2 with the all-gather combiner at 256
+# and 128 MB (the step's first gather, 512 MB, runs with nothing beside it), A/B/A; then three
+# steps traced back to back (where za's 0.94x leaves the rest).
 # Part zh (session 28, ~420 s, for an H100 lease: issue 9 target 2 has only H200 figures): the
 # peer's 7.5B pp4 1F1B, then ours zb-phased v 3 micro 2 (65.9 GiB on H200: fits at 0.92 of 80).
 # Part e is issue 11 target 1 on H100.
@@ -300,6 +303,15 @@ za) one_gpu
    run dp4-zero2-train python3 benchmarks/bench_train.py $DP4 parallel.zero=2 --steps 30
    run tp212-sp-mb8 $ours $T212
    run tp212-sp-mb8-zero2 $ours $T212 parallel.zero=2 ;;
+zb) one_gpu
+   run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2-ag256 $ours $DP4 parallel.zero=2 --steps 12 --combine-mib 256,128
+   run dp4-zero2-ag128 $ours $DP4 parallel.zero=2 --steps 12 --combine-mib 128,128
+   run dp4-zero2-again $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2-b2b $ours $DP4 parallel.zero=2 --trace-dir /tmp/tr_z2 --trace-steps 3 --back-to-back
+   tr=$(newest_trace /tmp/tr_z2); [[ -n $tr ]] && cp "$tr" "$out/trace_dp4-zero2-b2b.json.gz" &&
+     python3 benchmarks/nccl_timeline.py "$tr" > "$out/nccl_dp4-zero2.md" 2>&1 &&
+     python3 benchmarks/idle_gaps.py "$tr" --top 12 --min-us 200 > "$out/gaps_dp4-zero2.md" 2>&1 ;;
 zh) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
    run 7.5b-pp4-zbphased-v3-mb2 $ours $ZB75 --steps 8 ;;
 esac
