@@ -88,6 +88,8 @@
 # Part zb (session 28, ~300 s, after za): (4,1,1) zero 2 with the all-gather combiner at 256
 # and 128 MB (the step's first gather, 512 MB, runs with nothing beside it), A/B/A; then three
 # steps traced back to back (where za's 0.94x leaves the rest).
+# Part zc (session 28, ~220 s): the one GPU at micro 4 (the per-GPU work of (4,1,1) micro 4)
+# against micro 8, timed by capture_step and through train(); (4,1,1) zero 2 through train().
 # Part zh (session 28, ~420 s, for an H100 lease: issue 9 target 2 has only H200 figures): the
 # peer's 7.5B pp4 1F1B, then ours zb-phased v 3 micro 2 (65.9 GiB on H200: fits at 0.92 of 80).
 # Part e is issue 11 target 1 on H100.
@@ -312,6 +314,12 @@ zb) one_gpu
    tr=$(newest_trace /tmp/tr_z2); [[ -n $tr ]] && cp "$tr" "$out/trace_dp4-zero2-b2b.json.gz" &&
      python3 benchmarks/nccl_timeline.py "$tr" > "$out/nccl_dp4-zero2.md" 2>&1 &&
      python3 benchmarks/idle_gaps.py "$tr" --top 12 --min-us 200 > "$out/gaps_dp4-zero2.md" 2>&1 ;;
+zc) BT="python3 benchmarks/bench_train.py"; G1="env CUDA_VISIBLE_DEVICES=0"
+   one_gpu
+   run 1gpu-none-mb4 $G1 $ours $B13 --mesh 1,1,1 train.micro_batch_size=4 train.recompute=none
+   run 1gpu-none-mb8-train $G1 $BT $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none --steps 24 --tag 1gpu-none-mb8-train
+   run 1gpu-none-mb4-train $G1 $BT $B13 --mesh 1,1,1 train.micro_batch_size=4 train.recompute=none --steps 24 --tag 1gpu-none-mb4-train
+   run dp4-zero2-train $BT $DP4 parallel.zero=2 --steps 40 --tag dp4-zero2-train ;;
 zh) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
    run 7.5b-pp4-zbphased-v3-mb2 $ours $ZB75 --steps 8 ;;
 esac
