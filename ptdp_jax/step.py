@@ -24,8 +24,7 @@ from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax import zero as Z
 from ptdp_jax.config import ConfigError
-from ptdp_jax.sharding import (Sharder, data_axis, manual_axes, psum_over,
-                               vary)
+from ptdp_jax.sharding import Sharder, manual_axes, psum_over, vary
 from ptdp_jax.state import init_state, stage_state_specs, state_shardings, zero_stage
 
 
@@ -91,8 +90,7 @@ def make_grad_fn(cfg, mesh):
     n_tokens = cfg.train.global_batch_size * cfg.model.seq_len
     use_dropout = cfg.model.dropout > 0
     zero = zero_stage(cfg)
-    axes = Z.map2(data_axis, pspecs)     # per parameter: its ZeRO dim, or None
-    lay = Z.layouts(cfg, sh)             # per parameter: its tensor-parallel layout
+    lay = Z.layouts(cfg, sh, pspecs)     # per parameter: its logical names and ZeRO dim
     reduce_dtype = M.DTYPES[cfg.parallel.grad_reduce_dtype]
     # ZeRO reduce-scatters inside the last backward (zero.microbatch_grads), or after it as a
     # pipeline does (parallel.overlap_grad_reduce=false: the step of zero=0 with full weights)
@@ -104,16 +102,16 @@ def make_grad_fn(cfg, mesh):
         # microbatch; the reductions happen once, below (ZeRO: reduce-scatters, zero.py).
         params = jax.tree.map(lambda x: vary(x, manual), params)
         if in_backward:
-            loss, grads = Z.microbatch_grads(cfg, sh, params, batch, keys, manual, axes, lay)
+            loss, grads = Z.microbatch_grads(cfg, sh, params, batch, keys, manual, lay)
         else:
             if zero:                     # the (stage's) weights, once per step
-                params = Z.gather_stage(cfg, params, axes, lay)
+                params = Z.gather_stage(cfg, params, lay)
             if cfg.parallel.pipe == 1:
                 loss, grads = _microbatch_grads(cfg, sh, params, batch, keys, manual)
             else:
                 from ptdp_jax.pipeline.executor import pipeline_grads
                 loss, grads = pipeline_grads(cfg, sh, params, batch, keys)
-        grads = (Z.reduce_grads(cfg, grads, axes, lay, reduced=in_backward) if zero
+        grads = (Z.reduce_grads(cfg, grads, lay, reduced=in_backward) if zero
                  else jax.tree.map(lambda g: g.astype(reduce_dtype), grads))
         # The one data-parallel reduction. Each gradient is summed over the manual axes its
         # state is not sharded over: 'data' (unless ZeRO reduce-scattered it); 'pipe' for the

@@ -26,8 +26,8 @@ shards:
             reduce-scattered after the last tick.
 
 Reductions run in parallel.grad_reduce_dtype (float32 by default, as Megatron) and give
-float32 gradients. A tensor with no dim that d divides stays replicated over 'data' (axis None
-below): its gradient is all-reduced after the microbatches, as with zero=0.
+float32 gradients. A tensor with no dim that d divides stays replicated over 'data'
+(`Layout.data_dim` None): its gradient is all-reduced after the microbatches, as with zero=0.
 """
 from __future__ import annotations
 
@@ -39,67 +39,75 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models import model as M
-from ptdp_jax.sharding import Sharder, vary
+from ptdp_jax.sharding import Sharder, data_axis, vary
 
 F32 = jnp.float32
 
 
 @dataclass(frozen=True)
 class Layout:
-    """A parameter's tensor-parallel layout: its logical names (the rule table maps them; the
-    names' trailing dims fit a layer's weight as well as the (L, ...) stack). The gathers and
-    reduce-scatters over 'data' run on each device's block of it (`Sharder.per_device`, manual
+    """A parameter's layout: its logical names (the rule table maps them) and its ZeRO dim
+    (split over 'data'; None: replicated), both counted from the last dim, so that they fit a
+    layer's weight, the (L, ...) stack and the stage layout (S, V, L, ...) alike. The gathers
+    and reduce-scatters over 'data' run on each device's block (`Sharder.per_device`, manual
     over 'tensor' too): where 'tensor' was left to GSPMD, its partitioner gathered the operand
     of every collective over 'data' whole over 'tensor' first, so with tensor > 1 the layers
     ran on whole weights ((2,1,2) zero 2, 1.3B on 4x H200: 0.1883 s and 32.8 GiB against zero
     0's 0.1707 s and 24.4 GiB; session 27)."""
     sh: Sharder
     names: tuple
+    data_dim: int | None                 # negative: from the last dim
 
     def local(self, fn, x):
         names = self.names[len(self.names) - x.ndim:]
         return self.sh.per_device(fn, names, names)(x)
 
 
-def layouts(cfg, sh):
-    """{group: {name: Layout}} in the stage layout (models.model.param_logical_axes)."""
-    return map2(lambda names: Layout(sh, tuple(names)), M.param_logical_axes(cfg.model, True))
+def layouts(cfg, sh, specs):
+    """{group: {name: Layout}} from the stage layout's logical names
+    (models.model.param_logical_axes) and the state's PartitionSpecs (ZeRO dims)."""
+    def one(names, spec):
+        dim = data_axis(spec)
+        return Layout(sh, tuple(names), None if dim is None else dim - len(names))
+    return map2(one, M.param_logical_axes(cfg.model, True), specs)
 
 
-def gather(x, axis, dtype, lay):
-    """The full tensor from this replica's shard (split on `axis` over 'data'), in dtype."""
+def gather(x, dtype, lay):
+    """The full tensor from this replica's shard (split over 'data' on its ZeRO dim), in dtype."""
     x = x.astype(dtype)
-    if axis is None:
+    if lay.data_dim is None:
         return x
-    return lay.local(lambda b: jax.lax.all_gather(b, "data", axis=axis, tiled=True), x)
+    return lay.local(
+        lambda b: jax.lax.all_gather(b, "data", axis=b.ndim + lay.data_dim, tiled=True), x)
 
 
-def reduce_scatter(g, axis, reduce_dtype, lay):
+def reduce_scatter(g, reduce_dtype, lay):
     """Sum over 'data' of a full-size gradient, keeping this replica's shard (float32)."""
     def scatter(b):
         b = vary(b.astype(reduce_dtype), ("data",))
-        return jax.lax.psum_scatter(b, "data", scatter_dimension=axis, tiled=True).astype(F32)
+        return jax.lax.psum_scatter(b, "data", scatter_dimension=b.ndim + lay.data_dim,
+                                    tiled=True).astype(F32)
     return lay.local(scatter, g)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def weight(axis, dtype, reduce_dtype, lay, shard, full, acc):
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def weight(dtype, reduce_dtype, lay, shard, full, acc):
     """A weight from its shard, for the forward; its backward hands the shard the gradient
     summed over 'data'. full: the gathered weight, if there is one (zero=1), else it is
     gathered here (zero=3); acc: float32 gradient of earlier microbatches added before the
     reduce-scatter, or None. The output is named M.WEIGHTS, so the layer scan does not save
     it for the backward (models.model.layer_fn). lay: the parameter's Layout."""
-    w = gather(shard, axis, dtype, lay) if full is None else full
+    w = gather(shard, dtype, lay) if full is None else full
     return checkpoint_name(w, M.WEIGHTS)
 
 
-def _weight_fwd(axis, dtype, reduce_dtype, lay, shard, full, acc):
-    return weight(axis, dtype, reduce_dtype, lay, shard, full, acc), acc
+def _weight_fwd(dtype, reduce_dtype, lay, shard, full, acc):
+    return weight(dtype, reduce_dtype, lay, shard, full, acc), acc
 
 
-def _weight_bwd(axis, dtype, reduce_dtype, lay, acc, g):
+def _weight_bwd(dtype, reduce_dtype, lay, acc, g):
     g = g.astype(F32) if acc is None else g.astype(F32) + acc
-    return reduce_scatter(g, axis, reduce_dtype, lay), None, None
+    return reduce_scatter(g, reduce_dtype, lay), None, None
 
 
 weight.defvjp(_weight_fwd, _weight_bwd)
@@ -117,19 +125,18 @@ def _layers(tree):
     return dict(tree, layers=jax.tree.map(lambda x: x[0, 0], tree["layers"]))
 
 
-def _maker(cfg, axes, lay):
+def _maker(cfg, lay):
     """make(group, shards) -> that group's compute-dtype weights (layers: one layer's)."""
     dtype, rd = M.DTYPES[cfg.train.dtype], M.DTYPES[cfg.parallel.grad_reduce_dtype]
 
     def make(group, shards, fulls=None, accs=None):
         out = {}
         for k, s in shards.items():
-            ax = axes[group][k]
-            if ax is None:                         # replicated over 'data': plain cast
+            la = lay[group][k]
+            if la.data_dim is None:                # replicated over 'data': plain cast
                 out[k] = s.astype(dtype)
             else:
-                out[k] = weight(ax - (3 if group == "layers" else 0), dtype, rd, lay[group][k], s,
-                                None if fulls is None else fulls[k],
+                out[k] = weight(dtype, rd, la, s, None if fulls is None else fulls[k],
                                 None if accs is None else accs[k])
         return out
     return make
@@ -167,11 +174,10 @@ def _layer(stack_or_list, i):
     return jax.tree.map(lambda a: a[i], stack_or_list)
 
 
-def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes, lay):
+def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, lay):
     """p == 1 with parallel.zero >= 1: (loss sum, float32 gradients in the state's layout).
 
     params: this replica's state parameters, stage layout, varying over the manual axes;
-    axes: per parameter its 'data' dim (`sharding.data_axis` of its state spec) or None;
     lay: per parameter its Layout (`layouts`).
     Sharded leaves come back reduce-scattered over 'data'; replicated ones are the replica's
     own sums (the caller all-reduces them, as for zero=0)."""
@@ -188,17 +194,16 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes, lay):
     if cfg.parallel.zero in (2, 3):
         # every microbatch's backward reduce-scatters per layer into shard-sized sums; zero=2
         # gathers the weights once for all of them, zero=3 in each layer's forward and backward
-        make = _maker(cfg, axes, lay)
+        make = _maker(cfg, lay)
         fl = None
         if cfg.parallel.zero == 2:
-            fl = _only(_gather_all(cfg, dict(shards, layers={}) if unrolled else shards, axes,
-                                   lay), axes)
+            fl = _only(_gather_all(cfg, dict(shards, layers={}) if unrolled else shards, lay),
+                       lay)
             if unrolled:
                 # each layer's weights gathered on their own, so that (m = 1) the gathers of
                 # later layers can run under the forward of earlier ones instead of all before
                 # the first (24 ms a step exposed on the 7.5B, 4x H200, session 15)
-                fl["layers"] = _gather_layers(cfg, shards["layers"], axes["layers"],
-                                              lay["layers"])
+                fl["layers"] = _gather_layers(cfg, shards["layers"], lay["layers"])
 
         def body(acc, xs):
             tokens, key_rows = xs
@@ -210,7 +215,7 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes, lay):
         return loss, _unlayers(M.stack_layers(grads))
 
     # zero=1: gather once; microbatches 0 .. m-2 accumulate full-size gradients locally.
-    fulls = _gather_all(cfg, shards, axes, lay)
+    fulls = _gather_all(cfg, shards, lay)
     loss, acc = zeros((jnp.zeros(()), per_layer(fulls)))
     if m > 1:
         def body(carry, xs):
@@ -221,44 +226,41 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, axes, lay):
         (loss, acc), _ = jax.lax.scan(body, (loss, acc), jax.tree.map(lambda a: a[:-1],
                                                                         (mbs, keys)))
     # The last microbatch: its backward adds the accumulators and reduce-scatters per layer.
-    make = _maker(cfg, axes, lay)
+    make = _maker(cfg, lay)
     last = jax.tree.map(lambda a: a[-1], (mbs, keys))
-    fl = _only(fulls, axes)
-    ac = _only(acc, axes) if m > 1 else None
+    fl = _only(fulls, lay)
+    ac = _only(acc, lay) if m > 1 else None
     loss_last, g = jax.value_and_grad(
         lambda s: _loss(cfg, sh, make, s, fl, ac, *last))(per_layer(shards))
     g, acc = M.stack_layers(g), M.stack_layers(acc)
     # replicated leaves: their local sums (earlier microbatches added here)
-    g = map2(lambda x, a, ax: x if ax is not None else x + a, g, acc, axes)
+    g = map2(lambda x, a, la: x if la.data_dim is not None else x + a, g, acc, lay)
     return loss + loss_last, _unlayers(g)
 
 
-def _gather_all(cfg, shards, axes, lay):
+def _gather_all(cfg, shards, lay):
     """Every weight whole, in the compute dtype, from this replica's shards (p == 1 layout:
-    layers (L, ...), whose 'data' dims sit 2 lower than in the stage layout)."""
+    layers (L, ...))."""
     dtype = M.DTYPES[cfg.train.dtype]
-    local_axes = {g: {k: (None if a is None else a - 2 * (g == "layers")) for k, a in grp.items()}
-                  for g, grp in axes.items()}
-    return map2(lambda x, ax, la: gather(x, ax, dtype, la), shards, local_axes, lay)
+    return map2(lambda x, la: gather(x, dtype, la), shards, lay)
 
 
-def _gather_layers(cfg, layers, axes, lay):
+def _gather_layers(cfg, layers, lay):
     """[layer i's weights whole, or None where replicated over 'data'] for i < L, gathered
-    one layer at a time from the (L, ...) shards (p == 1: each 'data' dim sits 3 lower in a
-    layer than in the stage layout)."""
+    one layer at a time from the (L, ...) shards."""
     dtype = M.DTYPES[cfg.train.dtype]
     n = jax.tree.leaves(layers)[0].shape[0]
-    return [{k: None if axes[k] is None else gather(x[i], axes[k] - 3, dtype, lay[k])
+    return [{k: None if lay[k].data_dim is None else gather(x[i], dtype, lay[k])
              for k, x in layers.items()} for i in range(n)]
 
 
-def _only(tree, axes):
+def _only(tree, lay):
     """tree with None where a parameter is replicated over 'data' (no ZeRO dim); 'layers' may
     be per layer (M.per_layer)."""
     if isinstance(tree["layers"], list):
-        rest = _only(dict(tree, layers={}), dict(axes, layers={}))
-        return dict(rest, layers=[_only({"layers": t}, axes)["layers"] for t in tree["layers"]])
-    return map2(lambda x, ax: None if ax is None else x, tree, axes)
+        rest = _only(dict(tree, layers={}), dict(lay, layers={}))
+        return dict(rest, layers=[_only({"layers": t}, lay)["layers"] for t in tree["layers"]])
+    return map2(lambda x, la: None if la.data_dim is None else x, tree, lay)
 
 
 def _unlayers(grads):
@@ -267,18 +269,18 @@ def _unlayers(grads):
 
 # ----------------------------------------------------------------------------- p > 1, reduction
 
-def gather_stage(cfg, params, axes, lay):
+def gather_stage(cfg, params, lay):
     """p > 1: the stage's float32 weights from their shards, gathered once per step in the
     compute dtype (the pipeline executor takes float32 masters; their values only receive
     gradients, so the upcast of the compute-dtype copy loses nothing)."""
     dtype = M.DTYPES[cfg.train.dtype]
-    return map2(lambda x, ax, la: gather(x, ax, dtype, la).astype(F32), params, axes, lay)
+    return map2(lambda x, la: gather(x, dtype, la).astype(F32), params, lay)
 
 
-def reduce_grads(cfg, grads, axes, lay, reduced: bool):
+def reduce_grads(cfg, grads, lay, reduced: bool):
     """Sharded leaves: reduce-scatter over 'data' (unless `reduced` already); replicated
     leaves: cast to the reduce dtype for the caller's all-reduce."""
     rd = M.DTYPES[cfg.parallel.grad_reduce_dtype]
     return map2(
-        lambda g, ax, la: g.astype(rd) if ax is None
-        else (g if reduced else reduce_scatter(g, ax, rd, la)), grads, axes, lay)
+        lambda g, la: g.astype(rd) if la.data_dim is None
+        else (g if reduced else reduce_scatter(g, rd, la)), grads, lay)
