@@ -47,7 +47,8 @@ def main(argv=None):
     peak = MX.peak_flops_per_device(jax.devices()[0])
     mem = [d.memory_stats() or {} for d in jax.devices()[:n]]
     out = {
-        "tag": a.tag, "config": a.config, "device": jax.devices()[0].device_kind,
+        "tag": a.tag, "config": a.config, "overrides": a.overrides,
+        "device": jax.devices()[0].device_kind,
         "mesh": list(cfg.parallel.mesh_shape), "schedule": cfg.parallel.schedule,
         "v": cfg.parallel.virtual_stages, "m": cfg.num_microbatches,
         "micro_batch": cfg.train.micro_batch_size, "global_batch": cfg.train.global_batch_size,

@@ -47,6 +47,11 @@ def rows(paths: list[str]) -> list[str]:
             case = json.loads(line)
             if "step_time_s" not in case or "mesh" not in case:
                 continue
+            if "overrides" not in case:   # bench_train.py lines before session 29
+                out.append(f"| {path} | {case.get('tag', '')} | {case.get('device', '')} | "
+                           f"{case['step_time_s']} | no overrides in this record: not "
+                           f"predicted | | | | |")
+                continue
             # a direct capture_step.py line has no tag: its mesh and overrides name it
             tag = case.get("tag") or " ".join([",".join(map(str, case["mesh"]))] + case["overrides"])
             try:

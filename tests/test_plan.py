@@ -571,3 +571,29 @@ def test_unrolled_p1_sums_in_the_gemm():
     scanned = config("bench-1.3b", **dict(B13, train__micro_batch_size=1,
                                           train__scan_layers=True))
     assert accumulate_seconds(unrolled, H100) < 0.55 * accumulate_seconds(scanned, H100)
+
+
+# session 29, 4x H100 80GB HBM3, one machine (benchmarks/results/2026-11-27-s29): every
+# capture_step.py case of the lease, read from its record.jsonl as run (the code's defaults
+# then). Predicted / measured step 0.97-1.09 (1f1b 1.09, (1,1,4) micro 16 1.09); peak memory
+# 0.99-1.17 (the estimate over at m = 1 with data or tensor parallelism: on the safe side).
+S29 = ROOT / "benchmarks" / "results" / "2026-11-27-s29"
+S29_CASES = [json.loads(line) for part in ("z", "e", "zh")
+             for line in (S29 / part / "record.jsonl").read_text().splitlines()
+             if '"mesh"' in line]
+
+
+@pytest.mark.parametrize("case", S29_CASES, ids=[c["tag"] for c in S29_CASES])
+def test_our_h100_s29_measurements(case):
+    import dataclasses
+    from ptdp_jax.config import parse_cli_overrides
+    from ptdp_jax.memory import GiB
+    assert "H100" in case["device"]
+    cfg = load_config(str(ROOT / case["config"]), parse_cli_overrides(case["overrides"]))
+    d, p, t = case["mesh"]
+    cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, data=d, pipe=p,
+                                                                tensor=t))
+    est = estimate_step(cfg, H100, 8)
+    assert est.step_time_s == pytest.approx(case["step_time_s"], rel=0.10)
+    ratio = est.memory.total / GiB / max(case["peak_mem_gib"])
+    assert 0.97 <= ratio <= 1.20, (ratio, est.memory.describe())
