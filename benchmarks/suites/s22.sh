@@ -93,6 +93,10 @@
 # Part zh (session 28, ~420 s, for an H100 lease: issue 9 target 2 has only H200 figures): the
 # peer's 7.5B pp4 1F1B, then ours zb-phased v 3 micro 2 (65.9 GiB on H200: fits at 0.92 of 80).
 # Part e is issue 11 target 1 on H100.
+# Part zi (session 29, ~150 s, for an H100 lease): issue 10 target 1 on H100 (0.909x, s29 part
+# z): (4,1,1) zero 2 timed, then three steps traced back to back, read by NCCL kernel (what runs
+# beside each collective), by idle gap and by kernel category: where H100's 5.5-6.7% over
+# the no-communication step goes (NOTES issue 10, Session 29).
 # Part za (written in session 27, not yet run; ~330 s): issue 10 target 1 with part zx's change
 # on 4 GPUs (prediction: (4,1,1) zero 2 0.136-0.139 s, 0.94-0.96x): one GPU, zero 2 twice, zero
 # 0 and 1, zero 2 through train() (bench_train.py), then issue 11 target 2's (2,1,2) at zero 2
@@ -320,6 +324,12 @@ zc) BT="python3 benchmarks/bench_train.py"; G1="env CUDA_VISIBLE_DEVICES=0"
    run 1gpu-none-mb8-train $G1 $BT $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none --steps 24 --tag 1gpu-none-mb8-train
    run 1gpu-none-mb4-train $G1 $BT $B13 --mesh 1,1,1 train.micro_batch_size=4 train.recompute=none --steps 24 --tag 1gpu-none-mb4-train
    run dp4-zero2-train $BT $DP4 parallel.zero=2 --steps 40 --tag dp4-zero2-train ;;
+zi) run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
+   run dp4-zero2-b2b $ours $DP4 parallel.zero=2 --trace-dir /tmp/tr_z2 --trace-steps 3 --back-to-back
+   tr=$(newest_trace /tmp/tr_z2); [[ -n $tr ]] && cp "$tr" "$out/trace_dp4-zero2-b2b.json.gz" &&
+     python3 benchmarks/nccl_timeline.py "$tr" > "$out/nccl_dp4-zero2.md" 2>&1 &&
+     python3 benchmarks/idle_gaps.py "$tr" --top 12 --min-us 200 > "$out/gaps_dp4-zero2.md" 2>&1
+   TRACE_STEPS=3 prof dp4-zero2 /tmp/tr_z2 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2 ;;
 zh) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
    run 7.5b-pp4-zbphased-v3-mb2 $ours $ZB75 --steps 8 ;;
 esac
