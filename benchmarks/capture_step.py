@@ -55,7 +55,7 @@ def main(argv=None):
     ap.add_argument("--back-to-back", action="store_true",
                     help="trace the steps as the timed loop runs them (only the loss waited for, "
                          "no pause): the GPUs' idle time between steps shows; profile_step.py "
-                         "cannot cut such a trace into steps (use idle_gaps.py)")
+                         "reads such a trace with --back-to-back")
     ap.add_argument("--combine-mib", default="",
                     help="AG,RS: XLA's all-gather and reduce-scatter combine thresholds in MiB "
                          "instead of step.compiler_options' (0: XLA's own default); an A/B only")

@@ -167,14 +167,15 @@ def collectives_by_op(devices) -> str:
 
 
 def capture(config: str, mesh: str, steps: int, trace_dir: str, overrides: list[str],
-            trace_steps: int = 1) -> dict:
+            trace_steps: int = 1, back_to_back: bool = False) -> dict:
     """Run benchmarks/capture_step.py's main() (GPUs): its JSON line as a dict."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "capture_step.py")
     spec = importlib.util.spec_from_file_location("capture_step", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.main([config, "--mesh", mesh, "--steps", str(steps), "--trace-dir", trace_dir,
-                     "--trace-steps", str(trace_steps)] + list(overrides))
+                     "--trace-steps", str(trace_steps)] + ["--back-to-back"] * back_to_back
+                    + list(overrides))
 
 
 def main(argv=None) -> dict:
@@ -189,6 +190,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--trace-dir", default="", help="where the capture run writes (default: temp)")
     ap.add_argument("--trace-steps", type=int, default=1,
                     help="steps in the trace (capture_step.py --trace-steps): the last is read")
+    ap.add_argument("--back-to-back", action="store_true",
+                    help="the traced steps ran back to back (capture_step.py --back-to-back): "
+                         "cut them at all-device idle gaps of 1 ms, not at a pause")
     ap.add_argument("--json", default="", help="write the report dict here")
     ap.add_argument("--top", type=int, default=5, help="kernels listed per category")
     ap.add_argument("overrides", nargs="*")
@@ -201,14 +205,15 @@ def main(argv=None) -> dict:
     step_s, trace = a.step_time, a.trace
     if not trace:
         run = capture(a.config, a.mesh, a.steps, a.trace_dir or tempfile.mkdtemp(prefix="trace_"),
-                      a.overrides, a.trace_steps)
+                      a.overrides, a.trace_steps, a.back_to_back)
         step_s, trace = run["step_time_s"], run["trace"]
         if not trace:
             sys.exit("capture_step.py wrote no trace")
     ideal = None
     if a.one_gpu_step:
         ideal = ideal_step_s(a.one_gpu_step, mesh, sched.m, sched.v, cfg.parallel.schedule)
-    devices = profiling.last_run(profiling.load_trace(trace), a.trace_steps)
+    gap = profiling.BACK_TO_BACK_GAP_US if a.back_to_back else profiling.MIN_RUN_GAP_US
+    devices = profiling.last_run(profiling.load_trace(trace), a.trace_steps, gap)
     rep = profiling.report(devices, tick_labels(sched, cfg.parallel.schedule),
                            stage_of_device(mesh), ideal_s=ideal, step_s=step_s, top_n=a.top,
                            merge_busy_us=merge_busy_us(cfg.parallel.schedule))

@@ -142,13 +142,18 @@ def _category(name: str, threads: int) -> str:
 
 
 MIN_RUN_GAP_US = 20_000      # capture_step.py pauses 100 ms between traced steps
+BACK_TO_BACK_GAP_US = 1_000  # --back-to-back: only the host's loss read and next dispatch
+                             # (2-3.5 ms at (4,1,1), session 25) separate two steps
 
 
-def last_run(devices: dict[int, list[Kernel]], runs: int) -> dict[int, list[Kernel]]:
+def last_run(devices: dict[int, list[Kernel]], runs: int,
+             min_gap_us: float = MIN_RUN_GAP_US) -> dict[int, list[Kernel]]:
     """The kernels of the last of `runs` executions traced one after the other, each waited
     for before the next and a pause between them (benchmarks/capture_step.py --trace-steps):
-    cut at the latest interval of at least MIN_RUN_GAP_US in which no device runs a kernel
-    (runs - 1 of them needed). The first traced step can be skewed by the profiler's start
+    cut at the latest interval of at least min_gap_us in which no device runs a kernel
+    (runs - 1 of them needed). Steps traced back to back (capture_step.py --back-to-back)
+    have no pause: cut them at BACK_TO_BACK_GAP_US, which a step with all devices idle that
+    long inside it (a pipeline of tiny kernels) would cut wrongly. The first traced step can be skewed by the profiler's start
     (4x H200, session 13: a 410 ms window for a 200 ms step), the next one is not."""
     if runs <= 1:
         return devices
@@ -161,13 +166,14 @@ def last_run(devices: dict[int, list[Kernel]], runs: int) -> dict[int, list[Kern
     if len(gaps) < runs - 1:
         raise ValueError(f"expected {runs} traced runs, found {len(gaps) + 1} (no gap between "
                          f"them in which every device is idle)")
-    pauses = [start for length, start in gaps if length >= MIN_RUN_GAP_US]
+    pauses = [start for length, start in gaps if length >= min_gap_us]
     if len(pauses) < runs - 1:
         longest = max(length for length, _ in gaps) / 1e3
         raise ValueError(f"expected {runs} traced runs, but only {len(pauses)} interval(s) in "
-                         f"which every device is idle last {MIN_RUN_GAP_US / 1e3:.0f} ms or more "
+                         f"which every device is idle last {min_gap_us / 1e3:g} ms or more "
                          f"(the longest: {longest:.2f} ms): the runs overlap (wait for each "
-                         f"run's whole output and pause before the next)")
+                         f"run's whole output and pause before the next; steps traced back to "
+                         f"back: profile_step.py --back-to-back)")
     # the latest such pause: a long idle interval the profiler's start causes inside the first
     # run comes before it
     cut = max(pauses)

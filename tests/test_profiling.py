@@ -352,6 +352,13 @@ def test_last_run_keeps_the_last_of_several_traced_steps():
                           k("gemm_a", 350_000.0, 10.0)],
                       1: [k("gemm_a", 300_005.0, 10.0), k("gemm_a", 350_001.0, 10.0)]})
     assert [x.ts_us for x in P.last_run(skewed, 2)[0]] == [350_000.0]
+    # steps traced back to back (capture_step.py --back-to-back): 2-3 ms of host time between
+    # them, cut at BACK_TO_BACK_GAP_US; the default refuses them and names the flag
+    b2b = kernels({0: [k("gemm_a", 0.0, 10_000.0), k("gemm_b", 12_500.0, 10_000.0)],
+                   1: [k("gemm_a", 1.0, 10_000.0), k("gemm_b", 12_501.0, 10_000.0)]})
+    with pytest.raises(ValueError, match="profile_step.py --back-to-back"):
+        P.last_run(b2b, 2)
+    assert [x.ts_us for x in P.last_run(b2b, 2, P.BACK_TO_BACK_GAP_US)[0]] == [12_500.0]
 
 
 def test_host_time_sums_host_events_and_gpu_idle():

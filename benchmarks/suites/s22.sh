@@ -98,8 +98,8 @@
 # beside each collective), by idle gap and by kernel category: where H100's 5.5-6.7% over
 # the no-communication step goes (NOTES issue 10, Session 29); then one GPU on (4,1,1)'s own
 # batch (global 4, micro 4), traced the same way: the same kernels with nothing beside them.
-# (Run once in session 29 with TRACE_STEPS=3, which profile_step.py refuses for back-to-back
-# steps; both traces are now read whole, three steps in one window.)
+# (Run once in session 29 before profile_step.py read back-to-back traces: both reads failed and
+# the one-GPU trace was lost; profile_step.py --back-to-back now cuts them at 1 ms gaps.)
 # Part za (written in session 27, not yet run; ~330 s): issue 10 target 1 with part zx's change
 # on 4 GPUs (prediction: (4,1,1) zero 2 0.136-0.139 s, 0.94-0.96x): one GPU, zero 2 twice, zero
 # 0 and 1, zero 2 through train() (bench_train.py), then issue 11 target 2's (2,1,2) at zero 2
@@ -332,10 +332,10 @@ zi) run dp4-zero2 $ours $DP4 parallel.zero=2 --steps 12
    tr=$(newest_trace /tmp/tr_z2); [[ -n $tr ]] && cp "$tr" "$out/trace_dp4-zero2-b2b.json.gz" &&
      python3 benchmarks/nccl_timeline.py "$tr" > "$out/nccl_dp4-zero2.md" 2>&1 &&
      python3 benchmarks/idle_gaps.py "$tr" --top 12 --min-us 200 > "$out/gaps_dp4-zero2.md" 2>&1
-   TRACE_STEPS=1 prof dp4-zero2 /tmp/tr_z2 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2
+   TRACE_STEPS=3 prof dp4-zero2 /tmp/tr_z2 4,1,1 --back-to-back train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2
    G4="$B13 --mesh 1,1,1 train.global_batch_size=4 train.micro_batch_size=4 train.recompute=none"
    run 1gpu-gb4-mb4-b2b env CUDA_VISIBLE_DEVICES=0 $ours $G4 --trace-dir /tmp/tr_g4 --trace-steps 3 --back-to-back
-   TRACE_STEPS=1 prof 1gpu-gb4-mb4 /tmp/tr_g4 1,1,1 train.global_batch_size=4 train.micro_batch_size=4 train.recompute=none ;;
+   TRACE_STEPS=3 prof 1gpu-gb4-mb4 /tmp/tr_g4 1,1,1 --back-to-back train.global_batch_size=4 train.micro_batch_size=4 train.recompute=none ;;
 zh) run peer-7.5b-pp4-1f1b $peer --dp 1 --pp 4 --tp 1 --schedule 1f1b $P75
    run 7.5b-pp4-zbphased-v3-mb2 $ours $ZB75 --steps 8 ;;
 esac
