@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ptdp_jax import profiling  # noqa: E402
 
 
-def step_starts_us(kernels, gap_us: float = 1000.0) -> list[float]:
+def step_starts_us(kernels, gap_us: float = profiling.BACK_TO_BACK_GAP_US) -> list[float]:
     """The start of each run of kernels that follows an idle gap of at least gap_us."""
     starts, busy = [kernels[0].ts_us], kernels[0].end_us
     for k in kernels[1:]:

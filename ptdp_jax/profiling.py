@@ -153,8 +153,9 @@ def last_run(devices: dict[int, list[Kernel]], runs: int,
     cut at the latest interval of at least min_gap_us in which no device runs a kernel
     (runs - 1 of them needed). Steps traced back to back (capture_step.py --back-to-back)
     have no pause: cut them at BACK_TO_BACK_GAP_US, which a step with all devices idle that
-    long inside it (a pipeline of tiny kernels) would cut wrongly. The first traced step can be skewed by the profiler's start
-    (4x H200, session 13: a 410 ms window for a 200 ms step), the next one is not."""
+    long inside it (a pipeline of tiny kernels) would cut wrongly. The first traced step can
+    be skewed by the profiler's start (4x H200, session 13: a 410 ms window for a 200 ms
+    step), the next one is not."""
     if runs <= 1:
         return devices
     spans = sorted((k.ts_us, k.end_us) for ks in devices.values() for k in ks)
