@@ -451,3 +451,33 @@ def test_hlo_copies_groups_moves_and_finds_their_computations(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("| kind | dtype[shape] | count | MB each |")
     assert "| copy | bf16[2,1024,1024] | 2 | 4.2 | 2 |" in out
+
+
+def test_kernel_diff_groups_kernels_by_family_and_sorts_by_difference(tmp_path, capsys):
+    """benchmarks/kernel_diff.py: fusions grouped by HLO op without its numeric suffix, GEMMs by
+    kernel name; per family the count and summed time of each step and the difference."""
+    D = _load("benchmarks/kernel_diff.py", "kernel_diff")
+    base = make_trace({0: [k("nvjet_a", 0.0, 100.0, hlo_op="cublas.1"),
+                           k("loop_add_fusion_3", 100.0, 10.0, hlo_op="loop_add_fusion.3")]})
+    other = make_trace({0: [k("nvjet_a", 0.0, 60.0, hlo_op="cublas.7"),
+                            k("nvjet_a", 60.0, 60.0, hlo_op="cublas.8"),
+                            k("loop_add_fusion_9", 120.0, 5.0, hlo_op="loop_add_fusion.9"),
+                            k("loop_add_fusion_12", 125.0, 5.0, hlo_op="loop_add_fusion.12.1"),
+                            k("memset32", 130.0, 1.0, hlo_op="")]})
+    fb, cb, wb = D.step_families_of(P.step_kernels(base)[0])
+    fo, co, wo = D.step_families_of(P.step_kernels(other)[0])
+    assert fo[("gemm", "nvjet_a")] == (2, pytest.approx(0.12))
+    assert fo[("elementwise", "loop_add_fusion")] == (2, pytest.approx(0.01))
+    assert fb[("elementwise", "loop_add_fusion")] == (1, pytest.approx(0.01))
+    assert (wb, wo) == (pytest.approx(0.11), pytest.approx(0.131))
+    assert cb["gemm"] == pytest.approx(0.1) and co["gemm"] == pytest.approx(0.12)
+    rows = D.compare(fb, fo, top=10)
+    assert rows[0][:3] == ("gemm", "nvjet_a", 1) and rows[0][6] == pytest.approx(0.02)
+    assert [r[1] for r in rows][-1] == "loop_add_fusion"          # no difference: last
+    for i, t in enumerate((base, other)):
+        (tmp_path / f"{i}.json").write_text(json.dumps(t))
+    assert D.main([str(tmp_path / "0.json"), str(tmp_path / "1.json"), "--trace-steps", "1",
+                   "--names", "mb8,mb1"]) == 0
+    out = capsys.readouterr().out
+    assert "| gemm | `nvjet_a` | 1 | 0.10 | 2 | 0.12 | +0.02 |" in out
+    assert "window: mb8 0.1 ms, mb1 0.1 ms" in out
