@@ -9,7 +9,8 @@ Each trace is a perfetto_trace.json.gz of benchmarks/capture_step.py (`--trace-s
 last of N traced steps is read, as profile_step.py does). A family is the category
 (ptdp_jax.profiling.CATEGORY_RULES) and, for GEMM and attention kernels, the kernel name (it
 names the tile shape), for every other kernel its HLO op with the numeric suffix dropped
-(`loop_multiply_fusion.516` -> `loop_multiply_fusion`). Prints per category and per family:
+(`loop_multiply_fusion.516` -> `loop_multiply_fusion`); a kernel run inside a command buffer
+carries the buffer's name as its HLO op, so its kernel name is used instead. Prints per category and per family:
 kernel count and summed kernel time (ms) in each step, and the difference. Summed kernel time
 counts overlapping kernels twice; the category table also gives the exclusive time
 (profiling.exclusive_timeline) and idle. Standard library only.
@@ -33,7 +34,8 @@ def family(k: profiling.Kernel) -> tuple[str, str]:
     cat = profiling.classify(k)
     if cat in ("gemm", "attention") or not k.hlo_op:
         return cat, k.name[:80]
-    op = k.hlo_op
+    # inside a command buffer (CUDA graph) the HLO op is the buffer's: the kernel is the fusion
+    op = k.name if k.hlo_op.startswith("command_buffer") else k.hlo_op
     while _SUFFIX.search(op):
         op = _SUFFIX.sub("", op)
     return cat, op

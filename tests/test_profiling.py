@@ -463,13 +463,16 @@ def test_kernel_diff_groups_kernels_by_family_and_sorts_by_difference(tmp_path, 
                             k("nvjet_a", 60.0, 60.0, hlo_op="cublas.8"),
                             k("loop_add_fusion_9", 120.0, 5.0, hlo_op="loop_add_fusion.9"),
                             k("loop_add_fusion_12", 125.0, 5.0, hlo_op="loop_add_fusion.12.1"),
-                            k("memset32", 130.0, 1.0, hlo_op="")]})
+                            k("memset32", 130.0, 1.0, hlo_op=""),
+                            k("input_reduce_fusion_71", 131.0, 2.0, hlo_op="command_buffer_165"),
+                            k("input_reduce_fusion_9", 133.0, 2.0, hlo_op="command_buffer_165")]})
     fb, cb, wb = D.step_families_of(P.step_kernels(base)[0])
     fo, co, wo = D.step_families_of(P.step_kernels(other)[0])
     assert fo[("gemm", "nvjet_a")] == (2, pytest.approx(0.12))
     assert fo[("elementwise", "loop_add_fusion")] == (2, pytest.approx(0.01))
     assert fb[("elementwise", "loop_add_fusion")] == (1, pytest.approx(0.01))
-    assert (wb, wo) == (pytest.approx(0.11), pytest.approx(0.131))
+    assert fo[("elementwise", "input_reduce_fusion")] == (2, pytest.approx(0.004))
+    assert (wb, wo) == (pytest.approx(0.11), pytest.approx(0.135))
     assert cb["gemm"] == pytest.approx(0.1) and co["gemm"] == pytest.approx(0.12)
     rows = D.compare(fb, fo, top=10)
     assert rows[0][:3] == ("gemm", "nvjet_a", 1) and rows[0][6] == pytest.approx(0.02)
