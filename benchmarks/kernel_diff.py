@@ -10,10 +10,10 @@ last of N traced steps is read, as profile_step.py does). A family is the catego
 (ptdp_jax.profiling.CATEGORY_RULES) and, for GEMM and attention kernels, the kernel name (it
 names the tile shape), for every other kernel its HLO op with the numeric suffix dropped
 (`loop_multiply_fusion.516` -> `loop_multiply_fusion`); a kernel run inside a command buffer
-carries the buffer's name as its HLO op, so its kernel name is used instead. Prints per category and per family:
-kernel count and summed kernel time (ms) in each step, and the difference. Summed kernel time
-counts overlapping kernels twice; the category table also gives the exclusive time
-(profiling.exclusive_timeline) and idle. Standard library only.
+carries the buffer's name as its HLO op, so its kernel name is used instead. Prints per
+category and per family: kernel count and summed kernel time (ms) in each step, and the
+difference. Summed kernel time counts overlapping kernels twice; the category table also gives
+the exclusive time (profiling.exclusive_timeline) and idle. Standard library only.
 """
 from __future__ import annotations
 

@@ -76,7 +76,7 @@ def traced(f, args, folder):
     """NCCL time, its exposed part, and the streams of NCCL and GEMM kernels, per device."""
     from ptdp_jax import profiling as prof
     with jax.profiler.trace(folder, create_perfetto_trace=True):
-        f(*args).block_until_ready()
+        jax.block_until_ready(f(*args))
     path = sorted(glob.glob(os.path.join(folder, "**", "perfetto_trace.json.gz"), recursive=True))[-1]
     out = {}
     for dev, ks in prof.load_trace(path).items():

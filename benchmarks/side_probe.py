@@ -15,12 +15,11 @@ warm-ups:
 
 Prints one JSON line per program, and a last line with both / (gemm + gather) and
 both / max(gemm, gather). With --trace DIR each program is traced once and the line gets the
-NCCL kernels' time and the GEMM time per device (ptdp_jax.profiling).
+NCCL kernels' time, their exposed part and the GEMM time per device (overlap_probe.traced).
 """
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import time
@@ -28,6 +27,8 @@ import time
 import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+from overlap_probe import traced   # benchmarks/ (this script's folder): NCCL and GEMM time a device
 
 
 def programs(chain: int):
@@ -49,24 +50,6 @@ def programs(chain: int):
         "gather": lambda x, y, w1, w2: (x, gathers(y)),
         "both": lambda x, y, w1, w2: (gemms(x, w1, w2), gathers(y)),
     }
-
-
-def traced(f, args, folder):
-    """NCCL kernel time and GEMM time per device of one traced run."""
-    from ptdp_jax import profiling as prof
-    with jax.profiler.trace(folder, create_perfetto_trace=True):
-        jax.block_until_ready(f(*args))
-    path = sorted(glob.glob(os.path.join(folder, "**", "perfetto_trace.json.gz"), recursive=True))[-1]
-    out = {}
-    for dev, ks in prof.load_trace(path).items():
-        start, end = ks[0].ts_us, max(k.end_us for k in ks)
-        cats = prof.category_time_us(prof.exclusive_timeline(ks, start, end), start, end)
-        out[f"gpu{dev}"] = {
-            "window_ms": round((end - start) / 1e3, 3),
-            "nccl_ms": round(sum(k.dur_us for k in ks if prof.classify(k) == "collective") / 1e3, 3),
-            "nccl_exposed_ms": round(cats["collective"] / 1e3, 3),
-            "gemm_ms": round(sum(k.dur_us for k in ks if prof.classify(k) == "gemm") / 1e3, 3)}
-    return out
 
 
 def main(argv=None) -> int:

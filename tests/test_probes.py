@@ -1,0 +1,28 @@
+"""benchmarks/side_probe.py on the CPU's fake devices: its three programs compile and run, and
+the summary compares them (timings themselves are for GPUs)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
+
+
+def test_side_probe_runs_gemms_gathers_and_both_and_summarises(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(BENCH)
+    monkeypatch.setenv("NCCL_CTA_POLICY", "2")
+    import side_probe
+    assert side_probe.main(["--rows", "16", "--hidden", "32", "--ffn", "64", "--chain", "2",
+                            "--gather-mib", "1"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert [x["case"] for x in lines] == ["gemm", "gather", "both", "summary"]
+    assert lines[0]["t"] == 8 and all(x["cta_policy"] == "2" for x in lines)
+    g, c, b = (x["ms"] for x in lines[:3])
+    s = lines[3]
+    # the summary divides the unrounded times; the lines print them to the microsecond
+    assert s["both_over_serial"] == pytest.approx(b / (g + c), rel=1e-2)
+    assert s["both_over_ideal"] == pytest.approx(b / max(g, c), rel=1e-2)
+    sys.modules.pop("side_probe", None)
