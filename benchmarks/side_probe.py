@@ -84,7 +84,7 @@ def main(argv=None) -> int:
             out = f(x, y, w1, w2)
         jax.block_until_ready(out)
         times[name] = (time.perf_counter() - t0) / 20 * 1e3
-        line = {"case": name, "t": t, "ms": round(times[name], 3),
+        line = {"case": name, "t": t, "ms": round(times[name], 4),
                 "device": jax.devices()[0].device_kind,
                 "cta_policy": os.environ.get("NCCL_CTA_POLICY", "")}
         if a.trace:
