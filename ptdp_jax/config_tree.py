@@ -116,9 +116,12 @@ class ParallelConfig:
     scatter_gather: bool = False
     sequence_parallel: bool = False      # split norms, dropout, residual stream by sequence over
                                          # 'tensor' (Megatron's --sequence-parallel); t = 1: no-op
-    tp_comm_overlap: bool = False        # with sequence_parallel: its all-gathers and reduce-scatters
-                                         # decomposed into rings of permutes around the GEMMs
-                                         # (collective matmul, Megatron's --tp-comm-overlap)
+    tp_comm_overlap: bool | str = "auto"  # with sequence_parallel: its all-gathers and reduce-
+                                         # scatters decomposed into rings of permutes around the
+                                         # GEMMs (collective matmul, Megatron's --tp-comm-overlap),
+                                         # the permutes on the copy engines (XLA's peer mode).
+                                         # auto: on where allowed with one microbatch a step, on
+                                         # GPUs of one process (sharding.tp_overlap_on)
     # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p; zb-v: stage c
     # for c < p, 2p-1-c after), summing to num_layers; () = even; "auto" = balanced with the head.
     stage_layers: tuple[int, ...] | str = ()
@@ -239,6 +242,18 @@ class Config:
         if self.train.scan_layers == "auto":
             return self.parallel.zero == 3 and self.parallel.pipe == 1
         return bool(self.train.scan_layers)
+
+    @property
+    def tp_comm_overlap_on(self) -> bool:
+        """parallel.tp_comm_overlap resolved from the config alone (the devices are
+        sharding.tp_overlap_on's part). auto: sequence parallelism over tensor > 1 without
+        pipelining, the layers unrolled, one microbatch a step (m = 1: where it was measured
+        faster, benchmarks/NOTES.md issue 11 session 31)."""
+        p = self.parallel
+        if p.tp_comm_overlap != "auto":
+            return bool(p.tp_comm_overlap)
+        return (p.sequence_parallel and p.tensor > 1 and p.pipe == 1 and not self.scan_layers_on
+                and self.num_microbatches == 1)
 
     @property
     def num_microbatches(self) -> int:

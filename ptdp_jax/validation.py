@@ -166,7 +166,9 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
              f"parallel.overlap_p2p overlaps the phased schedules' forward messages with their "
              f"backward rows: it needs parallel.pipe > 1 and parallel.schedule 1f1b-phased or "
              f"zb-phased (got pipe={pp}, schedule={p.schedule!r})")
-    if p.tp_comm_overlap:
+    need(p.tp_comm_overlap in (True, False, "auto"),
+         f"parallel.tp_comm_overlap must be true, false or auto, got {p.tp_comm_overlap!r}")
+    if p.tp_comm_overlap is True:
         need(p.sequence_parallel and tp > 1,
              f"parallel.tp_comm_overlap decomposes sequence parallelism's collectives: it needs "
              f"parallel.sequence_parallel=true and parallel.tensor > 1 (got "

@@ -250,7 +250,7 @@ def accumulate_seconds(cfg, gpu: GpuKind) -> float:
         return 0.0
     n = sum(params_per_device(cfg).values())
     compute = 4 if cfg.train.dtype == "float32" else 2
-    in_gemm = not (cfg.scan_layers_on or cfg.parallel.tp_comm_overlap
+    in_gemm = not (cfg.scan_layers_on or cfg.tp_comm_overlap_on
                    or (z == 1 and cfg.parallel.overlap_grad_reduce_on))
     dense = cfg.model.num_layers * sum(K * N for _, K, N in layer_gemms(cfg)) if in_gemm else 0
     return (m - 1) * _memory_seconds((n - dense) * (2 * 4 + compute), gpu) + \
