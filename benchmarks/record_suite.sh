@@ -88,6 +88,16 @@ profiled() {   # profiled TAG TRACEDIR CONFIG --mesh d,p,t [key=value ...]: the 
   rm -rf "$dir"
 }
 
+probe() {   # probe TAG [ENV...]: overlap_probe.py at the 1.3B's micro-16 rows, each case traced,
+  # under the environment; its lines tagged probe-TAG into OUTDIR/probe.jsonl
+  local tag=$1; shift
+  echo "=== probe $tag: $* (t=$(( $(date +%s) - start ))s)" | tee -a "$out/record.log"
+  env "$@" timeout 150 python3 benchmarks/overlap_probe.py --rows 32768 --trace "/tmp/probe_$tag" \
+    2>> "$out/record.log" | sed "s/^{/{\"tag\": \"probe-$tag\", /" | tee -a "$out/probe.jsonl"
+  rm -rf "/tmp/probe_$tag"
+}
+TP4_MB16="$ours $B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true --steps 8"
+
 # a suite of its own file: benchmarks/suites/NAME.sh, sourced here with the helpers above
 if [[ "${SUITE:-record}" != record ]]; then
   source "benchmarks/suites/${SUITE}.sh"

@@ -1,4 +1,5 @@
 # Sourced by benchmarks/record_suite.sh (SUITE=s31). 4 GPUs, ~420 s. Session 31, issue 11: XLA's
+# (run before tp_comm_overlap=auto: its plain cases now say tp_comm_overlap=false, as they ran)
 # --xla_gpu_use_memcpy_local_p2p runs a collective-permute between GPUs of one process as a
 # cudaMemcpy on the copy engines (peer pointers exchanged once; no NCCL kernel, no SMs). Sessions
 # 13-15 found the tp_comm_overlap ring's NCCL permutes waiting for the GEMMs' SMs (+46% at t = 4,
@@ -10,17 +11,10 @@ MEMF="--xla_gpu_use_memcpy_local_p2p=true"
 so=$(python3 -c 'import glob, jax_plugins, os; print(" ".join(glob.glob(os.path.dirname(jax_plugins.__path__[0]) + "/jax_plugins/*/*.so")))' 2>/dev/null)
 for f in $so; do strings "$f" | grep -oE "xla_gpu_[a-z0-9_]*(p2p|memcpy|copy_engine)[a-z0-9_]*"; done | sort -u > "$out/xla_flags.txt"
 cat "$out/xla_flags.txt"
-probe() {   # probe TAG [ENV...]: overlap_probe at micro-16 rows, each case traced
-  local tag=$1; shift
-  echo "=== probe $tag: $* (t=$(( $(date +%s) - start ))s)" | tee -a "$out/record.log"
-  env "$@" timeout 150 python3 benchmarks/overlap_probe.py --rows 32768 --trace "/tmp/probe_$tag" \
-    2>> "$out/record.log" | sed "s/^{/{\"tag\": \"probe-$tag\", /" | tee -a "$out/probe.jsonl"
-  rm -rf "/tmp/probe_$tag"
-}
 probe nccl
 probe memcpy XLA_FLAGS="$MEMF"
 one_gpu
-TP4="$ours $B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true --steps 8"
-run tp4-sp-mb16 $TP4
+TP4=$TP4_MB16
+run tp4-sp-mb16 $TP4 parallel.tp_comm_overlap=false
 run tp4-sp-mb16-ring-memcpy env XLA_FLAGS="$MEMF" $TP4 parallel.tp_comm_overlap=true
 run tp4-sp-mb16-ring $TP4 parallel.tp_comm_overlap=true

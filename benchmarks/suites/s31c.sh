@@ -3,7 +3,7 @@
 # step.compiler_options, where m = 1) with no XLA_FLAGS; the 7.5B (1,1,4) SP micro 8 (m 4, not
 # in auto) with the ring forced on against off; (2,1,2) under auto against (4,1,1) zero 2.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-220}
-TP4="$ours $B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true --steps 8"
+TP4=$TP4_MB16
 run tp4-sp-mb16-auto $TP4
 T75="$ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none train.micro_batch_size=8 parallel.sequence_parallel=true --steps 5"
 run 7.5b-tp4-sp-mb8-ring $T75 parallel.tp_comm_overlap=true
