@@ -166,13 +166,9 @@ def tp_overlap_on(cfg, mesh) -> bool:
         return True
     if mesh is None:
         return False
-    devs = mesh.devices                              # (data, pipe, tensor)
-    local = all(len({d.process_index for d in row}) == 1 for row in devs.reshape(-1, devs.shape[-1]))
-    return _tp_overlap_auto(devs.flat[0].platform, local)
-
-
-def _tp_overlap_auto(platform: str, tensor_groups_local: bool) -> bool:
-    return platform == "gpu" and tensor_groups_local
+    groups = mesh.devices.reshape(-1, mesh.devices.shape[-1])     # (data x pipe, tensor)
+    return (groups.flat[0].platform == "gpu"
+            and all(len({d.process_index for d in group}) == 1 for group in groups))
 
 
 @dataclass(frozen=True)
