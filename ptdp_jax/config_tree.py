@@ -133,6 +133,11 @@ class ParallelConfig:
                                          # 2: also the gradients, reduce-scattered in every
                                          # microbatch's backward (ZeRO-2); 3: also the weights,
                                          # gathered layer by layer (ZeRO-3, FSDP)
+    zero_ring: bool | str = False        # zero >= 1: the weights' gathers and the gradients'
+                                         # reduce-scatters (shards of 1 MiB and more) as rings of
+                                         # permutes over 'data', on the copy engines (XLA's peer
+                                         # mode) instead of NCCL's kernels; auto: on GPUs whose
+                                         # data groups live in one process (sharding.zero_ring_on)
     grad_reduce_dtype: str = "float32"   # float32 | bfloat16: the data-parallel gradient reduction
     overlap_grad_reduce: bool | str = "auto"  # ZeRO's reduce-scatters inside the last microbatch's
                                          # backward, layer by layer (true), or once after the

@@ -24,7 +24,8 @@ from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax import zero as Z
 from ptdp_jax.config import ConfigError
-from ptdp_jax.sharding import Sharder, manual_axes, psum_over, tp_overlap_on, vary
+from ptdp_jax.sharding import (Sharder, manual_axes, psum_over, tp_overlap_on, vary,
+                               zero_ring_on)
 from ptdp_jax.state import init_state, stage_state_specs, state_shardings, zero_stage
 
 
@@ -90,7 +91,8 @@ def make_grad_fn(cfg, mesh):
     n_tokens = cfg.train.global_batch_size * cfg.model.seq_len
     use_dropout = cfg.model.dropout > 0
     zero = zero_stage(cfg)
-    lay = Z.layouts(cfg, sh, pspecs)     # per parameter: its logical names and ZeRO dim
+    # per parameter: its logical names and ZeRO dim (rings: parallel.zero_ring)
+    lay = Z.layouts(cfg, sh, pspecs, ring=zero_ring_on(cfg, mesh))
     reduce_dtype = M.DTYPES[cfg.parallel.grad_reduce_dtype]
     # ZeRO reduce-scatters inside the last backward (zero.microbatch_grads), or after it as a
     # pipeline does (parallel.overlap_grad_reduce=false: the step of zero=0 with full weights)
@@ -214,7 +216,9 @@ def compiler_options(cfg, mesh) -> dict:
       process is a copy into the peer's buffer on the copy engines, so the ring's permutes run
       beside its GEMMs instead of waiting for SMs as NCCL's kernels do (4x H100, 1.3B (1,1,4)
       SP micro 16: ring 0.2555 s with NCCL's permutes, 0.2001 s with the copies, 0.2090 s
-      without the ring). Across processes XLA falls back to NCCL by itself."""
+      without the ring). Across processes XLA falls back to NCCL by itself. The same with
+      parallel.zero_ring (ZeRO's gathers and reduce-scatters as rings of permutes; with
+      pipelining the stage-to-stage permutes become copies too)."""
     if mesh.devices.flat[0].platform != "gpu":
         return {}
     options = {"xla_gpu_dot_merger_threshold_mb": 0}
@@ -223,7 +227,7 @@ def compiler_options(cfg, mesh) -> dict:
     if cfg.parallel.zero in (1, 2) and cfg.parallel.tensor == 1:
         options["xla_gpu_all_gather_combine_threshold_bytes"] = GATHER_COMBINE_BYTES
         options["xla_gpu_reduce_scatter_combine_threshold_bytes"] = SCATTER_COMBINE_BYTES
-    if tp_overlap_on(cfg, mesh):
+    if tp_overlap_on(cfg, mesh) or zero_ring_on(cfg, mesh):
         options["xla_gpu_collective_permute_mode"] = PERMUTE_PEER_MODE
     return options
 

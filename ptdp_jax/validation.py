@@ -166,6 +166,17 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
              f"parallel.overlap_p2p overlaps the phased schedules' forward messages with their "
              f"backward rows: it needs parallel.pipe > 1 and parallel.schedule 1f1b-phased or "
              f"zb-phased (got pipe={pp}, schedule={p.schedule!r})")
+    need(p.zero_ring in (True, False, "auto"),
+         f"parallel.zero_ring must be true, false or auto, got {p.zero_ring!r}")
+    if p.zero_ring is True:
+        need(p.zero >= 1 and p.data > 1,
+             f"parallel.zero_ring runs ZeRO's gathers and reduce-scatters over 'data' as rings: "
+             f"it needs parallel.zero >= 1 and parallel.data > 1 (got zero={p.zero}, "
+             f"data={p.data})")
+        need(not (cfg.scan_layers_on and tp > 1),
+             f"parallel.zero_ring with parallel.tensor > 1 needs the layers unrolled (got "
+             f"train.scan_layers={t.scan_layers}, parallel.zero={p.zero}, tensor={tp}; auto "
+             f"scans with zero=3: set train.scan_layers=false)")
     need(p.tp_comm_overlap in (True, False, "auto"),
          f"parallel.tp_comm_overlap must be true, false or auto, got {p.tp_comm_overlap!r}")
     if p.tp_comm_overlap is True:

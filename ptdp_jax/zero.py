@@ -25,6 +25,11 @@ shards:
             executor's branches take them as loop constants) and the accumulated gradients
             reduce-scattered after the last tick.
 
+With parallel.zero_ring, the gathers and reduce-scatters of tensors of at least RING_MIN_BYTES
+a shard run as rings of d - 1 permutes over 'data' (`ring_gather`, `ring_reduce_scatter`),
+which XLA's peer mode (step.compiler_options) runs as copies on the copy engines: no NCCL
+kernel holds SMs beside the layers' GEMMs.
+
 Reductions run in parallel.grad_reduce_dtype (float32 by default, as Megatron) and give
 float32 gradients. A tensor with no dim that d divides stays replicated over 'data'
 (`Layout.data_dim` None): its gradient is all-reduced after the microbatches, as with zero=0.
@@ -42,6 +47,8 @@ from ptdp_jax.models import model as M
 from ptdp_jax.sharding import Sharder, data_axis, vary
 
 F32 = jnp.float32
+RING_MIN_BYTES = 1 << 20        # parallel.zero_ring: smaller shards (biases, norms) keep NCCL's
+                                # collectives, which XLA's combiners join into a few
 
 
 @dataclass(frozen=True)
@@ -57,19 +64,26 @@ class Layout:
     sh: Sharder
     names: tuple
     data_dim: int | None                 # negative: from the last dim
+    ring: bool = False                   # parallel.zero_ring: rings of permutes (large shards)
 
     def local(self, fn, x):
         names = self.names[len(self.names) - x.ndim:]
         return self.sh.per_device(fn, names, names)(x)
 
 
-def layouts(cfg, sh, specs):
+def layouts(cfg, sh, specs, ring: bool = False):
     """{group: {name: Layout}} from the stage layout's logical names
-    (models.model.param_logical_axes) and the state's PartitionSpecs (ZeRO dims)."""
+    (models.model.param_logical_axes) and the state's PartitionSpecs (ZeRO dims); ring:
+    parallel.zero_ring resolved for the mesh (sharding.zero_ring_on)."""
     def one(names, spec):
         dim = data_axis(spec)
-        return Layout(sh, tuple(names), None if dim is None else dim - len(names))
+        return Layout(sh, tuple(names), None if dim is None else dim - len(names), ring)
     return map2(one, M.param_logical_axes(cfg.model, True), specs)
+
+
+def _ring_on(lay, x, parts: int = 1) -> bool:
+    """Whether x (a shard; parts = d: a full tensor) goes through the ring."""
+    return lay.ring and x.size * x.dtype.itemsize // parts >= RING_MIN_BYTES
 
 
 def gather(x, dtype, lay):
@@ -77,17 +91,63 @@ def gather(x, dtype, lay):
     x = x.astype(dtype)
     if lay.data_dim is None:
         return x
-    return lay.local(
-        lambda b: jax.lax.all_gather(b, "data", axis=b.ndim + lay.data_dim, tiled=True), x)
+
+    def one(b):
+        axis = b.ndim + lay.data_dim
+        if _ring_on(lay, b):
+            return ring_gather(b, axis)
+        return jax.lax.all_gather(b, "data", axis=axis, tiled=True)
+    return lay.local(one, x)
 
 
 def reduce_scatter(g, reduce_dtype, lay):
     """Sum over 'data' of a full-size gradient, keeping this replica's shard (float32)."""
     def scatter(b):
         b = vary(b.astype(reduce_dtype), ("data",))
-        return jax.lax.psum_scatter(b, "data", scatter_dimension=b.ndim + lay.data_dim,
-                                    tiled=True).astype(F32)
+        axis = b.ndim + lay.data_dim
+        if _ring_on(lay, b, _d()):
+            return ring_reduce_scatter(b, axis).astype(F32)
+        return jax.lax.psum_scatter(b, "data", scatter_dimension=axis, tiled=True).astype(F32)
     return lay.local(scatter, g)
+
+
+# ------------------------------------------------------------- rings of permutes over 'data'
+
+def _d() -> int:
+    return jax.lax.axis_size("data")
+
+
+def _next(d):
+    return [(r, (r + 1) % d) for r in range(d)]       # replica r sends to r + 1
+
+
+def ring_gather(block, axis):
+    """all_gather(block, 'data', axis, tiled=True) as d - 1 permutes: each step passes on the
+    shard received in the step before. received[k] is replica (r - k)'s shard on replica r;
+    one dynamic index a replica puts them in replica order, the concatenation along `axis`."""
+    d, r = _d(), jax.lax.axis_index("data")
+    received = [block]
+    for _ in range(d - 1):
+        received.append(jax.lax.ppermute(received[-1], "data", _next(d)))
+    stacked = jnp.stack(received)
+    ordered = jnp.stack([jax.lax.dynamic_index_in_dim(stacked, (r - j) % d, keepdims=False)
+                         for j in range(d)])                                  # (d, *block)
+    ordered = jnp.moveaxis(ordered, 0, axis)                                  # ..., d, n, ...
+    shape = block.shape[:axis] + (d * block.shape[axis],) + block.shape[axis + 1:]
+    return ordered.reshape(shape)
+
+
+def ring_reduce_scatter(full, axis):
+    """psum_scatter(full, 'data', axis, tiled=True) as d - 1 permutes: the partial sum of
+    block c starts on replica c + 1 and travels the ring c + 1 -> c + 2 -> ... -> c, each
+    replica adding its own block c, so replica r ends with block r summed over all d."""
+    d, r = _d(), jax.lax.axis_index("data")
+    n = full.shape[axis] // d
+    block = lambda c: jax.lax.dynamic_slice_in_dim(full, (c % d) * n, n, axis)
+    acc = block(r - 1)
+    for k in range(1, d):
+        acc = jax.lax.ppermute(acc, "data", _next(d)) + block(r - 1 - k)
+    return acc
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
