@@ -1,0 +1,26 @@
+# Sourced by benchmarks/record_suite.sh (SUITE=s32, S32_PART=a|b). 4 GPUs, ~400 s a part.
+# Session 32. Part a (issue 10 target 1): parallel.zero_ring (ZeRO's all-gathers and
+# reduce-scatters over 'data' as rings of permutes, on the copy engines in XLA's peer mode)
+# against NCCL's collectives on (4,1,1) zero 2 micro 4, A/B/A/B, then the ring traced.
+# Part b (issue 11 target 2): (2,1,2) SP micro 8 with zero 2 and the ring against zero 0, the
+# (4,1,1) zero 2 baseline of the same call, and a trace of the (1,1,4) SP micro 16 ring step.
+export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
+DP4A="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
+TP212A="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
+TP4A="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+case "${S32_PART:-a}" in
+a) one_gpu
+   run dp4-zero2 $ours $DP4A --steps 10
+   run dp4-zero2-ring $ours $DP4A parallel.zero_ring=true --steps 10
+   run dp4-zero2-b $ours $DP4A --steps 10
+   run dp4-zero2-ring-b $ours $DP4A parallel.zero_ring=true --steps 10
+   run dp4-zero2-ring-traced $ours $DP4A parallel.zero_ring=true --trace-dir /tmp/tr_zr --trace-steps 2
+   profiled dp4-zero2-ring-traced /tmp/tr_zr $DP4A parallel.zero_ring=true ;;
+b) one_gpu
+   run dp4-zero2 $ours $DP4A --steps 10
+   run dp4-zero2-ring $ours $DP4A parallel.zero_ring=true --steps 10
+   run tp212-sp-mb8-auto $ours $TP212A --steps 8
+   run tp212-sp-mb8-zero2-ring $ours $TP212A parallel.zero=2 parallel.zero_ring=true --steps 8
+   run tp4-sp-mb16-auto-traced $ours $TP4A --steps 8 --trace-dir /tmp/tr_t4 --trace-steps 2
+   profiled tp4-sp-mb16-auto-traced /tmp/tr_t4 $TP4A ;;
+esac
