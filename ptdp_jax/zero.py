@@ -117,18 +117,17 @@ def _d() -> int:
     return jax.lax.axis_size("data")
 
 
-def _next(d):
-    return [(r, (r + 1) % d) for r in range(d)]       # replica r sends to r + 1
+def _shift(d, k):
+    return [(r, (r + k) % d) for r in range(d)]       # replica r sends to r + k
 
 
 def ring_gather(block, axis):
-    """all_gather(block, 'data', axis, tiled=True) as d - 1 permutes: each step passes on the
-    shard received in the step before. received[k] is replica (r - k)'s shard on replica r;
-    one dynamic index a replica puts them in replica order, the concatenation along `axis`."""
+    """all_gather(block, 'data', axis, tiled=True) as d - 1 permutes, each replica's shard sent
+    straight to every other replica (shift k = 1 .. d - 1: no permute waits for another);
+    received[k] is replica (r - k)'s shard on replica r, and one fusion puts them in replica
+    order, the concatenation along `axis`."""
     d, r = _d(), jax.lax.axis_index("data")
-    received = [block]
-    for _ in range(d - 1):
-        received.append(jax.lax.ppermute(received[-1], "data", _next(d)))
+    received = [block] + [jax.lax.ppermute(block, "data", _shift(d, k)) for k in range(1, d)]
     stacked = jnp.stack(received)
     ordered = jnp.stack([jax.lax.dynamic_index_in_dim(stacked, (r - j) % d, keepdims=False)
                          for j in range(d)])                                  # (d, *block)
@@ -138,15 +137,15 @@ def ring_gather(block, axis):
 
 
 def ring_reduce_scatter(full, axis):
-    """psum_scatter(full, 'data', axis, tiled=True) as d - 1 permutes: the partial sum of
-    block c starts on replica c + 1 and travels the ring c + 1 -> c + 2 -> ... -> c, each
-    replica adding its own block c, so replica r ends with block r summed over all d."""
+    """psum_scatter(full, 'data', axis, tiled=True) as d - 1 permutes: replica r sends its
+    block r + k straight to replica r + k (shift k = 1 .. d - 1), and adds what it receives,
+    replica r - k's block r, to its own block r, in the order k = 1 .. d - 1."""
     d, r = _d(), jax.lax.axis_index("data")
     n = full.shape[axis] // d
     block = lambda c: jax.lax.dynamic_slice_in_dim(full, (c % d) * n, n, axis)
-    acc = block(r - 1)
+    acc = block(r)
     for k in range(1, d):
-        acc = jax.lax.ppermute(acc, "data", _next(d)) + block(r - 1 - k)
+        acc = acc + jax.lax.ppermute(block(r + k), "data", _shift(d, k))
     return acc
 
 

@@ -1,4 +1,4 @@
-# Sourced by benchmarks/record_suite.sh (SUITE=s32, S32_PART=a|b). 4 GPUs, ~400 s a part.
+# Sourced by benchmarks/record_suite.sh (SUITE=s32, S32_PART=a|b|c). 4 GPUs, ~400 s a part.
 # Session 32. Part a (issue 10 target 1): parallel.zero_ring (ZeRO's all-gathers and
 # reduce-scatters over 'data' as rings of permutes, on the copy engines in XLA's peer mode)
 # against NCCL's collectives on (4,1,1) zero 2 micro 4, A/B/A/B, then the ring traced.
@@ -23,4 +23,13 @@ b) one_gpu
    run tp212-sp-mb8-zero2-ring $ours $TP212A parallel.zero=2 parallel.zero_ring=true --steps 8
    run tp4-sp-mb16-auto-traced $ours $TP4A --steps 8 --trace-dir /tmp/tr_t4 --trace-steps 2
    profiled tp4-sp-mb16-auto-traced /tmp/tr_t4 $TP4A ;;
+c) one_gpu     # the ring's permutes sent straight (shift k = 1 .. d - 1), no chain
+   run dp4-zero2 $ours $DP4A --steps 10
+   run dp4-zero2-direct $ours $DP4A parallel.zero_ring=true --steps 10
+   run dp4-zero2-b $ours $DP4A --steps 10
+   run dp4-zero2-direct-b $ours $DP4A parallel.zero_ring=true --steps 10
+   run tp4-sp-mb16-auto-traced $ours $TP4A --steps 8 --trace-dir /tmp/tr_t4 --trace-steps 2
+   profiled tp4-sp-mb16-auto-traced /tmp/tr_t4 $TP4A
+   run dp4-zero2-direct-traced $ours $DP4A parallel.zero_ring=true --trace-dir /tmp/tr_zd --trace-steps 2
+   profiled dp4-zero2-direct-traced /tmp/tr_zd $DP4A parallel.zero_ring=true ;;
 esac
