@@ -1,4 +1,4 @@
-# Sourced by benchmarks/record_suite.sh (SUITE=s32, S32_PART=a|b|c). 4 GPUs, ~400 s a part.
+# Sourced by benchmarks/record_suite.sh (SUITE=s32, S32_PART=a|b|c|d). 4 GPUs, ~400 s a part.
 # Session 32. Part a (issue 10 target 1): parallel.zero_ring (ZeRO's all-gathers and
 # reduce-scatters over 'data' as rings of permutes, on the copy engines in XLA's peer mode)
 # against NCCL's collectives on (4,1,1) zero 2 micro 4, A/B/A/B, then the ring traced.
@@ -32,4 +32,13 @@ c) one_gpu     # the ring's permutes sent straight (shift k = 1 .. d - 1), no ch
    profiled tp4-sp-mb16-auto-traced /tmp/tr_t4 $TP4A
    run dp4-zero2-direct-traced $ours $DP4A parallel.zero_ring=true --trace-dir /tmp/tr_zd --trace-steps 2
    profiled dp4-zero2-direct-traced /tmp/tr_zd $DP4A parallel.zero_ring=true ;;
+d) DSF="--xla_gpu_enable_dynamic_slice_fusion=true"   # the ring's block slices as GEMM operand offsets
+   run tp4-sp-mb16-auto $ours $TP4A --steps 8
+   run tp4-sp-mb16-auto-dsf env XLA_FLAGS=$DSF $ours $TP4A --steps 8
+   run tp4-sp-mb16-auto-b $ours $TP4A --steps 8
+   run tp4-sp-mb16-auto-dsf-b env XLA_FLAGS=$DSF $ours $TP4A --steps 8
+   run tp212-sp-mb8-auto $ours $TP212A --steps 8
+   run tp212-sp-mb8-auto-dsf env XLA_FLAGS=$DSF $ours $TP212A --steps 8
+   run tp4-sp-mb16-auto-dsf-traced env XLA_FLAGS=$DSF $ours $TP4A --steps 8 --trace-dir /tmp/tr_d4 --trace-steps 2
+   profiled tp4-sp-mb16-auto-dsf-traced /tmp/tr_d4 $TP4A ;;
 esac
