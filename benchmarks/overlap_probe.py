@@ -11,6 +11,8 @@ output of one is the input of the next), timed over 20 runs after 3 warm-ups:
     plain     all_gather -> GEMM -> GeLU -> GEMM -> psum_scatter (what GSPMD emits)
     ring      the all-gather and the reduce-scatter decomposed into t - 1 ppermute steps, each
               step's send independent of the GEMM on the block at hand (collective matmul)
+    direct    the same GEMMs, each block sent straight to every rank at once and each partial
+              sum straight to its owner (parallel.tp_overlap_sends=direct): no chained hops
 
 If ring is near gemm, the permutes run under the GEMMs; if it is near plain or above, they
 do not. Prints one JSON line per case. With --trace DIR each case is also traced once and the
@@ -60,6 +62,33 @@ def ring_matmul_scatter(z, w, t):
     return acc
 
 
+def _shift(t, k):
+    return [(i, (i + k) % t) for i in range(t)]
+
+
+def direct_gather_matmul(x_blk, w, t):
+    """AG(x) @ w, every block sent straight to every rank (shift k), each GEMM on arrival."""
+    r = jax.lax.axis_index("tensor")
+    blocks = [x_blk] + [jax.lax.ppermute(x_blk, "tensor", _shift(t, k)) for k in range(1, t)]
+    out = jnp.zeros((t,) + x_blk.shape[:-1] + w.shape[-1:], x_blk.dtype)
+    for j, b in enumerate(blocks):                    # blocks[j]: rank r - j's
+        out = jax.lax.dynamic_update_index_in_dim(out, b @ w, (r - j) % t, 0)
+    return out.reshape((-1,) + out.shape[2:])
+
+
+def direct_matmul_scatter(z, w, t):
+    """psum_scatter(z @ w) over rows: the partial sum of block r + k sent straight to rank
+    r + k as soon as its GEMM is done; rank r adds the t parts of block r."""
+    r = jax.lax.axis_index("tensor")
+    zb = z.reshape((t, -1) + z.shape[1:])
+    part = lambda j: jax.lax.dynamic_index_in_dim(zb, j % t, 0, keepdims=False) @ w
+    sent = [jax.lax.ppermute(part(r + k), "tensor", _shift(t, k)) for k in range(1, t)]
+    acc = part(r)
+    for p in sent:
+        acc = acc + p
+    return acc
+
+
 def block(kind, t):
     def mlp(x, w1, w2):
         if kind == "gemm":
@@ -68,6 +97,8 @@ def block(kind, t):
         if kind == "plain":
             full = jax.lax.all_gather(x, "tensor", tiled=True)
             return jax.lax.psum_scatter(jax.nn.gelu(full @ w1) @ w2, "tensor", tiled=True)
+        if kind == "direct":
+            return direct_matmul_scatter(jax.nn.gelu(direct_gather_matmul(x, w1, t)), w2, t)
         return ring_matmul_scatter(jax.nn.gelu(ring_gather_matmul(x, w1, t)), w2, t)
     return mlp
 
@@ -114,7 +145,7 @@ def main(argv=None) -> int:
     w1 = jax.device_put(w1, NamedSharding(mesh, P(None, None, "tensor")))
     w2 = jax.device_put(w2, NamedSharding(mesh, P(None, "tensor")))
     ref = None
-    for kind in ("gemm", "plain", "ring"):
+    for kind in ("gemm", "plain", "ring", "direct"):
         mlp = block(kind, t)
 
         def chain(x, w1, w2, mlp=mlp):
@@ -142,7 +173,7 @@ def main(argv=None) -> int:
         if kind == "plain":
             ref = out
         diff = rel = None
-        if ref is not None and kind == "ring":
+        if ref is not None and kind in ("ring", "direct"):
             # bf16 sums in another order: t = 2 adds two terms (exact), t = 4 does not, and the
             # chain's residual stream grows to hundreds, where one bf16 step is 2-4
             err = jnp.abs(out.astype(jnp.float32) - ref.astype(jnp.float32))

@@ -205,12 +205,14 @@ class Sharder:
     in_layer_scan: bool = False
     rows: bool = False
     tp_overlap: bool = False    # parallel.tp_comm_overlap (models/tp_overlap.py)
+    tp_direct: bool = False     # parallel.tp_overlap_sends == "direct"
 
     @classmethod
     def for_config(cls, cfg, mesh) -> "Sharder":
         sp = sequence_parallel_on(cfg.parallel)
         return cls(mesh, sequence_parallel=sp, rows=sequence_parallel_rows(cfg),
-                   tp_overlap=sp and tp_overlap_on(cfg, mesh))
+                   tp_overlap=sp and tp_overlap_on(cfg, mesh),
+                   tp_direct=cfg.parallel.tp_overlap_sends == "direct")
 
     def spec(self, names) -> P:
         return logical_to_spec(tuple(names), self.manual, self.sequence_parallel, self.rows)

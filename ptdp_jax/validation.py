@@ -177,6 +177,8 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
              f"parallel.zero_ring with parallel.tensor > 1 needs the layers unrolled (got "
              f"train.scan_layers={t.scan_layers}, parallel.zero={p.zero}, tensor={tp}; auto "
              f"scans with zero=3: set train.scan_layers=false)")
+    need(p.tp_overlap_sends in ("ring", "direct"),
+         f"parallel.tp_overlap_sends must be ring or direct, got {p.tp_overlap_sends!r}")
     need(p.tp_comm_overlap in (True, False, "auto"),
          f"parallel.tp_comm_overlap must be true, false or auto, got {p.tp_comm_overlap!r}")
     if p.tp_comm_overlap is True:

@@ -1,5 +1,6 @@
-"""benchmarks/side_probe.py on the CPU's fake devices: its three programs compile and run, and
-the summary compares them (timings themselves are for GPUs)."""
+"""benchmarks/side_probe.py and overlap_probe.py on the CPU's fake devices: their programs
+compile and run, the summary compares them, the rings compute what GSPMD's collectives do
+(timings themselves are for GPUs)."""
 from __future__ import annotations
 
 import json
@@ -26,3 +27,17 @@ def test_side_probe_runs_gemms_gathers_and_both_and_summarises(capsys, monkeypat
     assert s["both_over_serial"] == pytest.approx(b / (g + c), rel=1e-2)
     assert s["both_over_ideal"] == pytest.approx(b / max(g, c), rel=1e-2)
     sys.modules.pop("side_probe", None)
+
+
+def test_overlap_probe_rings_match_plain(capsys, monkeypatch):
+    """benchmarks/overlap_probe.py: the ring and the direct sends compute GSPMD's all-gather /
+    reduce-scatter block (up to bf16 sums in another order) on the 8 fake devices."""
+    monkeypatch.syspath_prepend(BENCH)
+    import overlap_probe
+    assert overlap_probe.main(["--rows", "256", "--hidden", "32", "--ffn", "64",
+                               "--chain", "2"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert [x["case"] for x in lines] == ["gemm", "plain", "ring", "direct"]
+    for x in lines[2:]:
+        assert x["t"] == 8 and x["max_diff_over_max_abs"] < 2e-2, x
+    sys.modules.pop("overlap_probe", None)

@@ -30,6 +30,37 @@ def test_parity(case):
     assert_close(loss_and_grads(tiny_config(arch, mesh, **o, **OV)), ref)
 
 
+DIRECT = [
+    ("gpt", (1, 1, 4), {"train.micro_batch_size": 4, "model.dropout": 0.1}),    # rows
+    ("llama", (2, 1, 4), {"train.recompute": "selective"}),                      # sequence
+]
+
+
+@pytest.mark.parametrize("case", DIRECT, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}")
+def test_parity_direct_sends(case):
+    """parallel.tp_overlap_sends=direct: each block sent straight to every rank (and each
+    partial sum straight to its owner), the same loss and gradients."""
+    arch, mesh, o = case
+    ref = reference(arch, tuple((k, v) for k, v in o.items() if k == "model.dropout"))
+    cfg = tiny_config(arch, mesh, **o, **OV, **{"parallel.tp_overlap_sends": "direct"})
+    assert_close(loss_and_grads(cfg), ref)
+
+
+def test_direct_sends_no_chain():
+    """direct: the same number of permutes as the ring (t - 1 a ring), none of them reading
+    another permute's output (the ring's hops each pass on the block received before)."""
+    o = {"parallel.sequence_parallel": True, "train.micro_batch_size": 4, "model.num_layers": 2,
+         "parallel.tp_comm_overlap": True}
+    text = {k: compile_grad_fn(tiny_config("gpt", (1, 1, 4), **o, **{
+        "parallel.tp_overlap_sends": k})).as_text() for k in ("ring", "direct")}
+    count = {k: len(re.findall(r"= \S+ collective-permute(?:-start)?\(", v)) for k, v in text.items()}
+    assert count["ring"] == count["direct"] > 0, count
+    chained = {k: len(re.findall(
+        r"collective-permute(?:-start)?\([^)]*%(?:ppermute|collective-permute)", v))
+               for k, v in text.items()}
+    assert chained["ring"] > 0 and chained["direct"] == 0, chained
+
+
 def _collectives(cfg) -> Counter:
     text = compile_grad_fn(cfg).as_text()
     return Counter(re.findall(r"= \S+ (all-gather|reduce-scatter|all-reduce|collective-permute)"
