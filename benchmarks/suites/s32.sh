@@ -1,9 +1,12 @@
-# Sourced by benchmarks/record_suite.sh (SUITE=s32, S32_PART=a|b|c|d). 4 GPUs, ~400 s a part.
+# Sourced by benchmarks/record_suite.sh (SUITE=s32, S32_PART=a|b|c|d|e). 4 GPUs, ~400 s a part.
 # Session 32. Part a (issue 10 target 1): parallel.zero_ring (ZeRO's all-gathers and
 # reduce-scatters over 'data' as rings of permutes, on the copy engines in XLA's peer mode)
 # against NCCL's collectives on (4,1,1) zero 2 micro 4, A/B/A/B, then the ring traced.
 # Part b (issue 11 target 2): (2,1,2) SP micro 8 with zero 2 and the ring against zero 0, the
 # (4,1,1) zero 2 baseline of the same call, and a trace of the (1,1,4) SP micro 16 ring step.
+# Part c: the ZeRO ring with shards sent straight; d: XLA's dynamic-slice fusion on the tensor
+# ring. Part e (for the next lease): the tensor ring with direct sends
+# (parallel.tp_overlap_sends=direct), in the probe and the (1,1,4) step, A/B/A/B.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
 DP4A="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
 TP212A="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
@@ -41,4 +44,14 @@ d) DSF="--xla_gpu_enable_dynamic_slice_fusion=true"   # the ring's block slices 
    run tp212-sp-mb8-auto-dsf env XLA_FLAGS=$DSF $ours $TP212A --steps 8
    run tp4-sp-mb16-auto-dsf-traced env XLA_FLAGS=$DSF $ours $TP4A --steps 8 --trace-dir /tmp/tr_d4 --trace-steps 2
    profiled tp4-sp-mb16-auto-dsf-traced /tmp/tr_d4 $TP4A ;;
+e) PEERF="--xla_gpu_collective_permute_mode=peer"   # the probe sets no compiler option itself
+   LIM4="--xla_gpu_experimental_parallel_collective_overlap_limit=4"
+   probe peer XLA_FLAGS="$PEERF"
+   one_gpu
+   run tp4-sp-mb16-ring $ours $TP4A --steps 8
+   run tp4-sp-mb16-direct $ours $TP4A parallel.tp_overlap_sends=direct --steps 8
+   run tp4-sp-mb16-ring-b $ours $TP4A --steps 8
+   run tp4-sp-mb16-direct-b $ours $TP4A parallel.tp_overlap_sends=direct --steps 8
+   run tp4-sp-mb16-direct-lim4 env XLA_FLAGS=$LIM4 $ours $TP4A parallel.tp_overlap_sends=direct --steps 8
+   probe peer-lim4 XLA_FLAGS="$PEERF $LIM4" ;;
 esac
