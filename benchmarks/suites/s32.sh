@@ -53,5 +53,7 @@ e) PEERF="--xla_gpu_collective_permute_mode=peer"   # the probe sets no compiler
    run tp4-sp-mb16-ring-b $ours $TP4A --steps 8
    run tp4-sp-mb16-direct-b $ours $TP4A parallel.tp_overlap_sends=direct --steps 8
    run tp4-sp-mb16-direct-lim4 env XLA_FLAGS=$LIM4 $ours $TP4A parallel.tp_overlap_sends=direct --steps 8
+   run tp4-sp-mb16-ring-lim4 env XLA_FLAGS=$LIM4 $ours $TP4A --steps 8
+   run tp4-sp-mb16-plain $ours $TP4A parallel.tp_comm_overlap=false --steps 8   # the loss reference
    probe peer-lim4 XLA_FLAGS="$PEERF $LIM4" ;;
 esac
