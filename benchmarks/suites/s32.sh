@@ -1,4 +1,4 @@
-# Sourced by benchmarks/record_suite.sh (SUITE=s32, S32_PART=a|b|c|d|e). 4 GPUs, ~400 s a part.
+# Sourced by benchmarks/record_suite.sh (SUITE=s32, S32_PART=a|b|c|d|e|f). 4 GPUs, ~400 s a part.
 # Session 32. Part a (issue 10 target 1): parallel.zero_ring (ZeRO's all-gathers and
 # reduce-scatters over 'data' as rings of permutes, on the copy engines in XLA's peer mode)
 # against NCCL's collectives on (4,1,1) zero 2 micro 4, A/B/A/B, then the ring traced.
@@ -6,7 +6,8 @@
 # (4,1,1) zero 2 baseline of the same call, and a trace of the (1,1,4) SP micro 16 ring step.
 # Part c: the ZeRO ring with shards sent straight; d: XLA's dynamic-slice fusion on the tensor
 # ring. Part e (for the next lease): the tensor ring with direct sends
-# (parallel.tp_overlap_sends=direct), in the probe and the (1,1,4) step, A/B/A/B.
+# (parallel.tp_overlap_sends=direct), in the probe and the (1,1,4) step, A/B/A/B. Part f:
+# XLA's overlap limit of async collectives (default 1) at 4 on (4,1,1) zero 2 and (2,1,2).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
 DP4A="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
 TP212A="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
@@ -56,4 +57,12 @@ e) PEERF="--xla_gpu_collective_permute_mode=peer"   # the probe sets no compiler
    run tp4-sp-mb16-ring-lim4 env XLA_FLAGS=$LIM4 $ours $TP4A --steps 8
    run tp4-sp-mb16-plain $ours $TP4A parallel.tp_comm_overlap=false --steps 8   # the loss reference
    probe peer-lim4 XLA_FLAGS="$PEERF $LIM4" ;;
+f) LIM4="--xla_gpu_experimental_parallel_collective_overlap_limit=4"   # issue 10 and (2,1,2)
+   one_gpu
+   run dp4-zero2 $ours $DP4A --steps 10
+   run dp4-zero2-lim4 env XLA_FLAGS=$LIM4 $ours $DP4A --steps 10
+   run dp4-zero2-b $ours $DP4A --steps 10
+   run dp4-zero2-lim4-b env XLA_FLAGS=$LIM4 $ours $DP4A --steps 10
+   run tp212-sp-mb8-auto $ours $TP212A --steps 8
+   run tp212-sp-mb8-auto-lim4 env XLA_FLAGS=$LIM4 $ours $TP212A --steps 8 ;;
 esac
