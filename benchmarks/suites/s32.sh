@@ -64,5 +64,6 @@ f) LIM4="--xla_gpu_experimental_parallel_collective_overlap_limit=4"   # issue 1
    run dp4-zero2-b $ours $DP4A --steps 10
    run dp4-zero2-lim4-b env XLA_FLAGS=$LIM4 $ours $DP4A --steps 10
    run tp212-sp-mb8-auto $ours $TP212A --steps 8
-   run tp212-sp-mb8-auto-lim4 env XLA_FLAGS=$LIM4 $ours $TP212A --steps 8 ;;
+   run tp212-sp-mb8-auto-lim4 env XLA_FLAGS=$LIM4 $ours $TP212A --steps 8
+   run tp212-sp-mb8-auto-zero2 $ours $TP212A parallel.zero=2 --steps 8 ;;
 esac
