@@ -164,9 +164,16 @@ def tp_overlap_on(cfg, mesh) -> bool:
         return False
     if cfg.parallel.tp_comm_overlap is True:
         return True
+    return _gpu_groups_in_one_process(mesh, 2)
+
+
+def _gpu_groups_in_one_process(mesh, axis: int) -> bool:
+    """Whether `mesh` is of GPUs and each group along mesh axis `axis` (2: the tensor groups,
+    0: the data groups) lives in one process, where XLA's peer mode copies between them."""
     if mesh is None:
         return False
-    groups = mesh.devices.reshape(-1, mesh.devices.shape[-1])     # (data x pipe, tensor)
+    devs = np.moveaxis(mesh.devices, axis, -1)
+    groups = devs.reshape(-1, devs.shape[-1])
     return (groups.flat[0].platform == "gpu"
             and all(len({d.process_index for d in group}) == 1 for group in groups))
 
@@ -182,13 +189,7 @@ def zero_ring_on(cfg, mesh) -> bool:
         return False
     if cfg.scan_layers_on and p.tensor > 1:
         return False
-    if p.zero_ring is True:
-        return True
-    if mesh is None:
-        return False
-    groups = mesh.devices.reshape(mesh.devices.shape[0], -1).T   # (pipe x tensor, data)
-    return (groups.flat[0].platform == "gpu"
-            and all(len({d.process_index for d in group}) == 1 for group in groups))
+    return p.zero_ring is True or _gpu_groups_in_one_process(mesh, 0)
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,33 @@ def psum_over(x, manual, spec):
     sharded = {a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry)}
     axes = tuple(a for a in manual if a not in sharded)
     return jax.lax.psum(x, axes) if axes else x
+
+
+def shift_pairs(n: int, k: int) -> list[tuple[int, int]]:
+    """ppermute's pairs: rank r sends to rank r + k (mod n)."""
+    return [(r, (r + k) % n) for r in range(n)]
+
+
+def direct_gather(block, axis: str) -> list:
+    """[(j, rank j's block)] for the n ranks of manual mesh axis `axis`, this rank's first:
+    the block is sent straight to every other rank at once (n - 1 permutes of shift k, none
+    reading another's output); j is traced (rank r receives rank r - k's block)."""
+    n, r = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
+    return [((r - k) % n, block if k == 0 else jax.lax.ppermute(block, axis, shift_pairs(n, k)))
+            for k in range(n)]
+
+
+def direct_scatter(part_of, axis: str):
+    """This rank's block of the sum over the ranks of `axis` of part_of(j), each rank's
+    contribution to block j: the contribution to block r + k is sent straight to rank r + k
+    (k = 1 .. n - 1, each as soon as it is computed), then the rank adds its own part and the
+    n - 1 received ones, in the order k = 1 .. n - 1."""
+    n, r = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
+    sent = [jax.lax.ppermute(part_of((r + k) % n), axis, shift_pairs(n, k)) for k in range(1, n)]
+    acc = part_of(r)
+    for part in sent:
+        acc = acc + part
+    return acc
 
 
 def varying_axes(x) -> frozenset:

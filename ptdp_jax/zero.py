@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models import model as M
-from ptdp_jax.sharding import Sharder, data_axis, vary
+from ptdp_jax.sharding import Sharder, data_axis, direct_gather, direct_scatter, vary
 
 F32 = jnp.float32
 RING_MIN_BYTES = 1 << 20        # parallel.zero_ring: smaller shards (biases, norms) keep NCCL's
@@ -117,18 +117,12 @@ def _d() -> int:
     return jax.lax.axis_size("data")
 
 
-def _shift(d, k):
-    return [(r, (r + k) % d) for r in range(d)]       # replica r sends to r + k
-
-
 def ring_gather(block, axis):
     """all_gather(block, 'data', axis, tiled=True) as d - 1 permutes, each replica's shard sent
-    straight to every other replica (shift k = 1 .. d - 1: no permute waits for another);
-    received[k] is replica (r - k)'s shard on replica r, and one fusion puts them in replica
-    order, the concatenation along `axis`."""
+    straight to every other replica (`sharding.direct_gather`); one fusion puts the shards in
+    replica order, the concatenation along `axis`."""
     d, r = _d(), jax.lax.axis_index("data")
-    received = [block] + [jax.lax.ppermute(block, "data", _shift(d, k)) for k in range(1, d)]
-    stacked = jnp.stack(received)
+    stacked = jnp.stack([b for _, b in direct_gather(block, "data")])  # [k]: replica r - k's
     ordered = jnp.stack([jax.lax.dynamic_index_in_dim(stacked, (r - j) % d, keepdims=False)
                          for j in range(d)])                                  # (d, *block)
     ordered = jnp.moveaxis(ordered, 0, axis)                                  # ..., d, n, ...
@@ -137,16 +131,11 @@ def ring_gather(block, axis):
 
 
 def ring_reduce_scatter(full, axis):
-    """psum_scatter(full, 'data', axis, tiled=True) as d - 1 permutes: replica r sends its
-    block r + k straight to replica r + k (shift k = 1 .. d - 1), and adds what it receives,
-    replica r - k's block r, to its own block r, in the order k = 1 .. d - 1."""
-    d, r = _d(), jax.lax.axis_index("data")
+    """psum_scatter(full, 'data', axis, tiled=True) as d - 1 permutes: each replica's block c
+    sent straight to replica c, which adds the d parts (`sharding.direct_scatter`)."""
+    d = _d()
     n = full.shape[axis] // d
-    block = lambda c: jax.lax.dynamic_slice_in_dim(full, (c % d) * n, n, axis)
-    acc = block(r)
-    for k in range(1, d):
-        acc = acc + jax.lax.ppermute(block(r + k), "data", _shift(d, k))
-    return acc
+    return direct_scatter(lambda c: jax.lax.dynamic_slice_in_dim(full, c * n, n, axis), "data")
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models.dense import _input_grad, weight_grad
-from ptdp_jax.sharding import vary, varying_axes
+from ptdp_jax.sharding import direct_gather, direct_scatter, vary, varying_axes
 
 AXIS = "tensor"
 # einsum letters of the layers' GEMM specs -> logical axes (layers.HEADS, FFN and the weights)
@@ -77,21 +77,16 @@ def _full(shape, t, axis):
 
 # ------------------------------------------------------------------------- the two rings
 
-def _shift(t, k):
-    return [(i, (i + k) % t) for i in range(t)]       # rank r sends to r + k
-
-
 def _ring_gather(blk, t, visit, direct=False):
     """visit(j, block j) for each of the t blocks of AG(blk), this rank's first: each step the
     next block travels (rank r receives r - 1's) while visit runs on the block at hand.
     direct (parallel.tp_overlap_sends=direct): the rank's block goes straight to every other
     rank at once (shift k = 1 .. t - 1), no block waits for another's hop."""
-    r = jax.lax.axis_index(AXIS)
     if direct:
-        received = [jax.lax.ppermute(blk, AXIS, _shift(t, k)) for k in range(1, t)]
-        for j, b in enumerate([blk] + received):      # received[k - 1]: rank r - k's block
-            visit((r - j) % t, b)
+        for j, b in direct_gather(blk, AXIS):
+            visit(j, b)
         return
+    r = jax.lax.axis_index(AXIS)
     down, _ = _perms(t)
     cur = blk
     for i in range(t):
@@ -106,13 +101,9 @@ def _ring_scatter(t, part_of, direct=False):
     block's contribution is computed. direct: the contribution to block r + k goes straight
     to rank r + k as soon as it is computed (k = 1 .. t - 1, then the rank's own block), and
     the rank adds the t parts of its block at the end."""
-    r = jax.lax.axis_index(AXIS)
     if direct:
-        sent = [jax.lax.ppermute(part_of((r + k) % t), AXIS, _shift(t, k)) for k in range(1, t)]
-        acc = part_of(r)
-        for part in sent:                              # rank r - k's part of block r
-            acc = acc + part
-        return acc
+        return direct_scatter(part_of, AXIS)
+    r = jax.lax.axis_index(AXIS)
     _, up = _perms(t)
     acc = None
     for i in range(t):
