@@ -1,0 +1,22 @@
+# Sourced by benchmarks/record_suite.sh (SUITE=s33, S33_PART=a|...). 2 GPUs (no 4-GPU kind lent
+# in session 33), ~500 s a part.
+# Part a: t = 2 against d = 2 on one host, the 2-GPU stand-in for issue 11 target 2's (2,1,2)
+# against (4,1,1): the same per-GPU work (8 sequences' FLOPs a GPU a step). (1,1,2) sequence
+# parallel micro 16 (m 1, the tensor ring on under auto) twice, the second traced; with XLA's
+# overlap limit 4 (the loss question of session 32's part e: does the flag alone move the
+# losses?); plain (no ring) as the loss reference; (2,1,1) zero 2 micro 8 with and without the
+# limit; the one-GPU micro-8 baseline.
+export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
+LIM4="--xla_gpu_experimental_parallel_collective_overlap_limit=4"
+DP2="$B13 --mesh 2,1,1 train.micro_batch_size=8 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
+TP2="$B13 --mesh 1,1,2 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+case "${S33_PART:-a}" in
+a) one_gpu
+   run dp2-zero2 $ours $DP2 --steps 10
+   run tp2-sp-mb16-auto $ours $TP2 --steps 8
+   run tp2-sp-mb16-auto-lim4 env XLA_FLAGS=$LIM4 $ours $TP2 --steps 8
+   run tp2-sp-mb16-plain $ours $TP2 parallel.tp_comm_overlap=false --steps 8
+   run dp2-zero2-lim4 env XLA_FLAGS=$LIM4 $ours $DP2 --steps 10
+   run tp2-sp-mb16-auto-traced $ours $TP2 --steps 8 --trace-dir /tmp/tr_t2 --trace-steps 2
+   profiled tp2-sp-mb16-auto-traced /tmp/tr_t2 $TP2 ;;
+esac
