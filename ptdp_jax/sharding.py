@@ -283,12 +283,22 @@ def shift_pairs(n: int, k: int) -> list[tuple[int, int]]:
     return [(r, (r + k) % n) for r in range(n)]
 
 
+def rank_plus(axis: str, k: int):
+    """(r + k) mod n for this rank r of manual mesh axis `axis` (n ranks), traced, written one
+    way for every k of one residue mod n: a ring's block index computed as (r - i) % n in one
+    place and (r + i + 1) % n in another gives XLA two index programs for one block, and every
+    slice taken with them is made (and its fused producer run) once per program (session 33)."""
+    n, r = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
+    k %= n
+    return r if k == 0 else jax.lax.rem(r + k, n)
+
+
 def direct_gather(block, axis: str) -> list:
     """[(j, rank j's block)] for the n ranks of manual mesh axis `axis`, this rank's first:
     the block is sent straight to every other rank at once (n - 1 permutes of shift k, none
     reading another's output); j is traced (rank r receives rank r - k's block)."""
-    n, r = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
-    return [((r - k) % n, block if k == 0 else jax.lax.ppermute(block, axis, shift_pairs(n, k)))
+    n = jax.lax.axis_size(axis)
+    return [(rank_plus(axis, -k), block if k == 0 else jax.lax.ppermute(block, axis, shift_pairs(n, k)))
             for k in range(n)]
 
 
@@ -297,9 +307,10 @@ def direct_scatter(part_of, axis: str):
     contribution to block j: the contribution to block r + k is sent straight to rank r + k
     (k = 1 .. n - 1, each as soon as it is computed), then the rank adds its own part and the
     n - 1 received ones, in the order k = 1 .. n - 1."""
-    n, r = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
-    sent = [jax.lax.ppermute(part_of((r + k) % n), axis, shift_pairs(n, k)) for k in range(1, n)]
-    acc = part_of(r)
+    n = jax.lax.axis_size(axis)
+    sent = [jax.lax.ppermute(part_of(rank_plus(axis, k)), axis, shift_pairs(n, k))
+            for k in range(1, n)]
+    acc = part_of(rank_plus(axis, 0))
     for part in sent:
         acc = acc + part
     return acc

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models import model as M
-from ptdp_jax.sharding import Sharder, data_axis, direct_gather, direct_scatter, vary
+from ptdp_jax.sharding import Sharder, data_axis, direct_gather, direct_scatter, rank_plus, vary
 
 F32 = jnp.float32
 RING_MIN_BYTES = 1 << 20        # parallel.zero_ring: smaller shards (biases, norms) keep NCCL's
@@ -121,9 +121,10 @@ def ring_gather(block, axis):
     """all_gather(block, 'data', axis, tiled=True) as d - 1 permutes, each replica's shard sent
     straight to every other replica (`sharding.direct_gather`); one fusion puts the shards in
     replica order, the concatenation along `axis`."""
-    d, r = _d(), jax.lax.axis_index("data")
+    d = _d()
     stacked = jnp.stack([b for _, b in direct_gather(block, "data")])  # [k]: replica r - k's
-    ordered = jnp.stack([jax.lax.dynamic_index_in_dim(stacked, (r - j) % d, keepdims=False)
+    ordered = jnp.stack([jax.lax.dynamic_index_in_dim(stacked, rank_plus("data", -j),
+                                                      keepdims=False)
                          for j in range(d)])                                  # (d, *block)
     ordered = jnp.moveaxis(ordered, 0, axis)                                  # ..., d, n, ...
     shape = block.shape[:axis] + (d * block.shape[axis],) + block.shape[axis + 1:]

@@ -23,4 +23,14 @@ b) # the optimized HLO of part a's traced ring step (its fusions by name, for th
    run tp2-sp-mb16-auto-dump env XLA_FLAGS="--xla_dump_to=/tmp/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_step_fn" $ours $TP2 --steps 3
    f=$(ls -S /tmp/hlo/*jit_step_fn*after_optimizations.txt | head -1)
    [[ -n "$f" ]] && gzip -c "$f" > "$out/hlo_tp2-sp-mb16-auto.txt.gz"; rm -rf /tmp/hlo ;;
+c) # one index program per block (sharding.rank_plus) against the code before it, carried as
+   # .old/ptdp_jax (PYTHONPATH=.old puts it first), A/B/A/B; then the new HLO's slice fusions
+   OLD="env PYTHONPATH=.old:."
+   run tp2-sp-mb16-old $OLD $ours $TP2 --steps 8
+   run tp2-sp-mb16-new $ours $TP2 --steps 8
+   run tp2-sp-mb16-old-b $OLD $ours $TP2 --steps 8
+   run tp2-sp-mb16-new-b $ours $TP2 --steps 8
+   run tp2-sp-mb16-new-dump env XLA_FLAGS="--xla_dump_to=/tmp/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_step_fn" $ours $TP2 --steps 3
+   f=$(ls -S /tmp/hlo/*jit_step_fn*after_optimizations.txt | head -1)
+   [[ -n "$f" ]] && gzip -c "$f" > "$out/hlo_tp2-sp-mb16-new.txt.gz"; rm -rf /tmp/hlo ;;
 esac

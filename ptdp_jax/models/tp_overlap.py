@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models.dense import _input_grad, weight_grad
-from ptdp_jax.sharding import direct_gather, direct_scatter, vary, varying_axes
+from ptdp_jax.sharding import direct_gather, direct_scatter, rank_plus, vary, varying_axes
 
 AXIS = "tensor"
 # einsum letters of the layers' GEMM specs -> logical axes (layers.HEADS, FFN and the weights)
@@ -86,12 +86,11 @@ def _ring_gather(blk, t, visit, direct=False):
         for j, b in direct_gather(blk, AXIS):
             visit(j, b)
         return
-    r = jax.lax.axis_index(AXIS)
     down, _ = _perms(t)
     cur = blk
     for i in range(t):
         nxt = jax.lax.ppermute(cur, AXIS, down) if i < t - 1 else None
-        visit((r - i) % t, cur)
+        visit(rank_plus(AXIS, -i), cur)
         cur = nxt
 
 
@@ -103,11 +102,10 @@ def _ring_scatter(t, part_of, direct=False):
     the rank adds the t parts of its block at the end."""
     if direct:
         return direct_scatter(part_of, AXIS)
-    r = jax.lax.axis_index(AXIS)
     _, up = _perms(t)
     acc = None
     for i in range(t):
-        part = part_of((r + i + 1) % t)
+        part = part_of(rank_plus(AXIS, i + 1))
         acc = part if acc is None else acc + part
         if i < t - 1:
             acc = jax.lax.ppermute(acc, AXIS, up)
