@@ -112,3 +112,27 @@ def test_evaluation_keeps_gspmd_collectives_and_the_loss():
     o = {"parallel.sequence_parallel": True, "train.micro_batch_size": 2}
     assert loss(tiny_config("gpt", (1, 1, 2), **o, **{"parallel.tp_comm_overlap": True})) == \
         pytest.approx(loss(tiny_config("gpt", (1, 1, 2), **o)), rel=1e-6)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_one_index_program_per_block(n):
+    """sharding.rank_plus, the rings' block index: (r + k) mod n on every rank, and one jaxpr
+    for every k of one residue mod n (the gather ring's (r - i) and the scatter ring's
+    (r + i + 1) written two ways made XLA slice each block twice: session 33)."""
+    import jax
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+    from ptdp_jax.sharding import rank_plus
+
+    mesh = jax.make_mesh((n,), ("tensor",), devices=jax.devices()[:n],
+                         axis_types=(jax.sharding.AxisType.Auto,))
+
+    def at(k):
+        return jax.shard_map(lambda x: x * 0 + rank_plus("tensor", k), mesh=mesh,
+                             in_specs=P("tensor"), out_specs=P("tensor"))
+
+    x = np.zeros(n, np.int32)
+    for k in range(-2 * n, 2 * n + 1):
+        assert list(jax.jit(at(k))(x)) == [(r + k) % n for r in range(n)], k
+        assert str(jax.make_jaxpr(at(k))(x)) == str(jax.make_jaxpr(at(k % n))(x)), k
+    assert "rem" not in str(jax.make_jaxpr(at(n))(x))      # k = 0 mod n: the rank itself
