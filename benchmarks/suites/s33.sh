@@ -33,4 +33,10 @@ c) # one index program per block (sharding.rank_plus) against the code before it
    run tp2-sp-mb16-new-dump env XLA_FLAGS="--xla_dump_to=/tmp/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_step_fn" $ours $TP2 --steps 3
    f=$(ls -S /tmp/hlo/*jit_step_fn*after_optimizations.txt | head -1)
    [[ -n "$f" ]] && gzip -c "$f" > "$out/hlo_tp2-sp-mb16-new.txt.gz"; rm -rf /tmp/hlo ;;
+d) # the ratio in one lease after rank_plus, and the new ring step traced
+   one_gpu
+   run dp2-zero2 $ours $DP2 --steps 10
+   run tp2-sp-mb16-auto $ours $TP2 --steps 8
+   run tp2-sp-mb16-auto-traced $ours $TP2 --steps 8 --trace-dir /tmp/tr_t2 --trace-steps 2
+   profiled tp2-sp-mb16-auto-traced /tmp/tr_t2 $TP2 ;;
 esac
