@@ -39,4 +39,12 @@ d) # the ratio in one lease after rank_plus, and the new ring step traced
    run tp2-sp-mb16-auto $ours $TP2 --steps 8
    run tp2-sp-mb16-auto-traced $ours $TP2 --steps 8 --trace-dir /tmp/tr_t2 --trace-steps 2
    profiled tp2-sp-mb16-auto-traced /tmp/tr_t2 $TP2 ;;
+e) # 4 GPUs (lent late in session 33): rank_plus on (1,1,4) SP micro 16 against .old, A/B/A/B
+   OLD="env PYTHONPATH=.old:."
+   TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+   run tp4-sp-mb16-new $ours $TP4 --steps 8
+   run tp4-sp-mb16-old $OLD $ours $TP4 --steps 8
+   run tp4-sp-mb16-new-b $ours $TP4 --steps 8
+   run tp4-sp-mb16-old-b $OLD $ours $TP4 --steps 8
+   one_gpu ;;
 esac
