@@ -1,0 +1,25 @@
+# Sourced by benchmarks/record_suite.sh (SUITE=s34, S34_PART=a|b). 4 GPUs (ask for
+# nvidia-h100-x4), ~480 s a part. Prepared in session 33 for the next 4-GPU lease.
+# Part a: issue 11 target 2 on H100 after sharding.rank_plus (session 33: -2.6% on 4x H200,
+# 40.4-40.6% MFU there): (1,1,4) SP micro 16 under auto (the ring), with direct sends, and
+# direct sends with XLA's overlap limit 4 (session 32: -2.3% on H200, loss question settled on
+# (1,1,2) in session 33); (2,1,2) SP micro 8 bf16 against (4,1,1) zero 2 of the same call;
+# the one-GPU baseline.
+# Part b: the 7.5B (1,1,4) SP micro 8 with the ring forced on (m 4) after rank_plus, and
+# (4,1,1) zero 2 again (issue 10 target 1, A/B drift).
+export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
+LIM4="--xla_gpu_experimental_parallel_collective_overlap_limit=4"
+DP4A="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
+TP212A="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
+TP4A="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+case "${S34_PART:-a}" in
+a) one_gpu
+   run tp4-sp-mb16-auto $ours $TP4A --steps 8
+   run tp4-sp-mb16-direct $ours $TP4A parallel.tp_overlap_sends=direct --steps 8
+   run tp4-sp-mb16-direct-lim4 env XLA_FLAGS=$LIM4 $ours $TP4A parallel.tp_overlap_sends=direct --steps 8
+   run dp4-zero2 $ours $DP4A --steps 10
+   run tp212-sp-mb8-auto $ours $TP212A --steps 8 ;;
+b) run 7.5b-tp4-sp-mb8-ring $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true --steps 4
+   run dp4-zero2 $ours $DP4A --steps 10
+   run tp4-sp-mb16-auto-b $ours $TP4A --steps 8 ;;
+esac
