@@ -20,6 +20,7 @@ OLD = {"_attention_recomputed": True}       # measured while selective recomputa
 PH = {"parallel.schedule": "1f1b-phased"}
 NONE = {"train.recompute": "none"}
 SPN = {**NONE, "parallel.sequence_parallel": True}
+PLAIN = {"parallel.tp_comm_overlap": False}     # measured before the tensor ring existed
 Z3 = {**MB1, "train.global_batch_size": 32, "parallel.zero": 3}
 ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
@@ -55,7 +56,7 @@ MEASURED = [
     # (SP keeps the gathered GEMM inputs without pipelining), (1,2,2) SP phased
     (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 4}, 10.89, 0.05),
     (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 8}, 16.05, 0.05),
-    (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 16}, 25.36, 0.05),
+    (B13, (1, 1, 4), {**SPN, **PLAIN, "train.micro_batch_size": 16}, 25.36, 0.05),
     (B13, (1, 1, 4), {**NONE, "train.micro_batch_size": 16}, 29.08, 0.20),   # over by 19%
     (B13, (1, 2, 2), {**SPN, **PH, "train.micro_batch_size": 2}, 18.04, 0.05),
     (B75, (1, 1, 4), {**SPN, "train.global_batch_size": 32, "train.micro_batch_size": 4}, 47.0,
@@ -64,6 +65,13 @@ MEASURED = [
      0.05),
     (B75, (1, 1, 4), {**NONE, "train.global_batch_size": 32, "train.micro_batch_size": 4},
      51.33, 0.05),
+    # sessions 31-33 (4x H100; (1,1,2) on 2x H200): the tensor ring (parallel.tp_comm_overlap,
+    # on under auto at m = 1) gathers the GEMM inputs again in the backward, nothing kept
+    (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 16}, 21.30, 0.05),
+    (B13, (1, 1, 2), {**SPN, "train.micro_batch_size": 16}, 42.28, 0.05),
+    (B13, (2, 1, 2), {**SPN, **BF16R, "train.micro_batch_size": 8}, 25.63, 0.06),
+    (B75, (1, 1, 4), {**SPN, "train.global_batch_size": 32, "train.micro_batch_size": 8,
+                      "parallel.tp_comm_overlap": True}, 56.62, 0.05),
     # zero=3 (4,1,1), micro 1: scanned layers (the residuals twice), unrolled (gathers early;
     # without recomputation every gathered weight kept for the backward)
     (B75, (4, 1, 1), {**Z3, "train.recompute": "selective"}, 46.17, 0.05),

@@ -596,6 +596,8 @@ def _plan_vs_measured():
 @pytest.mark.parametrize("case", S29_CASES, ids=[c["tag"] for c in S29_CASES])
 def test_our_h100_s29_measurements(case):
     assert "H100" in case["device"]
+    # the defaults then: the tensor ring (auto) became the default in session 31
+    case = dict(case, overrides=case["overrides"] + ["parallel.tp_comm_overlap=false"])
     step, gib = _plan_vs_measured().predict(case)
     assert step == pytest.approx(case["step_time_s"], rel=0.10)
     assert 0.97 <= gib / max(case["peak_mem_gib"]) <= 1.20
@@ -607,3 +609,37 @@ def test_plan_vs_measured_names_records_it_cannot_predict():
     train_rows = [r for r in out if "-train |" in r]
     assert len(train_rows) == 3 and all("no overrides" in r for r in train_rows)
     assert any("| 1gpu-none-mb4 |" in r and "| 0.5560 |" in r for r in out)
+
+
+# the tensor ring (parallel.tp_comm_overlap, on under auto at m = 1): sessions 31-32 on 4x H100
+# and session 33 on 2x H200, every ring case of those calls as run; the planner counts
+# tp_ring_share(t) of the tensor collectives, the memory model no gathered GEMM inputs
+RING_RUNS = [("2026-11-28-s31", "c"), ("2026-11-28-s32", "d"), ("2026-11-28-s33", "d")]
+RING_CASES = [json.loads(line) for day, part in RING_RUNS
+              for line in (ROOT / "benchmarks" / "results" / day / part / "record.jsonl")
+              .read_text().splitlines()
+              if '"mesh"' in line and "sequence_parallel=true" in line and "-dsf" not in line]
+
+
+@pytest.mark.parametrize("case", RING_CASES, ids=[c["tag"] for c in RING_CASES])
+def test_tensor_ring_measurements(case):
+    step, gib = _plan_vs_measured().predict(case)
+    assert step == pytest.approx(case["step_time_s"], rel=0.10)
+    assert 0.95 <= gib / max(case["peak_mem_gib"]) <= 1.10
+
+
+def test_tensor_ring_cheaper_than_plain_at_m1_only():
+    from ptdp_jax.plan.cost import tp_ring_share
+    sp = dict(B13, train__micro_batch_size=16, train__recompute="none",
+              parallel__sequence_parallel=True)
+    ring = estimate_step(config("bench-1.3b", **dict(sp, parallel__tensor=4)), H100, 8)
+    plain = estimate_step(config("bench-1.3b", **dict(sp, parallel__tensor=4,
+                                                      parallel__tp_comm_overlap=False)), H100, 8)
+    assert ring.step_time_s < plain.step_time_s and ring.memory.total < plain.memory.total
+    assert tp_ring_share(2) == 0.5 and tp_ring_share(4) == 0.75
+    forced = dict(sp, train__micro_batch_size=4, parallel__tensor=4)     # m = 4: counted whole
+    on = estimate_step(config("bench-1.3b", **dict(forced, parallel__tp_comm_overlap=True)),
+                       H100, 8)
+    off = estimate_step(config("bench-1.3b", **dict(forced, parallel__tp_comm_overlap=False)),
+                        H100, 8)
+    assert on.pipeline_s == pytest.approx(off.pipeline_s)

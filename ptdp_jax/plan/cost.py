@@ -22,7 +22,10 @@ Compute, per layer and microbatch of b sequences (T = b s tokens), on one of t t
 Communication (ring algorithms, NCCL bus bandwidths of the kind):
 
     tensor     2 all-reduces of T h activations forward, 2 backward (Megatron's f and g), inside
-               a host over NVLink, over InfiniBand when t spans hosts.
+               a host over NVLink, over InfiniBand when t spans hosts. Where the tensor ring
+               runs (`parallel.tp_comm_overlap`, models/tp_overlap.py) the permutes hide under
+               the GEMMs and what is left (per-block slices and sums, each ring's last hop)
+               costs `tp_ring_share(t)` of those collectives.
     pipeline   one T h message per stage boundary and direction; scatter/gather sends 1/t of it
                and all-gathers it over NVLink on arrival; NVLink when both stages share a host.
     data       one all-reduce of the device's gradients per step, ring over d (in
@@ -46,6 +49,19 @@ from ptdp_jax.plan.hardware import GpuKind
 REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every tensor rank repeats
 
 
+def tp_ring_share(t: int) -> float:
+    """What the tensor ring costs, as a share of the collectives it replaces: (t - 1) / t,
+    fitted to the ring against plain sequence parallelism on the 1.3B (ring / plain step,
+    measured; predicted with this share): (1,1,4) micro 16 4x H100 0.932 (0.2001 s less
+    session 33's -2.6%, against 0.2090 s; predicted 0.933), (2,1,2) micro 8 4x H100 0.936
+    (0.1713 s less -2.9%, against 0.1777 s; 0.934), (1,1,2) micro 16 2x H200 0.909-0.936
+    (0.2911-0.2997 s against 0.3202 s; 0.937); benchmarks/NOTES.md session 33. Applied at
+    m = 1 only (where `auto` turns the ring on and where it was fitted): the one case measured
+    at m > 1, the 7.5B (1,1,4) micro 8 (m 4) with the ring forced on, ran level with plain
+    (1.7439 against 1.7507 s, 4x H100, session 31), not the -5% this share would give."""
+    return (t - 1) / t
+
+
 @dataclass(frozen=True)
 class OpCosts:
     """Seconds per microbatch on one device of the layout (one tensor rank)."""
@@ -55,7 +71,7 @@ class OpCosts:
     head_bwd: float
     embed_bwd: float          # embedding gradient (scatter-add)
     message: float            # one stage-to-stage message (scatter/gather applied)
-    tp_allreduce: float       # one tensor all-reduce of T h activations
+    tp_allreduce: float       # one tensor all-reduce of T h activations (or what the ring costs)
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -144,6 +160,7 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     bw, lat = group_link(gpu, 1, t, gpus_per_host)
     tp_ar = ring_allreduce_seconds(T * h * act, t, bw, lat)
     tp_ar += gpu.tp_collective_overhead_s if t > 1 else 0.0
+    tp_ar *= tp_ring_share(t) if cfg.tp_comm_overlap_on and cfg.num_microbatches == 1 else 1.0
 
     fwd = gemm_fwd + attn_fwd + elem_fwd + 2 * tp_ar
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd + 2 * tp_ar
