@@ -484,3 +484,21 @@ def test_kernel_diff_groups_kernels_by_family_and_sorts_by_difference(tmp_path, 
     out = capsys.readouterr().out
     assert "| gemm | `nvjet_a` | 1 | 0.10 | 2 | 0.12 | +0.02 |" in out
     assert "window: mb8 0.1 ms, mb1 0.1 ms" in out
+
+
+def test_exposed_copies_counts_copy_time_with_nothing_above_it(tmp_path, capsys):
+    """benchmarks/exposed_copies.py: per copy kernel name, its time with no GEMM, attention or
+    element-wise kernel running (a peer copy half under a GEMM counts half; a slice fusion
+    alone counts whole; a copy beside an element-wise kernel counts nothing)."""
+    E = _load("benchmarks/exposed_copies.py", "exposed_copies")
+    specs = [k("nvjet_sm90_tst_128x128", 0.0, 100.0), k("MemcpyP2P", 50.0, 100.0, tid=2),
+             k("loop_dynamic_slice_fusion_1", 200.0, 60.0),
+             k("loop_add_fusion", 300.0, 50.0), k("loop_concatenate_fusion", 310.0, 20.0, tid=2)]
+    out = E.exposed_by_name(kernels({0: specs})[0])
+    assert out == {"MemcpyP2P": 50.0, "loop_dynamic_slice_fusion_1": 60.0,
+                   "loop_concatenate_fusion": 0.0}
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(make_trace({0: specs})))
+    E.main([str(f), "--steps", "1"])
+    text = capsys.readouterr().out
+    assert "GPU0" in text and "(total 0.11)" in text and "0.06  loop_dynamic_slice_fusion_1" in text
