@@ -25,6 +25,14 @@ P13="--layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 51200 --micro-batch
 P75="--layers 36 --hidden 4096 --heads 32 --seq 2048 --vocab 51200 --micro-batch 1 --global-batch 32 --steps 6 --warmup 2 --dtype bf16"
 L75="train.global_batch_size=32 train.micro_batch_size=1 parallel.data=1 parallel.tensor=1"
 PROF_PH="train.micro_batch_size=1 parallel.schedule=1f1b-phased"   # prof's overrides, phased m 16
+# the issue 10 / 11 cases of the 1.3B (none): (4,1,1) zero 2, (2,1,2) and (1,1,4) sequence
+# parallel, their 2-GPU stand-ins (2,1,1) zero 2 and (1,1,2); XLA's overlap limit at 4
+DP4A="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
+TP212A="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
+TP4A="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+DP2="$B13 --mesh 2,1,1 train.micro_batch_size=8 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
+TP2="$B13 --mesh 1,1,2 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
+LIM4="--xla_gpu_experimental_parallel_collective_overlap_limit=4"
 
 run() {   # run TAG COMMAND...: append the command's last JSON line, tagged, to record.jsonl
   local tag=$1; shift

@@ -9,9 +9,6 @@
 # (parallel.tp_overlap_sends=direct), in the probe and the (1,1,4) step, A/B/A/B. Part f:
 # XLA's overlap limit of async collectives (default 1) at 4 on (4,1,1) zero 2 and (2,1,2).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
-DP4A="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
-TP212A="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
-TP4A="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
 case "${S32_PART:-a}" in
 a) one_gpu
    run dp4-zero2 $ours $DP4A --steps 10
@@ -46,7 +43,6 @@ d) DSF="--xla_gpu_enable_dynamic_slice_fusion=true"   # the ring's block slices 
    run tp4-sp-mb16-auto-dsf-traced env XLA_FLAGS=$DSF $ours $TP4A --steps 8 --trace-dir /tmp/tr_d4 --trace-steps 2
    profiled tp4-sp-mb16-auto-dsf-traced /tmp/tr_d4 $TP4A ;;
 e) PEERF="--xla_gpu_collective_permute_mode=peer"   # the probe sets no compiler option itself
-   LIM4="--xla_gpu_experimental_parallel_collective_overlap_limit=4"
    probe peer XLA_FLAGS="$PEERF"
    one_gpu
    run tp4-sp-mb16-ring $ours $TP4A --steps 8
@@ -57,8 +53,7 @@ e) PEERF="--xla_gpu_collective_permute_mode=peer"   # the probe sets no compiler
    run tp4-sp-mb16-ring-lim4 env XLA_FLAGS=$LIM4 $ours $TP4A --steps 8
    run tp4-sp-mb16-plain $ours $TP4A parallel.tp_comm_overlap=false --steps 8   # the loss reference
    probe peer-lim4 XLA_FLAGS="$PEERF $LIM4" ;;
-f) LIM4="--xla_gpu_experimental_parallel_collective_overlap_limit=4"   # issue 10 and (2,1,2)
-   one_gpu
+f) one_gpu     # issue 10 and (2,1,2)
    run dp4-zero2 $ours $DP4A --steps 10
    run dp4-zero2-lim4 env XLA_FLAGS=$LIM4 $ours $DP4A --steps 10
    run dp4-zero2-b $ours $DP4A --steps 10

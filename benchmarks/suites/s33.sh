@@ -7,9 +7,6 @@
 # losses?); plain (no ring) as the loss reference; (2,1,1) zero 2 micro 8 with and without the
 # limit; the one-GPU micro-8 baseline.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
-LIM4="--xla_gpu_experimental_parallel_collective_overlap_limit=4"
-DP2="$B13 --mesh 2,1,1 train.micro_batch_size=8 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
-TP2="$B13 --mesh 1,1,2 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
 case "${S33_PART:-a}" in
 a) one_gpu
    run dp2-zero2 $ours $DP2 --steps 10
@@ -41,10 +38,9 @@ d) # the ratio in one lease after rank_plus, and the new ring step traced
    profiled tp2-sp-mb16-auto-traced /tmp/tr_t2 $TP2 ;;
 e) # 4 GPUs (lent late in session 33): rank_plus on (1,1,4) SP micro 16 against .old, A/B/A/B
    OLD="env PYTHONPATH=.old:."
-   TP4="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
-   run tp4-sp-mb16-new $ours $TP4 --steps 8
-   run tp4-sp-mb16-old $OLD $ours $TP4 --steps 8
-   run tp4-sp-mb16-new-b $ours $TP4 --steps 8
-   run tp4-sp-mb16-old-b $OLD $ours $TP4 --steps 8
+   run tp4-sp-mb16-new $ours $TP4A --steps 8
+   run tp4-sp-mb16-old $OLD $ours $TP4A --steps 8
+   run tp4-sp-mb16-new-b $ours $TP4A --steps 8
+   run tp4-sp-mb16-old-b $OLD $ours $TP4A --steps 8
    one_gpu ;;
 esac

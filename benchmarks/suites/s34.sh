@@ -8,10 +8,6 @@
 # Part b: the 7.5B (1,1,4) SP micro 8 with the ring forced on (m 4) after rank_plus, and
 # (4,1,1) zero 2 again (issue 10 target 1, A/B drift).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
-LIM4="--xla_gpu_experimental_parallel_collective_overlap_limit=4"
-DP4A="$B13 --mesh 4,1,1 train.micro_batch_size=4 train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2"
-TP212A="$B13 --mesh 2,1,2 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.grad_reduce_dtype=bfloat16"
-TP4A="$B13 --mesh 1,1,4 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true"
 case "${S34_PART:-a}" in
 a) one_gpu
    run tp4-sp-mb16-auto $ours $TP4A --steps 8
