@@ -6,7 +6,8 @@
 # (1,1,2) in session 33); (2,1,2) SP micro 8 bf16 against (4,1,1) zero 2 of the same call;
 # the one-GPU baseline.
 # Part b: the 7.5B (1,1,4) SP micro 8 with the ring forced on (m 4) after rank_plus, and
-# (4,1,1) zero 2 again (issue 10 target 1, A/B drift).
+# (4,1,1) zero 2 again (issue 10 target 1, A/B drift); XLA's dynamic-slice fusion again, now
+# that each ring block is one plain slice (session 32 part d: nothing, with duplicated slices).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
 case "${S34_PART:-a}" in
 a) one_gpu
@@ -17,5 +18,6 @@ a) one_gpu
    run tp212-sp-mb8-auto $ours $TP212A --steps 8 ;;
 b) run 7.5b-tp4-sp-mb8-ring $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true --steps 4
    run dp4-zero2 $ours $DP4A --steps 10
-   run tp4-sp-mb16-auto-b $ours $TP4A --steps 8 ;;
+   run tp4-sp-mb16-auto-b $ours $TP4A --steps 8
+   run tp4-sp-mb16-dsf env XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true $ours $TP4A --steps 8 ;;
 esac
