@@ -298,7 +298,8 @@ def direct_gather(block, axis: str) -> list:
     the block is sent straight to every other rank at once (n - 1 permutes of shift k, none
     reading another's output); j is traced (rank r receives rank r - k's block)."""
     n = jax.lax.axis_size(axis)
-    return [(rank_plus(axis, -k), block if k == 0 else jax.lax.ppermute(block, axis, shift_pairs(n, k)))
+    return [(rank_plus(axis, -k),
+             block if k == 0 else jax.lax.ppermute(block, axis, shift_pairs(n, k)))
             for k in range(n)]
 
 

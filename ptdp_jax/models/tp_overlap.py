@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models.dense import _input_grad, weight_grad
-from ptdp_jax.sharding import direct_gather, direct_scatter, rank_plus, vary, varying_axes
+from ptdp_jax.sharding import (direct_gather, direct_scatter, rank_plus, shift_pairs, vary,
+                               varying_axes)
 
 AXIS = "tensor"
 # einsum letters of the layers' GEMM specs -> logical axes (layers.HEADS, FFN and the weights)
@@ -63,12 +64,6 @@ def _put(buf, v, j, axis):
     return jax.lax.dynamic_update_slice_in_dim(buf, v, j * v.shape[axis], axis)
 
 
-def _perms(t):
-    down = [(i, (i + 1) % t) for i in range(t)]      # rank r receives r - 1's block
-    up = [(i, (i - 1) % t) for i in range(t)]        # rank r receives r + 1's partial sums
-    return down, up
-
-
 def _full(shape, t, axis):
     out = list(shape)
     out[axis] *= t
@@ -86,7 +81,7 @@ def _ring_gather(blk, t, visit, direct=False):
         for j, b in direct_gather(blk, AXIS):
             visit(j, b)
         return
-    down, _ = _perms(t)
+    down = shift_pairs(t, 1)                         # rank r receives r - 1's block
     cur = blk
     for i in range(t):
         nxt = jax.lax.ppermute(cur, AXIS, down) if i < t - 1 else None
@@ -102,7 +97,7 @@ def _ring_scatter(t, part_of, direct=False):
     the rank adds the t parts of its block at the end."""
     if direct:
         return direct_scatter(part_of, AXIS)
-    _, up = _perms(t)
+    up = shift_pairs(t, -1)                          # rank r receives r + 1's partial sums
     acc = None
     for i in range(t):
         part = part_of(rank_plus(AXIS, i + 1))
