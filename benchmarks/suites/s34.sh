@@ -20,4 +20,9 @@ b) run 7.5b-tp4-sp-mb8-ring $ours $B75 --mesh 1,1,4 train.global_batch_size=32 t
    run dp4-zero2 $ours $DP4A --steps 10
    run tp4-sp-mb16-auto-b $ours $TP4A --steps 8
    run tp4-sp-mb16-dsf env XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true $ours $TP4A --steps 8 ;;
+c) run tp4-sp-mb16-direct-lim4-b env XLA_FLAGS=$LIM4 $ours $TP4A parallel.tp_overlap_sends=direct --steps 8
+   run tp212-sp-mb8-direct-lim4 env XLA_FLAGS=$LIM4 $ours $TP212A parallel.tp_overlap_sends=direct --steps 8
+   run dp4-zero2 $ours $DP4A --steps 10
+   run tp212-sp-mb8-auto-b $ours $TP212A --steps 8
+   run tp4-sp-mb16-auto-c $ours $TP4A --steps 8 ;;
 esac
