@@ -25,4 +25,11 @@ c) run tp4-sp-mb16-direct-lim4-b env XLA_FLAGS=$LIM4 $ours $TP4A parallel.tp_ove
    run dp4-zero2 $ours $DP4A --steps 10
    run tp212-sp-mb8-auto-b $ours $TP212A --steps 8
    run tp4-sp-mb16-auto-c $ours $TP4A --steps 8 ;;
+d) T122P="$B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=zb-phased train.recompute=selective"
+   run tp4-sp-mb16-direct-d $ours $TP4A parallel.tp_overlap_sends=direct --steps 8
+   run tp4-sp-mb16-ring-d $ours $TP4A parallel.tp_overlap_sends=ring --steps 8
+   run dp4-zero2 $ours $DP4A --steps 10
+   run pp2tp2-zb-v4-mb8 $ours $T122P train.micro_batch_size=8 parallel.virtual_stages=4 --steps 6
+   run pp2tp2-zb-v3-mb4 $ours $T122P train.micro_batch_size=4 parallel.virtual_stages=3 --steps 6
+   run tp4-sp-mb16-direct-d2 $ours $TP4A parallel.tp_overlap_sends=direct --steps 8 ;;
 esac
