@@ -32,4 +32,9 @@ d) T122P="$B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=zb
    run pp2tp2-zb-v4-mb8 $ours $T122P train.micro_batch_size=8 parallel.virtual_stages=4 --steps 6
    run pp2tp2-zb-v3-mb4 $ours $T122P train.micro_batch_size=4 parallel.virtual_stages=3 --steps 6
    run tp4-sp-mb16-direct-d2 $ours $TP4A parallel.tp_overlap_sends=direct --steps 8 ;;
+e) T122P="$B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=zb-phased train.micro_batch_size=8"
+   run dp4-zero2 $ours $DP4A --steps 10
+   run pp2tp2-zb-v4-mb8-b $ours $T122P parallel.virtual_stages=4 train.recompute=selective --steps 8
+   run pp2tp2-zb-v4-mb8-none $ours $T122P parallel.virtual_stages=4 train.recompute=none --steps 8
+   run pp2tp2-zb-v2-mb8 $ours $T122P parallel.virtual_stages=2 train.recompute=selective --steps 8 ;;
 esac
