@@ -206,7 +206,7 @@ class Sharder:
     in_layer_scan: bool = False
     rows: bool = False
     tp_overlap: bool = False    # parallel.tp_comm_overlap (models/tp_overlap.py)
-    tp_direct: bool = False     # parallel.tp_overlap_sends == "direct"
+    tp_direct: bool = True      # parallel.tp_overlap_sends == "direct" (the default)
 
     @classmethod
     def for_config(cls, cfg, mesh) -> "Sharder":

@@ -30,19 +30,20 @@ def test_parity(case):
     assert_close(loss_and_grads(tiny_config(arch, mesh, **o, **OV)), ref)
 
 
-DIRECT = [
+RING = [
     ("gpt", (1, 1, 4), {"train.micro_batch_size": 4, "model.dropout": 0.1}),    # rows
     ("llama", (2, 1, 4), {"train.recompute": "selective"}),                      # sequence
 ]
 
 
-@pytest.mark.parametrize("case", DIRECT, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}")
-def test_parity_direct_sends(case):
-    """parallel.tp_overlap_sends=direct: each block sent straight to every rank (and each
-    partial sum straight to its owner), the same loss and gradients."""
+@pytest.mark.parametrize("case", RING, ids=lambda c: f"{c[0]}-{'x'.join(map(str, c[1]))}")
+def test_parity_ring_sends(case):
+    """parallel.tp_overlap_sends=ring (test_parity runs the default, direct): each block
+    passed on hop by hop, each partial sum passed on after the rank adds its part; the same
+    loss and gradients."""
     arch, mesh, o = case
     ref = reference(arch, tuple((k, v) for k, v in o.items() if k == "model.dropout"))
-    cfg = tiny_config(arch, mesh, **o, **OV, **{"parallel.tp_overlap_sends": "direct"})
+    cfg = tiny_config(arch, mesh, **o, **OV, **{"parallel.tp_overlap_sends": "ring"})
     assert_close(loss_and_grads(cfg), ref)
 
 

@@ -83,8 +83,8 @@ def test_sends_resolved_and_refused():
     import jax
     mesh = jax.make_mesh((1, 1, 2), ("data", "pipe", "tensor"))
     two = {"parallel.tensor": 2}
-    assert not Sharder.for_config(cfg(**two), mesh).tp_direct                  # ring: default
-    assert Sharder.for_config(cfg(**two, **{"parallel.tp_overlap_sends": "direct"}), mesh).tp_direct
+    assert Sharder.for_config(cfg(**two), mesh).tp_direct                      # direct: default
+    assert not Sharder.for_config(cfg(**two, **{"parallel.tp_overlap_sends": "ring"}), mesh).tp_direct
     with pytest.raises(ConfigError, match=r"parallel.tp_overlap_sends must be ring or direct, "
                                           r"got 'straight'"):
         validate(cfg(**{"parallel.tp_overlap_sends": "straight"}))
