@@ -37,4 +37,9 @@ e) T122P="$B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=zb
    run pp2tp2-zb-v4-mb8-b $ours $T122P parallel.virtual_stages=4 train.recompute=selective --steps 8
    run pp2tp2-zb-v4-mb8-none $ours $T122P parallel.virtual_stages=4 train.recompute=none --steps 8
    run pp2tp2-zb-v2-mb8 $ours $T122P parallel.virtual_stages=2 train.recompute=selective --steps 8 ;;
+f) # where the (1,2,2) step's time goes: the planner's pick traced, against the one-GPU share
+   T122B="$B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=zb-phased train.micro_batch_size=8 parallel.virtual_stages=4 train.recompute=selective"
+   one_gpu
+   run pp2tp2-zb-v4-mb8-traced $ours $T122B --steps 6 --trace-dir /tmp/tr_122 --trace-steps 2
+   profiled pp2tp2-zb-v4-mb8-traced /tmp/tr_122 $T122B ;;
 esac
