@@ -1,4 +1,4 @@
-# Sourced by benchmarks/record_suite.sh (SUITE=s34, S34_PART=a|b). 4 GPUs (ask for
+# Sourced by benchmarks/record_suite.sh (SUITE=s34, S34_PART=a|b|c|d|e|f). 4 GPUs (ask for
 # nvidia-h100-x4), ~480 s a part. Prepared in session 33 for the next 4-GPU lease.
 # Part a: issue 11 target 2 on H100 after sharding.rank_plus (session 33: -2.6% on 4x H200,
 # 40.4-40.6% MFU there): (1,1,4) SP micro 16 under auto (the ring), with direct sends, and
@@ -8,6 +8,9 @@
 # Part b: the 7.5B (1,1,4) SP micro 8 with the ring forced on (m 4) after rank_plus, and
 # (4,1,1) zero 2 again (issue 10 target 1, A/B drift); XLA's dynamic-slice fusion again, now
 # that each ring block is one plain slice (session 32 part d: nothing, with duplicated slices).
+# Added in session 34 (each call got 4x H200): c, direct + limit 4 again and on (2,1,2); d,
+# direct against the ring A/B/A and ptdp-plan's two best (1,2,2) layouts; e, (1,2,2) zb-phased
+# micro 8 variants; f, the planner's (1,2,2) pick traced. Part b was not run (see s35 b).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
 case "${S34_PART:-a}" in
 a) one_gpu

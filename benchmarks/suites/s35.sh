@@ -1,0 +1,24 @@
+# Sourced by benchmarks/record_suite.sh (SUITE=s35, S35_PART=a|b). 4 GPUs (ask for
+# nvidia-h100-x4), ~480 s a part. Prepared in session 34 (whose four calls all got 4x H200).
+# Part a: issue 11 target 2's three layouts and issue 10 target 1 in one call, with the
+# defaults of session 34 (the tensor ring's sends direct): the one-GPU baseline; (4,1,1) zero 2;
+# (1,1,4) SP micro 16; (2,1,2) SP micro 8 bf16, zero 0 and zero 2 (with the tensor ring, never
+# measured: its gradients reduce-scattered layer by layer in the backward instead of one
+# all-reduce after it); (1,2,2) SP zb-phased v 4 micro 8 selective (ptdp-plan's pick).
+# Part b: the 7.5B (1,1,4) SP micro 8 with the ring forced on (m 4, direct sends now), (4,1,1)
+# zero 2 for the drift, and XLA's dynamic-slice fusion on (1,1,4) (session 34 part b, not run).
+export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
+T122B="$B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=zb-phased train.micro_batch_size=8 parallel.virtual_stages=4 train.recompute=selective"
+case "${S35_PART:-a}" in
+a) one_gpu
+   run dp4-zero2 $ours $DP4A --steps 10
+   run tp4-sp-mb16 $ours $TP4A --steps 8
+   run tp212-sp-mb8 $ours $TP212A --steps 8
+   run tp212-sp-mb8-zero2 $ours $TP212A parallel.zero=2 --steps 8
+   run pp2tp2-zb-v4-mb8 $ours $T122B --steps 6
+   run dp4-zero2-b $ours $DP4A --steps 10 ;;
+b) run 7.5b-tp4-sp-mb8-ring $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true --steps 4
+   run dp4-zero2 $ours $DP4A --steps 10
+   run tp4-sp-mb16 $ours $TP4A --steps 8
+   run tp4-sp-mb16-dsf env XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true $ours $TP4A --steps 8 ;;
+esac
