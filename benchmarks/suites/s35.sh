@@ -6,7 +6,9 @@
 # measured: its gradients reduce-scattered layer by layer in the backward instead of one
 # all-reduce after it); (1,2,2) SP zb-phased v 4 micro 8 selective (ptdp-plan's pick).
 # Part b: the 7.5B (1,1,4) SP micro 8 with the ring forced on (m 4, direct sends now), (4,1,1)
-# zero 2 for the drift, and XLA's dynamic-slice fusion on (1,1,4) (session 34 part b, not run).
+# zero 2 for the drift, and XLA's dynamic-slice fusion on (1,1,4) (session 34 part b, not run);
+# (1,1,4) without the ring, for the planner's ring share (plan.cost.tp_ring_share, fitted before
+# rank_plus and the direct sends: it now over-prices the ring, 1.10-1.12x on 4x H200).
 export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
 T122B="$B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=zb-phased train.micro_batch_size=8 parallel.virtual_stages=4 train.recompute=selective"
 case "${S35_PART:-a}" in
@@ -20,5 +22,6 @@ a) one_gpu
 b) run 7.5b-tp4-sp-mb8-ring $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true --steps 4
    run dp4-zero2 $ours $DP4A --steps 10
    run tp4-sp-mb16 $ours $TP4A --steps 8
-   run tp4-sp-mb16-dsf env XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true $ours $TP4A --steps 8 ;;
+   run tp4-sp-mb16-dsf env XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true $ours $TP4A --steps 8
+   run tp4-sp-mb16-plain $ours $TP4A parallel.tp_comm_overlap=false --steps 8 ;;
 esac
