@@ -18,6 +18,7 @@ CASES = [
     ("gpt", (1, 1, 4), {"train.recompute": "selective"}),                        # sequence
     ("llama", (2, 1, 2), {"train.micro_batch_size": 2, "train.recompute": "full"}),
     ("llama", (1, 1, 4), {"train.micro_batch_size": 4}),
+    ("gpt", (1, 1, 8), {"train.micro_batch_size": 2}),     # direct: 7 sends of each block at once
 ]
 
 
