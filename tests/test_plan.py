@@ -579,10 +579,18 @@ def test_unrolled_p1_sums_in_the_gemm():
 # then) by benchmarks/plan_vs_measured.py. Predicted / measured step 0.97-1.09 (1f1b 1.09,
 # (1,1,4) micro 16 1.09); peak memory 0.99-1.17 (the estimate over at m = 1 with data or
 # tensor parallelism: on the safe side).
-S29 = ROOT / "benchmarks" / "results" / "2026-11-27-s29"
-S29_CASES = [json.loads(line) for part in ("z", "e", "zh")
-             for line in (S29 / part / "record.jsonl").read_text().splitlines()
-             if '"mesh"' in line]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def records(day: str, parts, keep=lambda line: True) -> list[dict]:
+    """The measured cases (lines with a mesh) of benchmarks/results/DAY/PART/record.jsonl."""
+    return [json.loads(line) for part in parts
+            for line in (RESULTS / day / part / "record.jsonl").read_text().splitlines()
+            if '"mesh"' in line and keep(line)]
+
+
+S29 = RESULTS / "2026-11-27-s29"
+S29_CASES = records("2026-11-27-s29", ("z", "e", "zh"))
 
 
 def _plan_vs_measured():
@@ -615,10 +623,8 @@ def test_plan_vs_measured_names_records_it_cannot_predict():
 # and session 33 on 2x H200, every ring case of those calls as run; the planner counts
 # tp_ring_share(t) of the tensor collectives, the memory model no gathered GEMM inputs
 RING_RUNS = [("2026-11-28-s31", "c"), ("2026-11-28-s32", "d"), ("2026-11-28-s33", "d")]
-RING_CASES = [json.loads(line) for day, part in RING_RUNS
-              for line in (ROOT / "benchmarks" / "results" / day / part / "record.jsonl")
-              .read_text().splitlines()
-              if '"mesh"' in line and "sequence_parallel=true" in line and "-dsf" not in line]
+RING_CASES = [case for day, part in RING_RUNS for case in records(
+    day, (part,), lambda line: "sequence_parallel=true" in line and "-dsf" not in line)]
 
 
 @pytest.mark.parametrize("case", RING_CASES, ids=[c["tag"] for c in RING_CASES])
@@ -647,10 +653,7 @@ def test_tensor_ring_cheaper_than_plain_at_m1_only():
 
 # session 34, 4x H200 (benchmarks/results/2026-11-28-s34 d, e): the (1,2,2) sequence-parallel
 # zb-phased layouts ptdp-plan ranks first, as run (v 4 micro 8 twice)
-S34_122 = [json.loads(line) for part in ("d", "e")
-           for line in (ROOT / "benchmarks" / "results" / "2026-11-28-s34" / part /
-                        "record.jsonl").read_text().splitlines()
-           if '"mesh": [1, 2, 2]' in line]
+S34_122 = records("2026-11-28-s34", ("d", "e"), lambda line: '"mesh": [1, 2, 2]' in line)
 
 
 def test_h200_orders_the_measured_1_2_2_layouts():
@@ -658,11 +661,11 @@ def test_h200_orders_the_measured_1_2_2_layouts():
     micro 8 without recomputation 0.2102 (selective faster: the stash of a none layer is
     twice the size). The planner puts them in that order (it over-predicts each by 1.09-1.17
     on H200, as every 4-GPU case of that session), its memory within 0-7% above."""
-    measured, predicted = {}, {}
+    measured, predicted, pvm = {}, {}, _plan_vs_measured()
     for case in S34_122:
         key = " ".join(sorted(o for o in case["overrides"] if "virtual" in o or "micro" in o
                               or "recompute" in o))
-        step, gib = _plan_vs_measured().predict(case)
+        step, gib = pvm.predict(case)
         measured.setdefault(key, []).append(case["step_time_s"])
         predicted[key] = step
         assert 1.0 <= gib / max(case["peak_mem_gib"]) <= 1.07, (key, gib)
