@@ -9,6 +9,10 @@
 # zero 2 for the drift, and XLA's dynamic-slice fusion on (1,1,4) (session 34 part b, not run);
 # (1,1,4) without the ring, for the planner's ring share (plan.cost.tp_ring_share, fitted before
 # rank_plus and the direct sends: it now over-prices the ring, 1.10-1.12x on 4x H200).
+# Part c (session 35, after part a): the token lookup reading the table's ZeRO shard and the
+# first layer's gather behind a barrier (zero.shard_lookup, zero._gather_unrolled) on issue 10's
+# (4,1,1) zero 2, A/B/A/B against the previous commit's package carried as .old/ptdp_jax, the
+# one-GPU baseline first and a traced run of the new step last.
 export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
 T122B="$B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=zb-phased train.micro_batch_size=8 parallel.virtual_stages=4 train.recompute=selective"
 case "${S35_PART:-a}" in
@@ -24,4 +28,23 @@ b) run 7.5b-tp4-sp-mb8-ring $ours $B75 --mesh 1,1,4 train.global_batch_size=32 t
    run tp4-sp-mb16 $ours $TP4A --steps 8
    run tp4-sp-mb16-dsf env XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true $ours $TP4A --steps 8
    run tp4-sp-mb16-plain $ours $TP4A parallel.tp_comm_overlap=false --steps 8 ;;
+c) one_gpu
+   OLD="env PYTHONPATH=.old:."
+   run dp4-zero2-old $OLD $ours $DP4A --steps 10
+   run dp4-zero2 $ours $DP4A --steps 10
+   run dp4-zero2-old-b $OLD $ours $DP4A --steps 10
+   run dp4-zero2-b $ours $DP4A --steps 10
+   run dp4-zero2-traced $ours $DP4A --steps 6 --trace-dir /tmp/tr_dp4 --trace-steps 2
+   profiled dp4-zero2-traced /tmp/tr_dp4 $DP4A ;;
+d) # XLA's command buffers off (the host waits before each update?), and the barrier alone
+   # (.bar: this package with zero.shard_table off) against it and .old (previous commit)
+   NOCB="env XLA_FLAGS=--xla_gpu_enable_command_buffer="
+   one_gpu
+   run 1gpu-none-mb8-nocb $NOCB CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+   run dp4-zero2 $ours $DP4A --steps 10
+   run dp4-zero2-nocb $NOCB $ours $DP4A --steps 10
+   run dp4-zero2-bar env PYTHONPATH=.bar:. $ours $DP4A --steps 10
+   run dp4-zero2-old env PYTHONPATH=.old:. $ours $DP4A --steps 10
+   run dp4-zero2-b $ours $DP4A --steps 10
+   run dp4-zero2-nocb-b $NOCB $ours $DP4A --steps 10 ;;
 esac
