@@ -47,4 +47,10 @@ d) # XLA's command buffers off (the host waits before each update?), and the bar
    run dp4-zero2-old env PYTHONPATH=.old:. $ours $DP4A --steps 10
    run dp4-zero2-b $ours $DP4A --steps 10
    run dp4-zero2-nocb-b $NOCB $ours $DP4A --steps 10 ;;
+e) # the one-GPU baseline on each of the four GPUs at once (record_suite.sh one_gpu_each),
+   # then issue 10's and 11's 4-GPU cases against them
+   one_gpu_each
+   run dp4-zero2 $ours $DP4A --steps 10
+   run tp212-sp-mb8 $ours $TP212A --steps 8
+   run dp4-zero2-b $ours $DP4A --steps 10 ;;
 esac
