@@ -53,4 +53,9 @@ e) # the one-GPU baseline on each of the four GPUs at once (record_suite.sh one_
    run dp4-zero2 $ours $DP4A --steps 10
    run tp212-sp-mb8 $ours $TP212A --steps 8
    run dp4-zero2-b $ours $DP4A --steps 10 ;;
+g) # the tensor ring inside the pipeline (session 35: schedules without W ops), on (1,2,2)
+   P122="$B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=1f1b-phased train.micro_batch_size=8 parallel.virtual_stages=4 train.recompute=selective"
+   run pp2tp2-ph-v4-mb8-ring $ours $P122 parallel.tp_comm_overlap=true --steps 5
+   run pp2tp2-ph-v4-mb8 $ours $P122 --steps 5
+   run pp2tp2-zb-v4-mb8 $ours $T122B --steps 5 ;;
 esac
