@@ -1,4 +1,4 @@
-"""benchmarks/side_probe.py and overlap_probe.py on the CPU's fake devices: their programs
+"""benchmarks/side_probe.py, overlap_probe.py and branch_permute_probe.py on the CPU's fake devices: their programs
 compile and run, the summary compares them, the rings compute what GSPMD's collectives do
 (timings themselves are for GPUs)."""
 from __future__ import annotations
@@ -41,3 +41,14 @@ def test_overlap_probe_rings_match_plain(capsys, monkeypatch):
     for x in lines[2:]:
         assert x["t"] == 8 and x["max_diff_over_max_abs"] < 2e-2, x
     sys.modules.pop("overlap_probe", None)
+
+
+def test_branch_permute_probe_matches_numpy(capsys, monkeypatch):
+    """benchmarks/branch_permute_probe.py: tensor permutes inside branches that differ between
+    the two stages of a (1,2,2) mesh, then a stage permute, as numpy computes them."""
+    monkeypatch.syspath_prepend(BENCH)
+    import branch_permute_probe
+    assert branch_permute_probe.main(["--rows", "8", "--ticks", "3"]) == 0
+    line = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert line["ok"] and line["max_err"] == 0.0 and line["ticks"] == 3
+    sys.modules.pop("branch_permute_probe", None)
