@@ -3,7 +3,8 @@ anything relies on it (issue 11: validation refuses parallel.tp_comm_overlap wit
 on the grounds that a permute over 'tensor' inside a lax.switch spans every stage's tensor
 group while the stages run different branches).
 
-    PYTHONPATH=. python benchmarks/branch_permute_probe.py [--peer] [--rows 4096] [--ticks 8]
+    PYTHONPATH=. python benchmarks/branch_permute_probe.py [--peer] [--idle] [--warmup]
+        [--rows 4096] [--ticks 8]
 
 On a (1, 2, 2) ('data', 'pipe', 'tensor') mesh, a shard_map manual over every axis runs
 `--ticks` ticks of a loop: each stage picks its branch by (stage + tick) % 2, so the two
@@ -21,6 +22,11 @@ each collective's clique once after its first call, the ring's permutes' clique 
 GPUs, and a stage held there while the other waits in a 'pipe' all-reduce's meeting never
 meets it (benchmarks/NOTES.md, session 35). Here the two stages' first permutes share a
 clique, so they meet; the probe shows the permutes themselves, not the first-call meeting.
+--idle makes that meeting as the step does (branch 1 without a permute, a 'pipe' all-reduce
+after the switch): expected to hang on GPUs. --warmup first runs a table in which every stage
+takes the same branch at each tick (the branch table is an input, so the same executable
+runs it), making every collective's first call together: if the divergent run after it
+completes, a warm-up run is a way to the ring inside the pipeline.
 """
 from __future__ import annotations
 
@@ -37,61 +43,84 @@ from ptdp_jax.sharding import make_mesh
 from ptdp_jax.step import PERMUTE_PEER_MODE
 
 
-def expected(x, ticks):
-    """numpy: x (p, t, rows, cols), the same ticks."""
-    p, t = x.shape[:2]
+def divergent(ticks, p=2):
+    """The branch table (ticks, p): stage s runs branch (s + tick) % 2, never its neighbour's."""
+    return np.array([[(s + i) % 2 for s in range(p)] for i in range(ticks)], np.int32)
+
+
+def uniform(ticks, p=2):
+    """Every stage runs branch tick % 2: each collective's first call made by all together."""
+    return np.array([[i % 2] * p for i in range(ticks)], np.int32)
+
+
+def expected(x, table, idle=False):
+    """numpy: x (p, t, rows, cols) through the table's ticks."""
     x = x.copy()
-    for i in range(ticks):
+    for row in table:
         y = np.empty_like(x)
-        for s in range(p):
-            if (s + i) % 2 == 0:          # branch 0: from tensor rank r - 1, times 0.5
+        for s, branch in enumerate(row):
+            if branch == 0:               # from tensor rank r - 1, times 0.5
                 y[s] = 0.5 * np.roll(x[s], 1, axis=0)
-            else:                         # branch 1: from tensor rank r + 1, plus 1
+            elif idle:                    # plus 1, no permute
+                y[s] = x[s] + 1.0
+            else:                         # from tensor rank r + 1, plus 1
                 y[s] = np.roll(x[s], -1, axis=0) + 1.0
         x = np.roll(y, 1, axis=0)         # stage s receives stage s - 1's block
     return x
 
 
-def program(mesh, ticks):
+def program(mesh, idle=False):
+    """f(x, table): the ticks of `table` (ticks, p), a traced input, so that one executable
+    runs any table. idle: branch 1 without a permute, and a 'pipe' all-reduce after the
+    switch (of a zero-weighted element), as the train step's stage that idles meets the other
+    in a 'pipe' collective."""
     t = mesh.shape["tensor"]
     fwd = [(r, (r + 1) % t) for r in range(t)]
     back = [(r, (r - 1) % t) for r in range(t)]
     p = mesh.shape["pipe"]
     ring = [(s, (s + 1) % p) for s in range(p)]
+    other = (lambda a: a + 1.0) if idle else (lambda a: jax.lax.ppermute(a, "tensor", back) + 1.0)
 
-    def body(i, x):
-        stage = jax.lax.axis_index("pipe")
-        x = jax.lax.switch((stage + i) % 2, [
-            lambda a: 0.5 * jax.lax.ppermute(a, "tensor", fwd),
-            lambda a: jax.lax.ppermute(a, "tensor", back) + 1.0], x)
-        return jax.lax.ppermute(x, "pipe", ring)
-
-    def run(x):
-        return jax.lax.fori_loop(0, ticks, body, x)
+    def run(x, table):
+        def body(i, x):
+            branch = table[i, jax.lax.axis_index("pipe")]
+            x = jax.lax.switch(branch, [lambda a: 0.5 * jax.lax.ppermute(a, "tensor", fwd),
+                                        other], x)
+            if idle:
+                x = x + 0.0 * jax.lax.psum(x[0, 0], "pipe")
+            return jax.lax.ppermute(x, "pipe", ring)
+        return jax.lax.fori_loop(0, table.shape[0], body, x)
 
     spec = P("pipe", "tensor")
-    return jax.shard_map(run, mesh=mesh, in_specs=spec, out_specs=spec)
+    return jax.shard_map(run, mesh=mesh, in_specs=(spec, P()), out_specs=spec)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", action="store_true")
+    ap.add_argument("--idle", action="store_true", help="branch 1 without a permute, then a "
+                    "'pipe' all-reduce (the train step's pattern)")
+    ap.add_argument("--warmup", action="store_true", help="first run a uniform table")
     ap.add_argument("--rows", type=int, default=4096)
     ap.add_argument("--ticks", type=int, default=8)
     a = ap.parse_args(argv)
     mesh = make_mesh((1, 2, 2))
     x = np.random.default_rng(0).standard_normal((2, 2, a.rows, 256)).astype(np.float32)
     opts = {"xla_gpu_collective_permute_mode": PERMUTE_PEER_MODE} if a.peer else None
-    f = jax.jit(program(mesh, a.ticks), compiler_options=opts)
+    f = jax.jit(program(mesh, a.idle), compiler_options=opts)
     xd = jax.device_put(x.reshape(2, 2 * a.rows, 256), NamedSharding(mesh, P("pipe", "tensor")))
-    out = np.asarray(f(xd)).reshape(x.shape)              # compiles and runs once
+    table = divergent(a.ticks)
+    if a.warmup:
+        jax.block_until_ready(f(xd, uniform(a.ticks)))
+    out = np.asarray(f(xd, table)).reshape(x.shape)
     t0 = time.perf_counter()
     for _ in range(5):
-        jax.block_until_ready(f(xd))
+        jax.block_until_ready(f(xd, table))
     ms = (time.perf_counter() - t0) / 5 * 1e3
-    err = float(np.abs(out - expected(x, a.ticks)).max())
-    print(json.dumps({"peer": a.peer, "ticks": a.ticks, "ok": err < 1e-5, "max_err": err,
-                      "ms": round(ms, 3), "device": jax.devices()[0].device_kind}))
+    err = float(np.abs(out - expected(x, table, a.idle)).max())
+    print(json.dumps({"peer": a.peer, "idle": a.idle, "warmup": a.warmup, "ticks": a.ticks,
+                      "ok": err < 1e-5, "max_err": err, "ms": round(ms, 3),
+                      "device": jax.devices()[0].device_kind}))
     return 0 if err < 1e-5 else 1
 
 

@@ -48,7 +48,27 @@ def test_branch_permute_probe_matches_numpy(capsys, monkeypatch):
     the two stages of a (1,2,2) mesh, then a stage permute, as numpy computes them."""
     monkeypatch.syspath_prepend(BENCH)
     import branch_permute_probe
-    assert branch_permute_probe.main(["--rows", "8", "--ticks", "3"]) == 0
+    assert branch_permute_probe.main(["--rows", "8", "--ticks", "3", "--warmup"]) == 0
     line = json.loads(capsys.readouterr().out.splitlines()[-1])
-    assert line["ok"] and line["max_err"] == 0.0 and line["ticks"] == 3
+    assert line["ok"] and line["max_err"] == 0.0 and line["ticks"] == 3 and line["warmup"]
+    sys.modules.pop("branch_permute_probe", None)
+
+
+def test_branch_permute_probe_idle_variant_on_a_uniform_table(monkeypatch):
+    """The --idle program (branch 1 without a permute, a 'pipe' all-reduce after the switch)
+    against its numpy model, on the uniform table (XLA:CPU meets every device of a permute at
+    each call, so the divergent table's stage-apart permutes are for GPUs only)."""
+    import numpy as np
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    from ptdp_jax.sharding import make_mesh
+    monkeypatch.syspath_prepend(BENCH)
+    import branch_permute_probe as B
+    mesh = make_mesh((1, 2, 2))
+    x = np.random.default_rng(1).standard_normal((2, 2, 4, 256)).astype(np.float32)
+    xd = jax.device_put(x.reshape(2, 8, 256), NamedSharding(mesh, P("pipe", "tensor")))
+    table = B.uniform(3)        # odd: at t = 2 the two branches' rolls differ after it
+    out = np.asarray(jax.jit(B.program(mesh, idle=True))(xd, table)).reshape(x.shape)
+    np.testing.assert_allclose(out, B.expected(x, table, idle=True), rtol=1e-6)
+    assert not np.allclose(B.expected(x, table, idle=True), B.expected(x, table))
     sys.modules.pop("branch_permute_probe", None)
