@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from ptdp_jax.sharding import make_mesh
+from ptdp_jax.sharding import make_mesh, shift_pairs
 from ptdp_jax.step import PERMUTE_PEER_MODE
 
 
@@ -74,11 +74,8 @@ def program(mesh, idle=False):
     runs any table. idle: branch 1 without a permute, and a 'pipe' all-reduce after the
     switch (of a zero-weighted element), as the train step's stage that idles meets the other
     in a 'pipe' collective."""
-    t = mesh.shape["tensor"]
-    fwd = [(r, (r + 1) % t) for r in range(t)]
-    back = [(r, (r - 1) % t) for r in range(t)]
-    p = mesh.shape["pipe"]
-    ring = [(s, (s + 1) % p) for s in range(p)]
+    t, p = mesh.shape["tensor"], mesh.shape["pipe"]
+    fwd, back, ring = shift_pairs(t, 1), shift_pairs(t, -1), shift_pairs(p, 1)
     other = (lambda a: a + 1.0) if idle else (lambda a: jax.lax.ppermute(a, "tensor", back) + 1.0)
 
     def run(x, table):

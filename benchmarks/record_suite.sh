@@ -53,15 +53,16 @@ ours="python3 benchmarks/capture_step.py"                      # commands, not f
 peer="torchrun --standalone --nproc-per-node 4 $peer/torch_ptd.py"  # `timeout` runs them
 
 nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tee -a "$out/record.log"
+ONE_GPU="python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none"
 one_gpu() {   # the one-GPU baseline of every ideal: 1.3B, micro 8, no recomputation
-  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+  run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 $ONE_GPU
 }
 one_gpu_each() {   # the one-GPU baseline on every GPU of the host at once (tags 1gpu-none-mb8-gpuI):
   # a layout over all of them runs at its slowest GPU's pace, and their speeds differ by up to
   # ~3% (session 35), so GPU 0's figure alone is a draw
   local i n; n=$(nvidia-smi -L | wc -l)
   for (( i = 0; i < n; i++ )); do
-    run 1gpu-none-mb8-gpu$i env CUDA_VISIBLE_DEVICES=$i python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none &
+    run 1gpu-none-mb8-gpu$i env CUDA_VISIBLE_DEVICES=$i $ONE_GPU &
   done
   wait
 }

@@ -1,6 +1,6 @@
-"""benchmarks/side_probe.py, overlap_probe.py and branch_permute_probe.py on the CPU's fake devices: their programs
-compile and run, the summary compares them, the rings compute what GSPMD's collectives do
-(timings themselves are for GPUs)."""
+"""benchmarks/side_probe.py, overlap_probe.py and branch_permute_probe.py on the CPU's fake
+devices: their programs compile and run, the summary compares them, the rings compute what
+GSPMD's collectives do, the branch probe what numpy does (timings themselves are for GPUs)."""
 from __future__ import annotations
 
 import json

@@ -40,7 +40,7 @@ d) # XLA's command buffers off (the host waits before each update?), and the bar
    # (.bar: this package with zero.shard_table off) against it and .old (previous commit)
    NOCB="env XLA_FLAGS=--xla_gpu_enable_command_buffer="
    one_gpu
-   run 1gpu-none-mb8-nocb $NOCB CUDA_VISIBLE_DEVICES=0 python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_size=8 train.recompute=none
+   run 1gpu-none-mb8-nocb $NOCB CUDA_VISIBLE_DEVICES=0 $ONE_GPU
    run dp4-zero2 $ours $DP4A --steps 10
    run dp4-zero2-nocb $NOCB $ours $DP4A --steps 10
    run dp4-zero2-bar env PYTHONPATH=.bar:. $ours $DP4A --steps 10
