@@ -39,6 +39,21 @@ def _override_combine(ag_mib: int, rs_mib: int) -> None:
     step.compiler_options = options
 
 
+def _override_permute_mode(mode: str) -> None:
+    """XLA's collective-permute mode for the train step instead of step.compiler_options':
+    nccl (XLA's default: NCCL's kernels) or peer (copies on the copy engines); an A/B only."""
+    from ptdp_jax import step
+    base = step.compiler_options
+
+    def options(cfg, mesh):
+        o = base(cfg, mesh)
+        o.pop("xla_gpu_collective_permute_mode", None)
+        if mode == "peer" and o:                 # o is empty off GPU
+            o["xla_gpu_collective_permute_mode"] = step.PERMUTE_PEER_MODE
+        return o
+    step.compiler_options = options
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("config")
@@ -59,6 +74,9 @@ def main(argv=None):
     ap.add_argument("--combine-mib", default="",
                     help="AG,RS: XLA's all-gather and reduce-scatter combine thresholds in MiB "
                          "instead of step.compiler_options' (0: XLA's own default); an A/B only")
+    ap.add_argument("--permute-mode", choices=("nccl", "peer"), default=None,
+                    help="XLA's collective-permute mode instead of step.compiler_options' "
+                         "(nccl: NCCL's kernels, XLA's default; peer: copy-engine copies)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
 
@@ -75,6 +93,8 @@ def main(argv=None):
 
     if a.combine_mib:
         _override_combine(*(int(x) for x in a.combine_mib.split(",")))
+    if a.permute_mode:
+        _override_permute_mode(a.permute_mode)
     mesh_shape = tuple(int(x) for x in a.mesh.split(","))
     cfg = validate(resolve_config(a.config, mesh_shape, parse_cli_overrides(a.overrides)),
                    len(jax.devices()))
@@ -139,6 +159,7 @@ def main(argv=None):
            "step_time_s": round(statistics.median(times), 4),
            "step_times_s": [round(t, 4) for t in times], "first_step_s": round(first, 2),
            "step_time_queued_s": round(queued, 4), "combine_mib": a.combine_mib or None,
+           "permute_mode": a.permute_mode,
            "tokens_per_s": round(B * s / statistics.median(times), 1),
            "peak_mem_gib": [round(m.get("peak_bytes_in_use", 0) / 2**30, 2) for m in mem],
            "final_loss": round(final_loss, 4), "trace": trace, "trace_steps": a.trace_steps}

@@ -22,3 +22,21 @@ b) one_gpu_each
    run 7.5b-tp4-sp-mb8-ring $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.micro_batch_size=8 train.recompute=none parallel.sequence_parallel=true parallel.tp_comm_overlap=true --steps 4
    run dp4-zero2-b $ours $DP4A --steps 10 ;;
 esac
+# Part c (session 36): what NCCL's permutes (the only mode that is right inside per-stage
+# branches, part a) cost the ring, on the 1.3B (1,1,2) SP micro 16 (one (1,2,2) stage's tensor
+# group): two cases at once on GPUs 0-1 and 2-3, then swapped.
+if [[ "${S36_PART:-a}" == c ]]; then
+  TP2C="$ours $B13 --mesh 1,1,2 train.micro_batch_size=16 train.recompute=none parallel.sequence_parallel=true --steps 6"
+  pair() {   # pair DEVICES TAG ARGS...
+    run "$2" env CUDA_VISIBLE_DEVICES=$1 "${@:3}"
+  }
+  for round in 1 2; do
+    if (( round == 1 )); then A=0,1 B=2,3; else A=2,3 B=0,1; fi
+    pair $A tp2-noring-r$round $TP2C parallel.tp_comm_overlap=false &
+    pair $B tp2-ring-nccl-r$round $TP2C parallel.tp_comm_overlap=true --permute-mode nccl &
+    wait
+    pair $A tp2-ring-peer-r$round $TP2C parallel.tp_comm_overlap=true --permute-mode peer &
+    pair $B tp2-ring-nccl-memcpy-r$round env NCCL_P2P_USE_CUDA_MEMCPY=1 $TP2C parallel.tp_comm_overlap=true --permute-mode nccl &
+    wait
+  done
+fi
