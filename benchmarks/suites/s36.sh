@@ -40,3 +40,12 @@ if [[ "${S36_PART:-a}" == c ]]; then
     wait
   done
 fi
+# Part d: the session's figures for the closing notes (issue 10 target 1, issue 11 target 2).
+if [[ "${S36_PART:-a}" == d ]]; then
+  one_gpu_each
+  run dp4-zero2 $ours $DP4A --steps 10
+  run tp212-sp-mb8 $ours $TP212A --steps 8
+  run tp4-sp-mb16 $ours $TP4A --steps 8
+  run dp4-zero2-b $ours $DP4A --steps 10
+  run pp2tp2-zb-v4-mb8 $ours $B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=zb-phased train.micro_batch_size=8 parallel.virtual_stages=4 train.recompute=selective --steps 6
+fi
