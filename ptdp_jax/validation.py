@@ -188,9 +188,9 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
              f"sequence_parallel={p.sequence_parallel}, tensor={tp})")
         need(pp == 1,
              f"parallel.tp_comm_overlap runs without pipelining (got parallel.pipe={pp}): its "
-             f"permutes would sit in the pipeline's per-stage branches, each op's clique every "
-             f"stage's tensor group, and the stages, in different branches, never all meet "
-             f"after its first call (a hang on 4 GPUs, benchmarks/NOTES.md session 35)")
+             f"permutes would sit in the pipeline's per-stage branches, where XLA's fast "
+             f"permutes (copies) give wrong results while another stage idles and NCCL's are "
+             f"slower than no ring (4x H200, benchmarks/NOTES.md sessions 35-36)")
         need(not cfg.scan_layers_on,
              f"parallel.tp_comm_overlap needs the layers unrolled (got train.scan_layers="
              f"{t.scan_layers}, parallel.zero={p.zero}; auto scans with zero=3: set "
