@@ -11,7 +11,7 @@ enough). The expected tick count and each (tick, stage)'s op come from the confi
 schedule. `--trace-steps N`: the trace holds N steps (capture_step.py --trace-steps); the last is read.
 `--one-gpu-step S`: the one-GPU step time of the same global batch; the ideal step is
 S / (d p t) x (1 + bubble), bubble = (p-1)/m (gpipe, 1f1b) or (p-1)/(v m) (interleaved). Prints
-markdown tables (ptdp_jax.profiling.format_report); `--json OUT` writes the full report."""
+markdown tables (ptdp_jax.profiling_format.format_report); `--json OUT` writes the full report."""
 from __future__ import annotations
 
 import argparse
@@ -97,7 +97,7 @@ def lockstep_floor(rep: dict, mesh: tuple[int, int, int], m: int, v: int = 1,
     floor of a lockstep step with those kernels, busiest stage x (1 + bubble). Kernel durations
     survive the profiler where waits do not (session 16: a 208 ms pipeline step traced as 453
     ms), so step / ideal splits into kernels / (one-GPU step / devices) x step / floor."""
-    from ptdp_jax import profiling
+    from ptdp_jax import profiling, profiling_format
     stage_ms: dict[int, float] = {}
     for row in rep["devices"].values():
         ms = sum(x for c, x in row["ms"].items() if c not in ("collective", "idle"))
@@ -107,7 +107,8 @@ def lockstep_floor(rep: dict, mesh: tuple[int, int, int], m: int, v: int = 1,
     share = one_gpu_step_s * 1e3 / n if one_gpu_step_s else None
     rows = [[s, ms] + ([ms / share] if share else []) for s, ms in sorted(stage_ms.items())]
     out = ["### Lockstep floor: the busiest stage's kernels x (1 + bubble)",
-           profiling._table(["stage", "kernel ms"] + (["/ one-GPU share"] if share else []), rows),
+           profiling_format.table(["stage", "kernel ms"]
+                                  + (["/ one-GPU share"] if share else []), rows),
            "", f"floor {floor_ms:.1f} ms"]
     if share:
         out[-1] += f"; one-GPU share {share:.1f} ms (one-GPU step / {n})"
@@ -122,7 +123,7 @@ def trace_fidelity(devices, window_ms: float, step_s: float | None) -> str:
     step with or without XLA's command buffers (session 20, 4x H100: a 193 ms zb-phased step
     traced as a 669-724 ms window), so gaps and waits are the profiler's; kernel durations
     hold, except for compute kernels that ran beside an NCCL kernel (1.2-1.9x slower there)."""
-    from ptdp_jax import profiling
+    from ptdp_jax import profiling, profiling_format
     out = ["### Trace against the timed step"]
     if step_s:
         ratio = window_ms / (step_s * 1e3)
@@ -140,8 +141,8 @@ def trace_fidelity(devices, window_ms: float, step_s: float | None) -> str:
             if any(a < k.end_us and b > k.ts_us for a, b in coll):
                 beside += k.dur_us
         rows.append([d, total / 1e3, beside / 1e3])
-    out.append(profiling._table(["device", "compute kernel ms", "of it beside an NCCL kernel"],
-                                rows))
+    out.append(profiling_format.table(
+        ["device", "compute kernel ms", "of it beside an NCCL kernel"], rows))
     return "\n".join(out) + "\n"
 
 
@@ -149,7 +150,7 @@ def collectives_by_op(devices) -> str:
     """Collective kernel time per HLO op and device (markdown): which all-reduce or permute
     waits where. In lockstep a collective's kernel also holds the wait for the slowest peer, so
     the device that arrives first shows the longer time."""
-    from ptdp_jax import profiling
+    from ptdp_jax import profiling, profiling_format
     per, name, calls = {}, {}, {}
     for d, ks in devices.items():
         for k in ks:
@@ -162,7 +163,8 @@ def collectives_by_op(devices) -> str:
     rows = [[o, name[o], max(calls.get((o, d), 0) for d in devs)]
             + [per.get((o, d), 0.0) for d in devs] for o in ops]
     return ("### Collectives by HLO op: ms per device (a kernel's time includes its wait)\n"
-            + profiling._table(["hlo op", "kernel", "calls"] + [f"GPU{d} ms" for d in devs], rows)
+            + profiling_format.table(["hlo op", "kernel", "calls"]
+                                     + [f"GPU{d} ms" for d in devs], rows)
             + "\n")
 
 
@@ -197,7 +199,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--top", type=int, default=5, help="kernels listed per category")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
-    from ptdp_jax import profiling
+    from ptdp_jax import profiling, profiling_format
 
     mesh = tuple(int(x) for x in a.mesh.split(","))
     cfg = load_cfg(a.config, mesh, a.overrides)
@@ -223,7 +225,7 @@ def main(argv=None) -> dict:
           f"ticks={sched.num_ticks} trace {trace}\n")
     print(collectives_by_op(devices), flush=True)
     print(trace_fidelity(devices, rep["window_ms"], step_s), flush=True)
-    print(profiling.format_report(rep), flush=True)
+    print(profiling_format.format_report(rep), flush=True)
     if mesh[1] > 1:
         print("\n" + lockstep_floor(rep, mesh, sched.m, sched.v, cfg.parallel.schedule,
                                     a.one_gpu_step, step_s), flush=True)

@@ -23,6 +23,7 @@ def _load(rel_path: str, name: str):
 
 
 P = _load("ptdp_jax/profiling.py", "profiling")
+F = _load("ptdp_jax/profiling_format.py", "profiling_format")
 
 MODULE = "jit_step_fn"
 BIG = "grid:1024,1,1 block:128,1,1"
@@ -133,7 +134,7 @@ def test_report_idle_is_window_minus_busy():
     assert d0["gemm"] == pytest.approx(0.1) and d0["copy"] == pytest.approx(0.05)
     assert d0["idle"] == pytest.approx(0.4 - 0.15)
     assert r["devices"]["1"]["ms"]["idle"] == pytest.approx(0.1)
-    assert r["ticks"]["matched"] is False and "No schedule" in P.format_report(r)
+    assert r["ticks"]["matched"] is False and "No schedule" in F.format_report(r)
 
 
 # ------------------------------------------------------------------------------ ticks
@@ -192,7 +193,7 @@ def test_ticks_are_found_aligned_and_attributed(boundary_first):
         for st in by_op.values():
             assert sum(st["ms"].values()) == pytest.approx(st["tick_ms"])
         assert dev["d2h_copies"] == 5
-    assert "Ticks: 5 per device" in P.format_report(r)
+    assert "Ticks: 5 per device" in F.format_report(r)
 
 
 def test_tick_offset_can_be_forced():
@@ -233,7 +234,7 @@ def test_tick_count_mismatch_falls_back_to_whole_step_figures():
     assert r["ticks"] == {"expected": 5, "matched": False, "found": {"0": 4, "1": 4}}
     assert all("by_op" not in v for v in r["devices"].values())
     assert r["devices"]["0"]["ms"]["gemm"] == pytest.approx((300 + 300 + 500 + 500) / 1e3)
-    text = P.format_report(json.loads(json.dumps(r)))
+    text = F.format_report(json.loads(json.dumps(r)))
     assert "does not match" in text and "whole-step figures only" in text
 
 
@@ -246,7 +247,7 @@ def test_report_is_json_and_formats_with_ideal_and_top_kernels():
     assert top["count"] == 8 and top["mean_us"] == pytest.approx(400.0)
     assert r["unclassified"] == []
     assert r["devices"]["0"]["idle_after_d2h_ms"] == pytest.approx(5 * 0.005)
-    text = P.format_report(r)
+    text = F.format_report(r)
     assert "step / ideal 3.00" in text and "| gemm | nvjet_gemm | 8 |" in text
     assert "GPU0 5" in text
 
