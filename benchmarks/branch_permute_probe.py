@@ -27,6 +27,10 @@ after the switch): expected to hang on GPUs. --warmup first runs a table in whic
 takes the same branch at each tick (the branch table is an input, so the same executable
 runs it), making every collective's first call together: if the divergent run after it
 completes, a warm-up run is a way to the ring inside the pipeline.
+
+Measured (session 36, 4x H200): --idle hangs; --idle --warmup runs and matches on NCCL; with
+--peer the idle pattern runs but gives wrong results (warm-up or not). So only NCCL's permutes
+are right there, and on them the ring is slower than no ring (benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
