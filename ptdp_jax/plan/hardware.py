@@ -7,10 +7,11 @@ A kind describes one GPU *and the program whose step times calibrated it*:
   kernels), calibrated on our own leases (benchmarks/RESULTS.md, 2026-11-26, and the per-kernel
   traces of that day: GEMMs at M = 2048 tokens, 17-430 GFLOP, ran at 0.69-0.83 of the dense
   peak; cuDNN flash attention forward 0.345, backward 0.273 of the peak on causal FLOPs).
-  H200 is the same GH100 chip at the same clocks: its GEMM, attention and element-wise kernels
-  took the same time per tick as the H100's in our traces (not the 1.43x its HBM bandwidth
-  suggests, at these 8-32 MB tensors), so only memory, the host's per-tick gap and the
-  datasheet bandwidth differ.
+  H200 is the same GH100 chip at the same clocks: its GEMM and attention kernels take the
+  H100's time, its memory-bound ones do not (the one-GPU step's element-wise fusions and copies
+  at 0.70-0.96x the H100's time, the large ones 0.70-0.75x; benchmarks/results/2026-11-28-s36/
+  planner_h200.md), so memory, the element-wise bandwidth (refitted in session 36 to today's
+  program), the host's per-tick gap and the datasheet bandwidth differ.
 * `a100`: Megatron-LM as the paper ran it in 2021 (Narayanan et al., SC'21): each stage runs
   its op order as soon as its inputs arrive (no lockstep), unfused attention (scores and
   softmax in memory: 5 a s^2 b bytes of activations), fused element-wise kernels. Its GEMM
@@ -142,11 +143,19 @@ GPU_KINDS: dict[str, GpuKind] = {
 }
 GPU_KINDS["h200"] = replace(
     GPU_KINDS["h100"], name="h200", memory_bytes=143771 * 2 ** 20, hbm_bytes_per_s=4.8e12,
+    # fitted: the 60 H200 cases of sessions 33-36 (1.3B, 1-4 GPUs; results/2026-11-28-s36/
+    # planner_h200.md) ran at 1.02-1.17x with the H100's 3.35e12; least squares over them puts
+    # this field at 5.0e12, the one-GPU steps alone (12, mean 0.5230 s) at 4.4e12, the traced
+    # memory-bound kernels (s17 a one GPU 107 ms, s35 c (4,1,1) 26.5 ms a GPU) at 4.5e12:
+    # held at the datasheet's 4.8e12 (the H100's rule). pred/meas then 0.935-1.075, median
+    # 1.004 (one GPU 0.96-1.00, (1,1,4) 1.05-1.075: its collectives, as on H100, priced high)
+    memory_bound_bytes_per_s=4.8e12,
     tick_overhead_s=0.0,
     # the same executor as on H100: session 21's 4x H200 lease (benchmarks/results/
     # 2026-11-27-s21) put the 7.5B phased cases at 0.94-0.97 without these, 0.995-1.013 with
+    # (and the element-wise bandwidth of then, 3.35e12; with 4.8e12 0.93-0.94: code of then)
     row_overhead_s=0.155e-3, wgrad_accumulate_exposed=0.5,
-    source="ptdp_jax on 4x H200 (2026-11-26 RESULTS.md); kernels timed as on H100")
+    source="ptdp_jax on 4x H200 (2026-11-26 RESULTS.md; element-wise refitted in session 36)")
 
 
 def gpu_kind(name: str) -> GpuKind:
