@@ -97,7 +97,7 @@ def lockstep_floor(rep: dict, mesh: tuple[int, int, int], m: int, v: int = 1,
     floor of a lockstep step with those kernels, busiest stage x (1 + bubble). Kernel durations
     survive the profiler where waits do not (session 16: a 208 ms pipeline step traced as 453
     ms), so step / ideal splits into kernels / (one-GPU step / devices) x step / floor."""
-    from ptdp_jax import profiling, profiling_format
+    from ptdp_jax import profiling_format
     stage_ms: dict[int, float] = {}
     for row in rep["devices"].values():
         ms = sum(x for c, x in row["ms"].items() if c not in ("collective", "idle"))
