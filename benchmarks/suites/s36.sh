@@ -49,3 +49,8 @@ if [[ "${S36_PART:-a}" == d ]]; then
   run dp4-zero2-b $ours $DP4A --steps 10
   run pp2tp2-zb-v4-mb8 $ours $B13 --mesh 1,2,2 parallel.sequence_parallel=true parallel.schedule=zb-phased train.micro_batch_size=8 parallel.virtual_stages=4 train.recompute=selective --steps 6
 fi
+# Part e: the 7.5B (4,1,1) zero 2 micro 8 (issue 10 target 2's layout) with today's code, and
+# the refitted planner out of its fit.
+if [[ "${S36_PART:-a}" == e ]]; then
+  run 7.5b-dp4-zero2-mb8-sel $ours $B75 --mesh 4,1,1 train.global_batch_size=32 train.micro_batch_size=8 train.recompute=selective parallel.zero=2 parallel.grad_reduce_dtype=bfloat16 --steps 4
+fi
