@@ -54,3 +54,9 @@ fi
 if [[ "${S36_PART:-a}" == e ]]; then
   run 7.5b-dp4-zero2-mb8-sel $ours $B75 --mesh 4,1,1 train.global_batch_size=32 train.micro_batch_size=8 train.recompute=selective parallel.zero=2 parallel.grad_reduce_dtype=bfloat16 --steps 4
 fi
+# Part f: the same and the PyTorch peer's FSDP2 dp4 in one call (issue 10 target 2, same lease);
+# the peer carried as .peer (a copy of ../shared/peer).
+if [[ "${S36_PART:-a}" == f ]]; then
+  run peer-7.5b-dp4-fsdp $peer --dp 4 --pp 1 --tp 1 $P75
+  run 7.5b-dp4-zero2-mb8-sel $ours $B75 --mesh 4,1,1 train.global_batch_size=32 train.micro_batch_size=8 train.recompute=selective parallel.zero=2 parallel.grad_reduce_dtype=bfloat16 --steps 4
+fi
