@@ -60,3 +60,7 @@ if [[ "${S36_PART:-a}" == f ]]; then
   run peer-7.5b-dp4-fsdp $peer --dp 4 --pp 1 --tp 1 $P75
   run 7.5b-dp4-zero2-mb8-sel $ours $B75 --mesh 4,1,1 train.global_batch_size=32 train.micro_batch_size=8 train.recompute=selective parallel.zero=2 parallel.grad_reduce_dtype=bfloat16 --steps 4
 fi
+# Part g: issue 11 target 1's layout (7.5B (1,1,4) SP micro 8, none) with today's code.
+if [[ "${S36_PART:-a}" == g ]]; then
+  run 7.5b-tp4-sp-mb8 $ours $B75 --mesh 1,1,4 train.global_batch_size=32 train.recompute=none train.micro_batch_size=8 parallel.sequence_parallel=true --steps 4
+fi
