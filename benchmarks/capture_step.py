@@ -23,35 +23,29 @@ import sys
 import time
 
 
-def _override_combine(ag_mib: int, rs_mib: int) -> None:
-    """Replace the combine thresholds that step.compiler_options gives the train step."""
+def _override_options(values: dict) -> None:
+    """Replace some of the XLA options that step.compiler_options gives the train step (an
+    A/B only): each key's value, or with None left out (XLA's own default). Off GPU there are
+    none to replace."""
     from ptdp_jax import step
     base = step.compiler_options
 
     def options(cfg, mesh):
         o = base(cfg, mesh)
-        for key, mib in (("xla_gpu_all_gather_combine_threshold_bytes", ag_mib),
-                         ("xla_gpu_reduce_scatter_combine_threshold_bytes", rs_mib)):
-            o.pop(key, None)
-            if mib and o:                        # o is empty off GPU
-                o[key] = mib * 2 ** 20
+        if o:                                    # o is empty off GPU
+            for key, value in values.items():
+                o.pop(key, None)
+                if value is not None:
+                    o[key] = value
         return o
     step.compiler_options = options
 
 
-def _override_permute_mode(mode: str) -> None:
-    """XLA's collective-permute mode for the train step instead of step.compiler_options':
-    nccl (XLA's default: NCCL's kernels) or peer (copies on the copy engines); an A/B only."""
-    from ptdp_jax import step
-    base = step.compiler_options
-
-    def options(cfg, mesh):
-        o = base(cfg, mesh)
-        o.pop("xla_gpu_collective_permute_mode", None)
-        if mode == "peer" and o:                 # o is empty off GPU
-            o["xla_gpu_collective_permute_mode"] = step.PERMUTE_PEER_MODE
-        return o
-    step.compiler_options = options
+def _combine_options(ag_mib: int, rs_mib: int) -> dict:
+    """--combine-mib AG,RS: the all-gather and reduce-scatter combine thresholds (0: XLA's)."""
+    return {key: mib * 2 ** 20 if mib else None
+            for key, mib in (("xla_gpu_all_gather_combine_threshold_bytes", ag_mib),
+                             ("xla_gpu_reduce_scatter_combine_threshold_bytes", rs_mib))}
 
 
 def main(argv=None):
@@ -91,10 +85,12 @@ def main(argv=None):
     from ptdp_jax.step import compile_all
     from ptdp_jax.train import resolve_config
 
+    from ptdp_jax.step import PERMUTE_PEER_MODE
     if a.combine_mib:
-        _override_combine(*(int(x) for x in a.combine_mib.split(",")))
-    if a.permute_mode:
-        _override_permute_mode(a.permute_mode)
+        _override_options(_combine_options(*(int(x) for x in a.combine_mib.split(","))))
+    if a.permute_mode:                   # nccl: XLA's default mode (NCCL's kernels)
+        _override_options({"xla_gpu_collective_permute_mode":
+                           PERMUTE_PEER_MODE if a.permute_mode == "peer" else None})
     mesh_shape = tuple(int(x) for x in a.mesh.split(","))
     cfg = validate(resolve_config(a.config, mesh_shape, parse_cli_overrides(a.overrides)),
                    len(jax.devices()))
