@@ -1,0 +1,21 @@
+# Sourced by benchmarks/record_suite.sh (SUITE=s37, S37_PART=a). 1x H200 (the multi-GPU kinds
+# were withheld in session 37). Prediction and outcome: benchmarks/NOTES.md, session 37.
+# a (~6 min): the micro-4 program of a (4,1,1) GPU (global 4, micro 4, m 1) against the
+#   one-GPU baseline (global 16, micro 8), both traced (the traces kept for kernel_diff.py),
+#   each again under --xla_gpu_enable_triton_gemm=false; and the one GPU at micro 16 (m 1).
+export CASE_TIMEOUT=${CASE_TIMEOUT:-200}
+G4="$B13 --mesh 1,1,1 train.global_batch_size=4 train.micro_batch_size=4 train.recompute=none"
+kept() {   # kept TAG DIR: the newest trace under DIR as OUTDIR/trace_TAG.json.gz
+  local f; f=$(newest_trace "$2"); [[ -n "$f" ]] && cp "$f" "$out/trace_$1.json.gz"; rm -rf "$2"
+}
+NOTRITON="env XLA_FLAGS=--xla_gpu_enable_triton_gemm=false"
+case "${S37_PART:-a}" in
+a) run 1gpu-mb8 $ONE_GPU --steps 10 --trace-dir /tmp/t_a; kept 1gpu-mb8 /tmp/t_a
+   run 1gpu-gb4-mb4 $ours $G4 --steps 16 --trace-dir /tmp/t_b; kept 1gpu-gb4-mb4 /tmp/t_b
+   run 1gpu-gb4-mb4-notriton $NOTRITON $ours $G4 --steps 16 --trace-dir /tmp/t_c
+   kept 1gpu-gb4-mb4-notriton /tmp/t_c
+   run 1gpu-mb8-notriton $NOTRITON $ONE_GPU --steps 10 --trace-dir /tmp/t_d
+   kept 1gpu-mb8-notriton /tmp/t_d
+   run 1gpu-mb16 $ours $B13 --mesh 1,1,1 train.micro_batch_size=16 train.recompute=none --steps 10
+   run 1gpu-mb8-b $ONE_GPU --steps 10 ;;
+esac
