@@ -19,3 +19,15 @@ a) run 1gpu-mb8 $ONE_GPU --steps 10 --trace-dir /tmp/t_a; kept 1gpu-mb8 /tmp/t_a
    run 1gpu-mb16 $ours $B13 --mesh 1,1,1 train.micro_batch_size=16 train.recompute=none --steps 10
    run 1gpu-mb8-b $ONE_GPU --steps 10 ;;
 esac
+# b (~6 min): stack_layers as dynamic-update-slices (this commit) against the previous code,
+#   a copy of its ptdp_jax in .old (git-ignored, carried); first benchmarks/stack_probe.py
+case "${S37_PART:-a}" in
+b) timeout 120 python3 benchmarks/stack_probe.py | tee "$out/probe.jsonl"
+   OLD="env PYTHONPATH=.old"
+   run 1gpu-mb8-new $ONE_GPU --steps 10
+   run 1gpu-mb8-old $OLD $ONE_GPU --steps 10
+   run 1gpu-gb4-mb4-new $ours $G4 --steps 16
+   run 1gpu-gb4-mb4-old $OLD $ours $G4 --steps 16
+   run 1gpu-mb8-new-b $ONE_GPU --steps 10 --trace-dir /tmp/t_e; kept 1gpu-mb8-new /tmp/t_e
+   run 1gpu-mb8-old-b $OLD $ONE_GPU --steps 10 ;;
+esac

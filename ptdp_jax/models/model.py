@@ -285,7 +285,17 @@ def stack_layers(tree):
     """The inverse of `per_layer`: one stacking pass (trees whose 'layers' is stacked: as is)."""
     if not isinstance(tree["layers"], list):
         return tree
-    return dict(tree, layers=jax.tree.map(lambda *x: jnp.stack(x), *tree["layers"]))
+    return dict(tree, layers=jax.tree.map(_stack, *tree["layers"]))
+
+
+def _stack(*xs):
+    """jnp.stack(xs) as one in-place dynamic-update-slice a piece into zeros: XLA:GPU runs
+    jnp.stack's concatenate of L pieces one element a thread at ~1.1 TB/s (the 1.3B's float32
+    gradients: 8.6 ms a step on one H200, session 37), a piece's copy near the bandwidth."""
+    buf = jnp.zeros((len(xs),) + xs[0].shape, xs[0].dtype)
+    for i, x in enumerate(xs):
+        buf = jax.lax.dynamic_update_slice_in_dim(buf, x[None], i, 0)
+    return buf
 
 
 def logits(cfg, sh, embed_p, head_p, x_bsh):

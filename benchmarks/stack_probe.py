@@ -1,0 +1,83 @@
+"""How fast XLA stacks L per-layer float32 gradients into the state's (L, ...) layout
+(`models.model.stack_layers`), by variant, against a plain copy of the same bytes.
+
+    python benchmarks/stack_probe.py [--layers 24] [--rows 2048] [--cols 8192] [--reps 20]
+
+The 1.3B's unrolled step stacks its per-layer gradients once a step; session 37's trace of
+one GPU showed those `loop_concatenate_fusion` kernels at ~1.1 TB/s (8.6 ms a step). Variants:
+  stack     jnp.stack (today: one concatenate fusion)
+  flat      each piece flattened, one 1-D concatenate, reshaped
+  dus0      dynamic-update-slices into zeros, one per layer (in place)
+  dusE      the same into lax.empty (XLA's AllocateBuffer on GPU; zeros where absent)
+  copy      x + 0 of one (L, rows, cols) array: the bandwidth such a pass can reach
+Prints one JSON line per variant: milliseconds per call (median of --reps) and TB/s over the
+bytes read and written (2 L rows cols 4)."""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+def variants(L):
+    empty = getattr(jax.lax, "empty", None) or jnp.zeros
+
+    def dus(make):
+        def f(*xs):
+            buf = make((L,) + xs[0].shape, xs[0].dtype)
+            for i, x in enumerate(xs):
+                buf = jax.lax.dynamic_update_slice_in_dim(buf, x[None], i, 0)
+            return buf
+        return f
+
+    return {
+        "stack": lambda *xs: jnp.stack(xs),
+        "flat": lambda *xs: jnp.concatenate([x.reshape(-1) for x in xs]).reshape(
+            (L,) + xs[0].shape),
+        "dus0": dus(jnp.zeros),
+        "dusE": dus(empty),
+    }
+
+
+def timed(fn, args, reps):
+    out = fn(*args)
+    jax.block_until_ready(out)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        jax.block_until_ready(out)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--rows", type=int, default=2048)
+    ap.add_argument("--cols", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=20)
+    a = ap.parse_args()
+    L, shape = a.layers, (a.rows, a.cols)
+    keys = jax.random.split(jax.random.key(0), L)
+    xs = [jax.random.normal(k, shape, jnp.float32) for k in keys]
+    nbytes = 2 * L * a.rows * a.cols * 4
+    ref = jnp.stack(xs)
+    for name, fn in variants(L).items():
+        f = jax.jit(fn)
+        ok = bool(jnp.array_equal(f(*xs), ref))
+        s = timed(f, xs, a.reps)
+        print(json.dumps({"variant": name, "ms": round(s * 1e3, 3),
+                          "tb_per_s": round(nbytes / s / 1e12, 2), "equal": ok,
+                          "device": jax.devices()[0].device_kind}), flush=True)
+    s = timed(jax.jit(lambda x: x + 0), [ref], a.reps)
+    print(json.dumps({"variant": "copy", "ms": round(s * 1e3, 3),
+                      "tb_per_s": round(nbytes / s / 1e12, 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
