@@ -9,6 +9,8 @@ one GPU showed those `loop_concatenate_fusion` kernels at ~1.1 TB/s (8.6 ms a st
   flat      each piece flattened, one 1-D concatenate, reshaped
   dus0      dynamic-update-slices into zeros, one per layer (in place)
   dusE      the same into lax.empty (XLA's AllocateBuffer on GPU; zeros where absent)
+  dusB      the same into zeros behind an optimization barrier (in a train step XLA's
+            simplifier turned dus0 back into one select fusion as slow as stack: session 37)
   copy      x + 0 of one (L, rows, cols) array: the bandwidth such a pass can reach
 Prints one JSON line per variant: milliseconds per call (median of --reps) and TB/s over the
 bytes read and written (2 L rows cols 4)."""
@@ -40,6 +42,7 @@ def variants(L):
             (L,) + xs[0].shape),
         "dus0": dus(jnp.zeros),
         "dusE": dus(empty),
+        "dusB": dus(lambda shape, dt: jax.lax.optimization_barrier(jnp.zeros(shape, dt))),
     }
 
 

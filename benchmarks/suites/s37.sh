@@ -31,3 +31,14 @@ b) timeout 120 python3 benchmarks/stack_probe.py | tee "$out/probe.jsonl"
    run 1gpu-mb8-new-b $ONE_GPU --steps 10 --trace-dir /tmp/t_e; kept 1gpu-mb8-new /tmp/t_e
    run 1gpu-mb8-old-b $OLD $ONE_GPU --steps 10 ;;
 esac
+# c: the same A/B with the stack started from lax.empty (and the probe's dusB)
+case "${S37_PART:-a}" in
+c) timeout 120 python3 benchmarks/stack_probe.py | tee "$out/probe.jsonl"
+   OLD="env PYTHONPATH=.old"
+   run 1gpu-mb8-new $ONE_GPU --steps 10 --trace-dir /tmp/t_f; kept 1gpu-mb8-new /tmp/t_f
+   run 1gpu-mb8-old $OLD $ONE_GPU --steps 10
+   run 1gpu-gb4-mb4-new $ours $G4 --steps 16
+   run 1gpu-gb4-mb4-old $OLD $ours $G4 --steps 16
+   run 1gpu-mb8-new-b $ONE_GPU --steps 10
+   run 1gpu-mb8-old-b $OLD $ONE_GPU --steps 10 ;;
+esac
