@@ -12,6 +12,9 @@ one GPU showed those `loop_concatenate_fusion` kernels at ~1.1 TB/s (8.6 ms a st
   dusB      the same into zeros behind an optimization barrier (in a train step XLA's
             simplifier turned dus0 back into one select fusion as slow as stack: session 37)
   copy      x + 0 of one (L, rows, cols) array: the bandwidth such a pass can reach
+With --computed the pieces are made in the same jit (float32 GEMM outputs, as a step's
+gradients are), and `gemms` (the pieces returned unstacked) is the baseline to subtract;
+`dusEbar` is dusE with an optimization barrier after each slice written.
 Prints one JSON line per variant: milliseconds per call (median of --reps) and TB/s over the
 bytes read and written (2 L rows cols 4)."""
 from __future__ import annotations
@@ -36,6 +39,13 @@ def variants(L):
             return buf
         return f
 
+    def dus_bar(*xs):
+        buf = empty((L,) + xs[0].shape, xs[0].dtype)
+        for i, x in enumerate(xs):
+            buf = jax.lax.optimization_barrier(jax.lax.dynamic_update_slice_in_dim(
+                buf, x[None], i, 0))
+        return buf
+
     return {
         "stack": lambda *xs: jnp.stack(xs),
         "flat": lambda *xs: jnp.concatenate([x.reshape(-1) for x in xs]).reshape(
@@ -43,6 +53,7 @@ def variants(L):
         "dus0": dus(jnp.zeros),
         "dusE": dus(empty),
         "dusB": dus(lambda shape, dt: jax.lax.optimization_barrier(jnp.zeros(shape, dt))),
+        "dusEbar": dus_bar,
     }
 
 
@@ -64,7 +75,10 @@ def main():
     ap.add_argument("--rows", type=int, default=2048)
     ap.add_argument("--cols", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--computed", action="store_true")
     a = ap.parse_args()
+    if a.computed:
+        return computed(a)
     L, shape = a.layers, (a.rows, a.cols)
     keys = jax.random.split(jax.random.key(0), L)
     xs = [jax.random.normal(k, shape, jnp.float32) for k in keys]
@@ -80,6 +94,22 @@ def main():
     s = timed(jax.jit(lambda x: x + 0), [ref], a.reps)
     print(json.dumps({"variant": "copy", "ms": round(s * 1e3, 3),
                       "tb_per_s": round(nbytes / s / 1e12, 2)}), flush=True)
+
+
+def computed(a, k=256):
+    """The pieces as float32 GEMM outputs inside the jit: (rows, k) @ (k, cols) each."""
+    L = a.layers
+    keys = jax.random.split(jax.random.key(1), 2 * L)
+    lhs = [jax.random.normal(keys[i], (a.rows, k), jnp.bfloat16) for i in range(L)]
+    rhs = [jax.random.normal(keys[L + i], (k, a.cols), jnp.bfloat16) for i in range(L)]
+    gemm = lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32)
+    cases = {"gemms": lambda *xs: tuple(xs)}
+    cases.update({n: v for n, v in variants(L).items() if n in ("stack", "dusE", "dusEbar")})
+    for name, fn in cases.items():
+        f = jax.jit(lambda ls, rs, fn=fn: fn(*[gemm(x, y) for x, y in zip(ls, rs)]))
+        s = timed(f, (lhs, rhs), a.reps)
+        print(json.dumps({"variant": f"computed-{name}", "ms": round(s * 1e3, 3),
+                          "device": jax.devices()[0].device_kind}), flush=True)
 
 
 if __name__ == "__main__":

@@ -42,3 +42,13 @@ c) timeout 120 python3 benchmarks/stack_probe.py | tee "$out/probe.jsonl"
    run 1gpu-mb8-new-b $ONE_GPU --steps 10
    run 1gpu-mb8-old-b $OLD $ONE_GPU --steps 10 ;;
 esac
+# d: each slice of the stack behind its own barrier; XLA's dynamic-slice fusion on top
+case "${S37_PART:-a}" in
+d) timeout 120 python3 benchmarks/stack_probe.py --computed | tee "$out/probe.jsonl"
+   OLD="env PYTHONPATH=.old"
+   run 1gpu-mb8-new $ONE_GPU --steps 10 --trace-dir /tmp/t_g; kept 1gpu-mb8-new /tmp/t_g
+   run 1gpu-mb8-old $OLD $ONE_GPU --steps 10
+   run 1gpu-mb8-new-dsf env XLA_FLAGS=--xla_gpu_enable_dynamic_slice_fusion=true $ONE_GPU --steps 10
+   run 1gpu-mb8-new-b $ONE_GPU --steps 10
+   run 1gpu-mb8-old-b $OLD $ONE_GPU --steps 10 ;;
+esac

@@ -298,8 +298,9 @@ def _stack(xs, empty):
     shape, dtype = (len(xs),) + xs[0].shape, xs[0].dtype
     buf = (empty_buffer(shape, dtype) if empty
            else jax.lax.optimization_barrier(jnp.zeros(shape, dtype)))
-    for i, x in enumerate(xs):
-        buf = jax.lax.dynamic_update_slice_in_dim(buf, x[None], i, 0)
+    for i, x in enumerate(xs):      # each slice written on its own: no fusion of them all
+        buf = jax.lax.optimization_barrier(jax.lax.dynamic_update_slice_in_dim(
+            buf, x[None], i, 0))
     return buf
 
 
