@@ -3,14 +3,16 @@
 
     python benchmarks/stack_probe.py [--layers 24] [--rows 2048] [--cols 8192] [--reps 20]
 
-The 1.3B's unrolled step stacks its per-layer gradients once a step; session 37's trace of
-one GPU showed those `loop_concatenate_fusion` kernels at ~1.1 TB/s (8.6 ms a step). Variants:
+Standalone, jnp.stack's concatenate runs at ~1.3 TB/s on one H200 and slices written into an
+uninitialised buffer at ~2.7 TB/s. In the train step this does not matter: XLA fuses the
+concatenate into the AdamW update that reads it (the step's `loop_concatenate_fusion`
+kernels are that update, ~3.9 TB/s over gradients, weights and both moments), and any other
+stacking adds a pass before it (session 37, benchmarks/NOTES.md). Variants:
   stack     jnp.stack (today: one concatenate fusion)
   flat      each piece flattened, one 1-D concatenate, reshaped
   dus0      dynamic-update-slices into zeros, one per layer (in place)
   dusE      the same into lax.empty (XLA's AllocateBuffer on GPU; zeros where absent)
-  dusB      the same into zeros behind an optimization barrier (in a train step XLA's
-            simplifier turned dus0 back into one select fusion as slow as stack: session 37)
+  dusB      the same into zeros behind an optimization barrier
   copy      x + 0 of one (L, rows, cols) array: the bandwidth such a pass can reach
 With --computed the pieces are made in the same jit (float32 GEMM outputs, as a step's
 gradients are), and `gemms` (the pieces returned unstacked) is the baseline to subtract;

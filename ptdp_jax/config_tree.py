@@ -154,9 +154,8 @@ class ParallelConfig:
                                          # per-tick stash copies: 1-16% faster steps on 2x H100,
                                          # less memory; more branches to compile). auto: on for
                                          # 1f1b and 1f1b-phased (see static_stash_on)
-    empty_buffers: bool = True           # 'tensor' 1: buffers written before they are read
-                                         # (pipelines: stash and messages; unrolled layers: the
-                                         # gradients' stack) uninitialised: no zero fill and copy
+    empty_buffers: bool = True           # pipelines, 'tensor' 1: stash and message buffers
+                                         # uninitialised (no zero fill and copy a step)
     overlap_p2p: bool | str = "auto"     # phased: a forward row's message filed after the
                                          # backward row's op, its permute under that op. auto:
                                          # on for 1f1b-phased and zb-phased with pipe > 1
@@ -179,14 +178,6 @@ class ParallelConfig:
         if self.zero == 0 or self.pipe > 1:
             return False
         return self.zero in (2, 3) or self.overlap_grad_reduce in (True, "auto")
-
-    @property
-    def empty_buffers_on(self) -> bool:
-        """empty_buffers where 'tensor' is 1. With tensor parallelism zeros: XLA's partitioner
-        knows a zero broadcast's sharding from its users, but gives an AllocateBuffer the whole
-        shape and slices it (a CPU compile of a (1,2,2) zb-phased step: 264 dynamic-slices
-        more)."""
-        return self.empty_buffers and self.tensor == 1
 
     @property
     def overlap_p2p_on(self) -> bool:

@@ -30,7 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
@@ -329,13 +328,3 @@ def vary(x, axes):
     """Mark x as varying over the given manual axes (those it is not varying over yet)."""
     missing = tuple(a for a in axes if a not in varying_axes(x))
     return jax.lax.pcast(x, missing, to="varying") if missing else x
-
-
-def empty_buffer(shape, dtype) -> jax.Array:
-    """An uninitialised buffer for state written before it is read (the pipeline's stash, W
-    stash, receive and send buffers; the stacked per-layer gradients). On GPU `lax.empty` is XLA's AllocateBuffer: the loop
-    takes the buffer as it is, where zeros cost a fill and a copy into the loop of every such
-    buffer once a step (session 20's trace: 309 `memcpy128` a step). On CPU it is zeros.
-    tests/test_uninitialised.py fills these with NaN and checks that no gradient changes."""
-    make = getattr(jax.lax, "empty", None) or jnp.zeros     # zeros where JAX has no lax.empty
-    return make(shape, dtype)

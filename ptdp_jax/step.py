@@ -66,7 +66,7 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     zero = jax.tree.map(lambda x: vary(jnp.zeros(x.shape, jnp.float32), manual),
                         (jnp.zeros(()), split(params)))
     (loss, grads), _ = jax.lax.scan(body, zero, (mbs, keys))
-    grads = M.stack_layers(grads, cfg.parallel.empty_buffers_on)
+    grads = M.stack_layers(grads)
     grads = dict(grads, layers=jax.tree.map(lambda x: x[None, None], grads["layers"]))
     return loss, grads
 

@@ -261,7 +261,7 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, lay):
             return jax.tree.map(jnp.add, acc, (loss, g)), None
         (loss, grads), _ = jax.lax.scan(body, zeros((jnp.zeros(()), per_layer(shards))),
                                         (mbs, keys))
-        return loss, _unlayers(M.stack_layers(grads, cfg.parallel.empty_buffers_on))
+        return loss, _unlayers(M.stack_layers(grads))
 
     # zero=1: gather once; microbatches 0 .. m-2 accumulate full-size gradients locally.
     fulls = _gather_all(cfg, shards, lay)
@@ -281,8 +281,7 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, lay):
     ac = _only(acc, lay) if m > 1 else None
     loss_last, g = jax.value_and_grad(
         lambda s: _loss(cfg, sh, make, s, fl, ac, *last))(per_layer(shards))
-    empty = cfg.parallel.empty_buffers_on
-    g, acc = M.stack_layers(g, empty), M.stack_layers(acc, empty)
+    g, acc = M.stack_layers(g), M.stack_layers(acc)
     # replicated leaves: their local sums (earlier microbatches added here)
     g = map2(lambda x, a, la: x if la.data_dim is not None else x + a, g, acc, lay)
     return loss + loss_last, _unlayers(g)

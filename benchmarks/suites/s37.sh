@@ -52,3 +52,10 @@ d) timeout 120 python3 benchmarks/stack_probe.py --computed | tee "$out/probe.js
    run 1gpu-mb8-new-b $ONE_GPU --steps 10
    run 1gpu-mb8-old-b $OLD $ONE_GPU --steps 10 ;;
 esac
+# e: the one-GPU baseline at micro 16 (m 1) against micro 8 again, A/B/A
+case "${S37_PART:-a}" in
+e) MB16="$ours $B13 --mesh 1,1,1 train.micro_batch_size=16 train.recompute=none --steps 10"
+   run 1gpu-mb16 $MB16
+   run 1gpu-mb8 $ONE_GPU --steps 10
+   run 1gpu-mb16-b $MB16 ;;
+esac

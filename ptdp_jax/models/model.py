@@ -22,7 +22,7 @@ from ptdp_jax.models import gpt, llama
 from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax.models.fused_loss import fused_head_loss, num_chunks
 from ptdp_jax.models.layers import FFN_ACT, gather_seq, vocab_parallel_cross_entropy
-from ptdp_jax.sharding import Sharder, empty_buffer
+from ptdp_jax.sharding import Sharder
 
 ARCHS = {"gpt": gpt, "llama": llama}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}     # train.dtype -> compute dtype
@@ -281,27 +281,11 @@ def per_layer(tree):
     return dict(tree, layers=unstack_layers(tree["layers"]))
 
 
-def stack_layers(tree, empty: bool = False):
-    """The inverse of `per_layer`: one stacking pass (trees whose 'layers' is stacked: as is).
-    empty: the stack starts uninitialised (`empty_buffer`; only where 'tensor' is 1: with
-    tensor parallelism GSPMD gives XLA's AllocateBuffer the whole shape)."""
+def stack_layers(tree):
+    """The inverse of `per_layer`: one stacking pass (trees whose 'layers' is stacked: as is)."""
     if not isinstance(tree["layers"], list):
         return tree
-    return dict(tree, layers=jax.tree.map(lambda *xs: _stack(xs, empty), *tree["layers"]))
-
-
-def _stack(xs, empty):
-    """jnp.stack(xs) as one in-place dynamic-update-slice a piece: XLA:GPU runs jnp.stack's
-    concatenate of L pieces one element a thread at ~1.2 TB/s (the 1.3B's float32 gradients:
-    8.6 ms a step on one H200, session 37). Into zeros only behind a barrier: XLA's simplifier
-    turns pieces written into known zeros back into one select fusion, as slow."""
-    shape, dtype = (len(xs),) + xs[0].shape, xs[0].dtype
-    buf = (empty_buffer(shape, dtype) if empty
-           else jax.lax.optimization_barrier(jnp.zeros(shape, dtype)))
-    for i, x in enumerate(xs):      # each slice written on its own: no fusion of them all
-        buf = jax.lax.optimization_barrier(jax.lax.dynamic_update_slice_in_dim(
-            buf, x[None], i, 0))
-    return buf
+    return dict(tree, layers=jax.tree.map(lambda *x: jnp.stack(x), *tree["layers"]))
 
 
 def logits(cfg, sh, embed_p, head_p, x_bsh):

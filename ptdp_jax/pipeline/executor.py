@@ -45,10 +45,10 @@ from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe, spread_over_pipe
 from ptdp_jax.pipeline.phased import head_pairs, phased_parts
-from ptdp_jax.pipeline.pipe_state import PipeState, _f32_add, _grads_of, _set
+from ptdp_jax.pipeline.pipe_state import PipeState, _f32_add, _grads_of, _set, empty_buffer
 from ptdp_jax.pipeline.routing import (  # noqa: F401  (re-exported)
     MSG, MSG_SCATTERED, Branch, Router, TickControl, control_table)
-from ptdp_jax.sharding import empty_buffer, vary
+from ptdp_jax.sharding import vary
 
 
 def schedule_for(cfg) -> S.Schedule:
@@ -136,8 +136,11 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
     def empty(shape, dt):
         """A buffer the table writes before every read of it: uninitialised (`empty_buffer`)
-        where parallel.empty_buffers_on, zeros otherwise."""
-        if not cfg.parallel.empty_buffers_on:
+        with parallel.empty_buffers where 'tensor' is 1. With tensor parallelism zeros: XLA's
+        partitioner knows a zero broadcast's sharding from its users, but gives an
+        AllocateBuffer the whole shape and slices it (a CPU compile of a (1,2,2) zb-phased
+        step: 264 dynamic-slices more)."""
+        if cfg.parallel.tensor > 1 or not cfg.parallel.empty_buffers:
             return zeros(shape, dt)
         return vary(empty_buffer(shape, dt), manual)
 

@@ -1,5 +1,6 @@
 """The pipeline executor's scan carry (`PipeState`) and its small helpers: the buffers a tick
-reads and writes and the float32 gradient sums. pipeline/executor.py builds and runs it."""
+reads and writes, how an uninitialised buffer is made (`empty_buffer`), and the float32
+gradient sums. pipeline/executor.py builds and runs it."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -8,6 +9,16 @@ import jax
 import jax.numpy as jnp
 
 from ptdp_jax.models.dense import MasterGrad
+
+
+def empty_buffer(shape, dtype) -> jax.Array:
+    """An uninitialised buffer for state that the table writes before it reads it (stash,
+    W stash, receive and send buffers). On GPU `lax.empty` is XLA's AllocateBuffer: the loop
+    takes the buffer as it is, where zeros cost a fill and a copy into the loop of every such
+    buffer once a step (session 20's trace: 309 `memcpy128` a step). On CPU it is zeros.
+    tests/test_uninitialised.py fills these with NaN and checks that no gradient changes."""
+    make = getattr(jax.lax, "empty", None) or jnp.zeros     # zeros where JAX has no lax.empty
+    return make(shape, dtype)
 
 
 class PipeState(NamedTuple):
