@@ -65,7 +65,8 @@ def _fail(code: ExitCode, what: str) -> tuple[int, str]:
 
 def _main(args) -> tuple[int, str]:
     from ptdp_jax.checkpoint import CheckpointError
-    from ptdp_jax.distributed import DistributedError, maybe_initialize
+    from ptdp_jax.distributed import maybe_initialize
+    from ptdp_jax.rendezvous import DistributedError
     from ptdp_jax.train import TrainingStopped, dry_run, resolve_config, train
     try:
         overrides = parse_cli_overrides(args.overrides)

@@ -166,8 +166,9 @@ def test_device_memory_bytes_on_cpu():
     assert device_memory_bytes(jax.local_devices()[1]) == n
 
 
-def test_no_jax_at_module_level():
-    tree = ast.parse((ROOT / "ptdp_jax/memory.py").read_text())
+@pytest.mark.parametrize("path", ["ptdp_jax/memory.py", "ptdp_jax/state_memory.py"])
+def test_no_jax_at_module_level(path):
+    tree = ast.parse((ROOT / path).read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
     names = [a.name for n in top for a in n.names] + [n.module or "" for n in top
                                                       if isinstance(n, ast.ImportFrom)]

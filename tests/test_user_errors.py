@@ -167,13 +167,14 @@ def test_rendezvous_brings_processes_together():
     process id outside the count is refused by process 0."""
     import threading
     from ptdp_jax import distributed as DIST
+    from ptdp_jax.rendezvous import rendezvous
     port = _free_port()
     setups = [DIST.ProcessSetup(f"localhost:{port}", 2, i, "explicit") for i in range(2)]
     errors, done = [], []
 
     def run(s):
         try:
-            DIST.rendezvous(s, 20)
+            rendezvous(s, 20)
             done.append(s.process_id)
         except Exception as e:             # noqa: BLE001 (reported below)
             errors.append(e)
