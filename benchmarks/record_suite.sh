@@ -57,12 +57,13 @@ ONE_GPU="python3 benchmarks/capture_step.py $B13 --mesh 1,1,1 train.micro_batch_
 one_gpu() {   # the one-GPU baseline of every ideal: 1.3B, micro 8, no recomputation
   run 1gpu-none-mb8 env CUDA_VISIBLE_DEVICES=0 $ONE_GPU
 }
-one_gpu_each() {   # the one-GPU baseline on every GPU of the host at once (tags 1gpu-none-mb8-gpuI):
-  # a layout over all of them runs at its slowest GPU's pace, and their speeds differ by up to
-  # ~3% (session 35), so GPU 0's figure alone is a draw
-  local i n; n=$(nvidia-smi -L | wc -l)
+one_gpu_each() {   # one_gpu_each [MICRO]: the one-GPU baseline on every GPU of the host at once
+  # (tags 1gpu-none-mbMICRO-gpuI; MICRO 8 by default): a layout over all of them runs at its
+  # slowest GPU's pace, and their speeds differ by up to ~3% (session 35), so GPU 0's figure
+  # alone is a draw. On H200 micro 16 is the faster baseline (session 37; no fit on H100)
+  local i n mb=${1:-8}; n=$(nvidia-smi -L | wc -l)
   for (( i = 0; i < n; i++ )); do
-    run 1gpu-none-mb8-gpu$i env CUDA_VISIBLE_DEVICES=$i $ONE_GPU &
+    run 1gpu-none-mb$mb-gpu$i env CUDA_VISIBLE_DEVICES=$i $ONE_GPU train.micro_batch_size=$mb &
   done
   wait
 }

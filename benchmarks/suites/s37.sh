@@ -59,3 +59,14 @@ e) MB16="$ours $B13 --mesh 1,1,1 train.micro_batch_size=16 train.recompute=none 
    run 1gpu-mb8 $ONE_GPU --steps 10
    run 1gpu-mb16-b $MB16 ;;
 esac
+# f (prepared for the next 4-GPU lease, ~6 min): issue 10 target 1 against both one-GPU
+#   baselines measured on every GPU (micro 8, the H100's; micro 16, the H200's best), and one
+#   traced micro-16 step for the planner's GEMM curve (results/2026-11-28-s37/planner_micro16.md)
+case "${S37_PART:-a}" in
+f) one_gpu_each 8
+   one_gpu_each 16
+   run dp4-zero2 $ours $DP4A --steps 10
+   run dp4-zero2-b $ours $DP4A --steps 10
+   run 1gpu-mb16-traced env CUDA_VISIBLE_DEVICES=0 $ours $B13 --mesh 1,1,1 train.micro_batch_size=16 train.recompute=none --steps 4 --trace-dir /tmp/t_h
+   kept 1gpu-mb16 /tmp/t_h ;;
+esac
