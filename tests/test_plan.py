@@ -1,5 +1,6 @@
 """ptdp-plan against the paper (../shared/PAPER.md), the tick-table players, the CLI and bad
-input; our own measurements in tests/test_plan_measured.py. CPU only, no compile."""
+input; our own measurements in tests/test_plan_measured.py and test_plan_records.py. CPU
+only, no compile."""
 import json
 
 import pytest
