@@ -26,36 +26,35 @@ import json
 import statistics
 import time
 
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from ptdp_jax.pipeline.pipe_state import empty_buffer  # noqa: E402
+
 
 def variants(L):
-    empty = getattr(jax.lax, "empty", None) or jnp.zeros
-
-    def dus(make):
+    def dus(make, each=lambda buf: buf):
+        """The pieces written into make((L, ...)) one dynamic-update-slice each; each: what
+        follows every write (an optimization barrier for dusEbar)."""
         def f(*xs):
             buf = make((L,) + xs[0].shape, xs[0].dtype)
             for i, x in enumerate(xs):
-                buf = jax.lax.dynamic_update_slice_in_dim(buf, x[None], i, 0)
+                buf = each(jax.lax.dynamic_update_slice_in_dim(buf, x[None], i, 0))
             return buf
         return f
-
-    def dus_bar(*xs):
-        buf = empty((L,) + xs[0].shape, xs[0].dtype)
-        for i, x in enumerate(xs):
-            buf = jax.lax.optimization_barrier(jax.lax.dynamic_update_slice_in_dim(
-                buf, x[None], i, 0))
-        return buf
 
     return {
         "stack": lambda *xs: jnp.stack(xs),
         "flat": lambda *xs: jnp.concatenate([x.reshape(-1) for x in xs]).reshape(
             (L,) + xs[0].shape),
         "dus0": dus(jnp.zeros),
-        "dusE": dus(empty),
+        "dusE": dus(empty_buffer),
         "dusB": dus(lambda shape, dt: jax.lax.optimization_barrier(jnp.zeros(shape, dt))),
-        "dusEbar": dus_bar,
+        "dusEbar": dus(empty_buffer, jax.lax.optimization_barrier),
     }
 
 
