@@ -70,6 +70,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     dtype: str = "float32"               # float32 | bfloat16 (bf16 compute, fp32 master weights)
+    fp8: bool = False                    # the transformer layers' GEMMs on FP8 operands (E4M3
+                                         # forward, E5M2 gradients, per-tensor current scaling)
     recompute: str = "none"              # none | selective | full
     keep_ffn_activation: bool | str = "auto"  # selective (auto: on): keep the MLP activation,
                                          # not run again in the backward (2 T f bytes a layer)
@@ -260,6 +262,8 @@ class Config:
         pipelining, the layers unrolled, one microbatch a step (m = 1: where it was measured
         faster, benchmarks/NOTES.md issue 11 session 31)."""
         p = self.parallel
+        if p.tp_comm_overlap == "auto" and self.train.fp8:
+            return False                 # the rings' blockwise GEMMs take no FP8 operands
         if p.tp_comm_overlap != "auto":
             return bool(p.tp_comm_overlap)
         return (p.sequence_parallel and p.tensor > 1 and p.pipe == 1 and not self.scan_layers_on

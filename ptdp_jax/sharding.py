@@ -207,13 +207,15 @@ class Sharder:
     rows: bool = False
     tp_overlap: bool = False    # parallel.tp_comm_overlap (models/tp_overlap.py)
     tp_direct: bool = True      # parallel.tp_overlap_sends == "direct" (the default)
+    fp8: bool = False           # train.fp8: the layers' GEMMs on FP8 operands (models/fp8.py)
 
     @classmethod
     def for_config(cls, cfg, mesh) -> "Sharder":
         sp = sequence_parallel_on(cfg.parallel)
         return cls(mesh, sequence_parallel=sp, rows=sequence_parallel_rows(cfg),
                    tp_overlap=sp and tp_overlap_on(cfg, mesh),
-                   tp_direct=cfg.parallel.tp_overlap_sends == "direct")
+                   tp_direct=cfg.parallel.tp_overlap_sends == "direct",
+                   fp8=cfg.train.fp8)
 
     def spec(self, names) -> P:
         return logical_to_spec(tuple(names), self.manual, self.sequence_parallel, self.rows)

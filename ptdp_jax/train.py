@@ -28,7 +28,7 @@ from ptdp_jax import checkpoint as CK
 from ptdp_jax import preflight
 from ptdp_jax.compile_cache import use_compile_cache
 from ptdp_jax.config import Config, ConfigError, load_config
-from ptdp_jax.validation import validate
+from ptdp_jax.validation import check_fp8_devices, validate
 from ptdp_jax.cross_process import to_host
 from ptdp_jax.distributed import maybe_initialize
 from ptdp_jax.evaluate import evaluate
@@ -108,6 +108,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     maybe_initialize(**dict(distributed or {}))
     cfg = auto_layout(cfg, overrides, mesh_shape, log if jax.process_index() == 0 else _quiet)
     validate(cfg, len(jax.devices()))
+    check_fp8_devices(cfg, jax.devices())
     is_main = jax.process_index() == 0
     log = log if is_main else _quiet
     cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
@@ -333,6 +334,7 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
     maybe_initialize(**dict(distributed or {}))
     cfg = auto_layout(cfg, overrides, mesh_shape, log)
     validate(cfg, len(jax.devices()))
+    check_fp8_devices(cfg, jax.devices())
     use_compile_cache(cfg.run.compile_cache)               # a dry run fills the cache
     Feed(cfg)
     est = preflight.check_memory(cfg)

@@ -179,6 +179,10 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
              f"scans with zero=3: set train.scan_layers=false)")
     need(p.tp_overlap_sends in ("ring", "direct"),
          f"parallel.tp_overlap_sends must be ring or direct, got {p.tp_overlap_sends!r}")
+    need(isinstance(t.fp8, bool), f"train.fp8 must be true or false, got {t.fp8!r}")
+    need(not (t.fp8 and p.tp_comm_overlap is True),
+         "train.fp8 with parallel.tp_comm_overlap=true: the overlap rings' blockwise GEMMs take "
+         "no FP8 operands; set parallel.tp_comm_overlap=auto (off with FP8) or false")
     need(p.tp_comm_overlap in (True, False, "auto"),
          f"parallel.tp_comm_overlap must be true, false or auto, got {p.tp_comm_overlap!r}")
     if p.tp_comm_overlap is True:
@@ -206,3 +210,25 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(all(w >= 0 for w in cfg.data.weights) and sum(cfg.data.weights) > 0,
              f"data.weights must be >= 0 with a positive sum, got {list(cfg.data.weights)}")
     return cfg
+
+
+FP8_MIN_CAPABILITY = (8, 9)     # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
+
+
+def check_fp8_devices(cfg: Config, devices) -> None:
+    """train.fp8 on the devices at hand, before compiling: a GPU without FP8 tensor cores is
+    refused (ConfigError naming it); on a CPU the FP8 GEMMs are emulated (slow), with one warning."""
+    if not cfg.train.fp8 or not devices:
+        return
+    dev = devices[0]
+    if dev.platform == "gpu":
+        cap = getattr(dev, "compute_capability", None)
+        major, minor = (int(x) for x in str(cap).split(".")[:2]) if cap else (0, 0)
+        if (major, minor) < FP8_MIN_CAPABILITY:
+            raise ConfigError(
+                f"train.fp8=true needs FP8 tensor cores (compute capability 8.9 or higher); "
+                f"{dev.device_kind} has {major}.{minor}: set train.fp8=false")
+    elif dev.platform == "cpu":
+        import warnings
+        warnings.warn("train.fp8=true on CPU: the FP8 GEMMs are emulated (slow); the numbers "
+                      "are those of a GPU's FP8 GEMMs", stacklevel=2)

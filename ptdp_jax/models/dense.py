@@ -16,6 +16,10 @@ weight argument chooses how the backward treats the weight:
                             output gradient dy as the "gradients" of the two zero taps, for a
                             later weight-gradient op (the zero-bubble B / W split)
     Probe(w, name, record)  plain, and records x's and y's shapes under name (to size taps)
+
+With fp8 (train.fp8) the GEMMs take FP8 operands (models/fp8.py) in every one of these forms;
+the taps then export the FP8-rounded x and dy, which `weight_grad(..., fp8=True)` rounds again
+to the same values (fp8.qdq is idempotent).
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+
+from ptdp_jax.models import fp8 as F8
 
 
 class MasterGrad(NamedTuple):
@@ -44,32 +50,32 @@ class Probe(NamedTuple):
     record: dict           # name -> (x shape, y shape), filled while tracing
 
 
-def dense(spec: str, x, w, b=None):
+def dense(spec: str, x, w, b=None, fp8: bool = False):
     """x @ w (+ b), named "dense": selective recomputation keeps it with the bias added, so
-    the backward does not add the bias again (the GEMM's epilogue adds it)."""
+    the backward does not add the bias again (the GEMM's epilogue adds it). fp8: FP8 operands."""
     if isinstance(w, MasterGrad):
-        y = _master_grad(spec, x, w.w, w.master)
+        y = (_master_grad_fp8 if fp8 else _master_grad)(spec, x, w.w, w.master)
     elif isinstance(w, Taps):
-        y = _taps(spec, x, w.w, w.x_tap, w.g_tap)
+        y = (_taps_fp8 if fp8 else _taps)(spec, x, w.w, w.x_tap, w.g_tap)
     elif isinstance(w, Probe):
         y = jnp.einsum(spec, x, w.w)
         w.record[w.name] = (x.shape, y.shape)
     else:
-        y = jnp.einsum(spec, x, w)
+        y = F8.einsum(spec, x, w) if fp8 else jnp.einsum(spec, x, w)
     if b is not None:
         y = y + b
     return checkpoint_name(y, "dense")
 
 
-def weight_grad(x, g):
-    """The weight gradient of a dense op from its input and output gradient, in float32."""
-    return jax.lax.dot_general(x, g, (((0, 1), (0, 1)), ((), ())),
-                               preferred_element_type=jnp.float32)
+def weight_grad(x, g, fp8: bool = False):
+    """The weight gradient of a dense op from its input and output gradient, in float32
+    (fp8: from x and g rounded to E4M3 and E5M2)."""
+    if fp8:
+        x, g = F8.qdq(x, F8.E4M3), F8.qdq(g, F8.E5M2)
+    return F8.weight_grad(x, g)
 
 
-def _input_grad(spec, g, w):
-    xs, ws = spec.split("->")[0].split(",")
-    return jnp.einsum(f"{spec.split('->')[1]},{ws}->{xs}", g, w)
+_input_grad = F8.input_grad
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -104,3 +110,34 @@ def _taps_bwd(spec, res, g):
 
 
 _taps.defvjp(_taps_fwd, _taps_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _master_grad_fp8(spec, x, w, master):
+    return F8.einsum(spec, x, w)
+
+
+def _master_grad_fp8_bwd(spec, res, g):
+    dx, dw = F8.backward(spec, *res, g, master=True)
+    return dx, None, dw
+
+
+_master_grad_fp8.defvjp(lambda spec, x, w, master: F8.forward(spec, x, w),
+                        _master_grad_fp8_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _taps_fp8(spec, x, w, x_tap, g_tap):
+    return F8.einsum(spec, x, w)
+
+
+def _taps_fp8_bwd(spec, res, g):
+    """The input gradient on FP8 operands; the rounded x and dy go to the taps."""
+    qx, sx, qw, sw = res
+    dt = g.dtype
+    g = F8.qdq(g, F8.E5M2)
+    return (F8.input_grad(spec, g, F8.dequantize(qw, sw, dt)), None,
+            F8.dequantize(qx, sx, dt), g)
+
+
+_taps_fp8.defvjp(lambda spec, x, w, x_tap, g_tap: F8.forward(spec, x, w), _taps_fp8_bwd)

@@ -172,7 +172,7 @@ def column_dense(sh, y_bsh, gemms, out_names):
         return tuple(sh.constrain(y, out_names)
                      for y in tp_overlap.gather_dense(sh, y_bsh, gemms, ACT))
     return column_parallel(sh, y_bsh, lambda y: tuple(
-        sh.constrain(dense(spec, y, w, b), out_names) for spec, w, b in gemms))
+        sh.constrain(dense(spec, y, w, b, fp8=_fp8(sh)), out_names) for spec, w, b in gemms))
 
 
 def row_dense(sh, z, spec, w, b=None):
@@ -181,7 +181,12 @@ def row_dense(sh, z, spec, w, b=None):
     parallel.tp_comm_overlap that reduce-scatter decomposed around the GEMM."""
     if _overlap(sh):
         return sh.constrain(tp_overlap.scatter_dense(sh, z, spec, w, b, ACT), ACT)
-    return sh.constrain(dense(spec, z, w, b), ACT)
+    return sh.constrain(dense(spec, z, w, b, fp8=_fp8(sh)), ACT)
+
+
+def _fp8(sh) -> bool:
+    """train.fp8: the layers' GEMMs on FP8 operands (models/fp8.py)."""
+    return sh is not None and sh.fp8
 
 
 def _overlap(sh) -> bool:

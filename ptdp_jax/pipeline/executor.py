@@ -236,7 +236,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
                     wstash = wstash_put(wstash, br, c, l, {k: g_w[k][1:] for k in dense})
                     g_w = {k: a for k, a in g_w.items() if k not in dense}
                 elif zb:        # a whole backward in a table with W ops (zb-phased): W now
-                    g_w = {k: weight_grad(*a[1:]) if k in dense else a for k, a in g_w.items()}
+                    g_w = {k: weight_grad(*a[1:], fp8=sh.fp8) if k in dense else a for k, a in g_w.items()}
                 g[l] = dict(g[l], **_f32_add({k: g[l][k] for k in g_w}, _grads_of(g_w)))
             layers = list(st.g_layers)
             layers[br.vchunk] = tuple(g)
@@ -289,7 +289,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
             float32 accumulators inside the GEMMs."""
             g = list(st.g_layers[br.vchunk])
             for l in range(br.n_layers):
-                g[l] = dict(g[l], **{k: g[l][k] + weight_grad(x, dy) for k, (x, dy)
+                g[l] = dict(g[l], **{k: g[l][k] + weight_grad(x, dy, sh.fp8) for k, (x, dy)
                                      in wstash_get(st.wstash, br, c, l).items()})
             layers = list(st.g_layers)
             layers[br.vchunk] = tuple(g)

@@ -1,0 +1,100 @@
+"""FP8 GEMM operands with per-tensor current scaling (train.fp8).
+
+Weights and activations are rounded to E4M3, output gradients to E5M2 (Megatron's "hybrid"),
+each tensor with one scale from its own max |x| in this step (current scaling). A scale is the
+least power of two s with max|x| / s <= the format's largest value, so that rounding is the
+only error (dividing by s is exact), a tensor already on the FP8 grid comes back unchanged
+(`qdq` is idempotent: a weight-gradient op may quantize a stashed operand again), and a layout
+whose reductions differ in the last bit still picks the same scale as one device.
+
+The operands reach the GEMM as convert(fp8) * scale, the form XLA's GPU GEMM rewriter turns
+into one cuBLASLt FP8 GEMM (float32 accumulation, output in the compute dtype). Elsewhere
+(CPU) the same numbers come from an emulated GEMM. The amax of a tensor is over the whole
+tensor: GSPMD reduces it over 'tensor' where the tensor is split; data-parallel replicas and
+pipeline stages each quantize their own microbatches, as one device does microbatch by
+microbatch.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+E4M3 = jnp.float8_e4m3fn     # weights and activations (largest value 448)
+E5M2 = jnp.float8_e5m2       # output gradients (largest value 57344)
+
+
+def scale_of(x, fmt):
+    """float32 scalar: the least power of two s with max|x| / s <= finfo(fmt).max (1 where
+    x is all zeros; not finite where x is not, so a bad step stays visible)."""
+    amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+    mant, exp = jnp.frexp(amax / float(jnp.finfo(fmt).max))
+    exp = jnp.where(mant == 0.5, exp - 1, exp)          # an exact power of two: itself
+    s = jnp.ldexp(jnp.float32(1.0), exp)
+    s = jnp.where(jnp.isfinite(amax), s, amax)
+    return jnp.where(amax > 0, s, jnp.float32(1.0))
+
+
+def quantize(x, fmt, s):
+    """x / s rounded to fmt (saturating at its largest value)."""
+    big = float(jnp.finfo(fmt).max)
+    return jnp.clip(x / s.astype(x.dtype), -big, big).astype(fmt)
+
+
+def dequantize(q, s, dtype):
+    return q.astype(dtype) * s.astype(dtype)
+
+
+def qdq(x, fmt):
+    """x rounded to fmt at its own scale, in x's dtype, as convert(fp8) * scale."""
+    s = scale_of(x, fmt)
+    return dequantize(quantize(x, fmt, s), s, x.dtype)
+
+
+def _quantized(x, fmt):
+    s = scale_of(x, fmt)
+    return quantize(x, fmt, s), s
+
+
+def input_grad(spec: str, g, w):
+    """The input gradient of einsum(spec, x, w) from the output gradient g."""
+    xs, ws = spec.split("->")[0].split(",")
+    return jnp.einsum(f"{spec.split('->')[1]},{ws}->{xs}", g, w)
+
+
+def weight_grad(x, g):
+    """x contracted with g over (batch, seq): the weight gradient, in float32."""
+    return jax.lax.dot_general(x, g, (((0, 1), (0, 1)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def einsum(spec: str, x, w):
+    """einsum(spec, x, w) on E4M3 operands; its backward on an E5M2 output gradient. The
+    residuals are the FP8 operands and their scales (half the bytes of x and w)."""
+    return jnp.einsum(spec, qdq(x, E4M3), qdq(w, E4M3))
+
+
+def forward(spec, x, w):
+    """(y, residuals) of `einsum`."""
+    (qx, sx), (qw, sw) = _quantized(x, E4M3), _quantized(w, E4M3)
+    y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, w.dtype))
+    return y, (qx, sx, qw, sw)
+
+
+def backward(spec, qx, sx, qw, sw, g, master: bool):
+    """(dx, dw) of an FP8 einsum from its residuals; dw in float32 where `master` (for
+    dense.MasterGrad), else in the compute dtype."""
+    dt = g.dtype
+    g = qdq(g, E5M2)
+    x, w = dequantize(qx, sx, dt), dequantize(qw, sw, dt)
+    dw = weight_grad(x, g)
+    return input_grad(spec, g, w), (dw if master else dw.astype(dt))
+
+
+def _einsum_bwd(spec, res, g):
+    return backward(spec, *res, g, master=False)
+
+
+einsum.defvjp(forward, _einsum_bwd)
