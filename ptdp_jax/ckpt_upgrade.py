@@ -2,7 +2,7 @@
 
 Version 1 stored GPT's attention input weight fused, `qkv_w` (L, h, 3, n, d) and `qkv_b`
 (L, 3, n, d); version 2 stores `q_w`, `k_w`, `v_w` (L, h, n, d) and `q_b`, `k_b`, `v_b`
-(L, n, d) (three GEMMs: no slicing of a fused output, benchmarks/NOTES.md). A version-1
+(L, n, d) (three GEMMs: no slicing of a fused output, which ran slower). A version-1
 checkpoint is restored into the version-1 shapes and split, parameters and both AdamW
 moments alike, so a run started before the change resumes where it stopped."""
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The persistent compilation cache (`run.compile_cache`): a run started again with the same
 config, mesh and software (a resume after a preemption, the next job of an array, a run after
 `ptdp-train --dry-run`) loads its compiled train step from disk instead of compiling it again.
-Compiling takes minutes for deep pipelines (the 7.5B GPT's zb-phased v 3 step: ~4 min on
-4x H200), seconds without pipelining.
+Compiling takes minutes for deep pipelines (the 7.5B GPT's zb-phased v 3 step: ~4 min),
+seconds without pipelining.
 
     auto  (true) JAX's own cache directory where one is set (JAX_COMPILATION_CACHE_DIR), else
           $XDG_CACHE_HOME/ptdp_jax/xla (~/.cache/ptdp_jax/xla), at most 8 GiB where

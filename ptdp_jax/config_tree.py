@@ -75,16 +75,14 @@ class TrainConfig:
     recompute: str = "none"              # none | selective | full
     keep_ffn_activation: bool | str = "auto"  # selective (auto: on): keep the MLP activation,
                                          # not run again in the backward (2 T f bytes a layer)
-    scan_layers: bool | str = "auto"     # p = 1: scan over layers (compiles faster for deep models;
-                                         # runs slower: residuals stacked and copied per layer).
+    scan_layers: bool | str = "auto"     # p = 1: scan over layers (faster compile, slower step);
                                          # auto: only with parallel.zero=3 (Config.scan_layers_on)
     eval_every: int = 50                 # 0: never
     eval_batches: int = 2
     log_every: int = 1
     max_bad_steps: int = 5               # consecutive non-finite steps before the run stops
-    dispatch_ahead: bool = True          # dispatch step n + 1 before reading step n's metrics
-                                         # (the host's logging and data work run while the
-                                         # devices compute); false: wait for every step
+    dispatch_ahead: bool = True          # dispatch step n + 1 before reading step n's metrics,
+                                         # so host work overlaps the devices'; false: wait each step
     sample_tokens: int = 0               # length of the sample printed at the end (0: none)
     sample_prompt: str = "The "
     sample_temperature: float = 0.0      # 0: greedy
@@ -102,8 +100,8 @@ class TrainConfig:
         return "selective+act" if keep else self.recompute
 
 
-NCCL_CHANNELS_TENSOR = 64         # parallel.nccl_channels=auto with tensor > 1 (benchmarks/NOTES.md,
-                                  # issue 11 Session 26: 1.3B (1,1,4) -3.7%, 7.5B -1.0% on 4x H200)
+NCCL_CHANNELS_TENSOR = 64         # parallel.nccl_channels=auto with tensor > 1 (its collectives run
+                                  # exposed: 1.3B (1,1,4) -3.7%, 7.5B -1.0% on 4x H200, 2026-11-27)
 NCCL_MAX_CHANNELS = 64            # NCCL's MAXCHANNELS (2.28)
 STATIC_STASH_AUTO = ("1f1b", "1f1b-phased", "zb-phased")    # parallel.static_stash=auto: on for these
 
@@ -118,54 +116,31 @@ class ParallelConfig:
     scatter_gather: bool = False
     sequence_parallel: bool = False      # split norms, dropout, residual stream by sequence over
                                          # 'tensor' (Megatron's --sequence-parallel); t = 1: no-op
-    tp_comm_overlap: bool | str = "auto"  # with sequence_parallel: its all-gathers and reduce-
-                                         # scatters decomposed into rings of permutes around the
-                                         # GEMMs (collective matmul, Megatron's --tp-comm-overlap),
-                                         # the permutes on the copy engines (XLA's peer mode).
-                                         # auto: on where allowed with one microbatch a step, on
-                                         # GPUs of one process (sharding.tp_overlap_on)
-    tp_overlap_sends: str = "direct"     # the ring's blocks: direct (each block sent straight to
-                                         # every rank at once; the partial sums likewise: 1.3B
-                                         # (1,1,4) -1.3% on 4x H200, session 34) | ring (t - 1
-                                         # hops, each block passed on by the next rank); at t = 2
-                                         # one program
+    tp_comm_overlap: bool | str = "auto"  # with sequence_parallel: its collectives as rings of permutes
+                                         # around the GEMMs; auto: on at m = 1 on GPUs of one process
+    tp_overlap_sends: str = "direct"     # the ring's blocks: direct (each sent to every rank at once)
+                                         # | ring (t - 1 hops); the same program at t = 2
     # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p; zb-v: stage c
     # for c < p, 2p-1-c after), summing to num_layers; () = even; "auto" = balanced with the head.
     stage_layers: tuple[int, ...] | str = ()
     allow_cross_host_tensor: bool = False  # multi-process: let 'tensor' span hosts (warns; slow)
     layout: str = "manual"               # manual | auto: ptdp-plan's best layout for the devices
                                          # at hand (keys given as overrides or --mesh still win)
-    zero: int = 0                        # 0: state replicated over 'data'; 1: distributed optimizer
-                                         # (fp32 master weights and AdamW moments split over 'data');
-                                         # 2: also the gradients, reduce-scattered in every
-                                         # microbatch's backward (ZeRO-2); 3: also the weights,
-                                         # gathered layer by layer (ZeRO-3, FSDP)
-    zero_ring: bool | str = False        # zero >= 1: the weights' gathers and the gradients'
-                                         # reduce-scatters (shards of 1 MiB and more) as rings of
-                                         # permutes over 'data', on the copy engines (XLA's peer
-                                         # mode) instead of NCCL's kernels; auto: on GPUs whose
-                                         # data groups live in one process (sharding.zero_ring_on)
+    zero: int = 0                        # 0: state replicated over 'data'; 1: optimizer state split
+                                         # over 'data'; 2: also the gradients; 3: also the weights (FSDP)
+    zero_ring: bool | str = False        # zero >= 1: ZeRO's gathers and reduce-scatters (>= 1 MiB) as rings
+                                         # of permutes on the copy engines; auto: data groups in one process
     grad_reduce_dtype: str = "float32"   # float32 | bfloat16: the data-parallel gradient reduction
-    overlap_grad_reduce: bool | str = "auto"  # ZeRO's reduce-scatters inside the last microbatch's
-                                         # backward, layer by layer (true), or once after the
-                                         # backward (false; Megatron's default). auto: true for
-                                         # zero 1, 2 and 3 without pipelining, false otherwise (see
-                                         # overlap_grad_reduce_on)
-    static_stash: bool | str = "auto"    # pipelines: a switch branch per (op, residual stash slot),
-                                         # so layers write and read residuals in place (no
-                                         # per-tick stash copies: 1-16% faster steps on 2x H100,
-                                         # less memory; more branches to compile). auto: on for
-                                         # 1f1b and 1f1b-phased (see static_stash_on)
+    overlap_grad_reduce: bool | str = "auto"  # ZeRO's reduce-scatters layer by layer in the last
+                                         # backward (true) or after it (false); auto: overlap_grad_reduce_on
+    static_stash: bool | str = "auto"    # pipelines: a switch branch per (op, stash slot), residuals
+                                         # in place, no per-tick copies; auto: static_stash_on
     empty_buffers: bool = True           # pipelines, 'tensor' 1: stash and message buffers
                                          # uninitialised (no zero fill and copy a step)
-    overlap_p2p: bool | str = "auto"     # phased: a forward row's message filed after the
-                                         # backward row's op, its permute under that op. auto:
-                                         # on for 1f1b-phased and zb-phased with pipe > 1
-    nccl_channels: int | str = "auto"    # NCCL's least channels a collective runs on (GPU;
-                                         # NCCL_MIN_NCHANNELS, unless that is set already).
-                                         # auto: 64 with tensor > 1 (its collectives wait
-                                         # exposed: -1 to -4% a step), NCCL's own otherwise;
-                                         # 0: NCCL's own (24 on 4x H200)
+    overlap_p2p: bool | str = "auto"     # phased: a forward row's permute under the backward row's
+                                         # op; auto: on for 1f1b-phased and zb-phased with pipe > 1
+    nccl_channels: int | str = "auto"    # NCCL_MIN_NCHANNELS on GPU unless set; auto: 64 with
+                                         # tensor > 1, NCCL's own otherwise; 0: NCCL's own
 
     @property
     def mesh_shape(self) -> tuple[int, int, int]:
@@ -176,7 +151,7 @@ class ParallelConfig:
         """overlap_grad_reduce resolved. Only ZeRO without pipelining reduces inside the
         backward: zero=2 and 3 always (a layer's full gradient never outlives it), zero=1
         unless false; zero=0 and pipelines reduce after the backward (zero=0's all-reduce per
-        layer measured slower: benchmarks/NOTES.md, issue 10)."""
+        layer ran slower)."""
         if self.zero == 0 or self.pipe > 1:
             return False
         return self.zero in (2, 3) or self.overlap_grad_reduce in (True, "auto")
@@ -196,10 +171,9 @@ class ParallelConfig:
 
     @property
     def static_stash_on(self) -> bool:
-        """static_stash resolved. auto: on where the branches stay few, 1f1b and the phased tables
-        (p = 4: 20 and 26 branches against 7 and 6); off for gpipe (its slots, so its
-        branches, grow with m), interleaved and zb-v (branches x v x slots: 81 and 48 at
-        p = 4, v = 2; the compile took 3.4x and 2.1x as long at p = 2) and zb-h1 (not measured)."""
+        """static_stash resolved. auto: on where the branches stay few (1f1b and the phased
+        tables); off for gpipe (branches grow with m), interleaved and zb-v (branches x v x
+        slots: 2-3x the compile time) and zb-h1."""
         if self.static_stash == "auto":
             return self.schedule in STATIC_STASH_AUTO
         return bool(self.static_stash)
@@ -249,7 +223,7 @@ class Config:
     def scan_layers_on(self) -> bool:
         """train.scan_layers resolved. auto: a scan for zero=3 without pipelining (one layer's
         weights gathered at a time, bounded by the scan, not by XLA's scheduler), the layers
-        unrolled otherwise (faster: no stacked residual copies, benchmarks/NOTES.md issue 12).
+        unrolled otherwise (faster: no stacked residual copies).
         false with zero=3: the layers unrolled, each gathering its own weights."""
         if self.train.scan_layers == "auto":
             return self.parallel.zero == 3 and self.parallel.pipe == 1
@@ -259,8 +233,7 @@ class Config:
     def tp_comm_overlap_on(self) -> bool:
         """parallel.tp_comm_overlap resolved from the config alone (the devices are
         sharding.tp_overlap_on's part). auto: sequence parallelism over tensor > 1 without
-        pipelining, the layers unrolled, one microbatch a step (m = 1: where it was measured
-        faster, benchmarks/NOTES.md issue 11 session 31)."""
+        pipelining, the layers unrolled, one microbatch a step (where it runs faster)."""
         p = self.parallel
         if p.tp_comm_overlap == "auto" and self.train.fp8:
             return False                 # the rings' blockwise GEMMs take no FP8 operands

@@ -31,12 +31,11 @@ The model (bytes per device; the most loaded device of the layout):
   with parallel.sequence_parallel (t > 1) the terms not yet divided by t are divided by t
   too (Korthikanti et al.'s 34 s b h / t): the (b, s, h) residuals each tensor rank kept whole
   (layer input, norms, dropout) are split by sequence, as in the compiled step
-  (tests/test_sequence_parallel.py). Exception, measured on GPU (4x H200, session 14): without
-  pipelining and without recomputation XLA keeps the two gathered GEMM inputs (the norms'
-  outputs, 2 x 2 h bytes) whole for the weight gradients instead of gathering them again, so
-  4 h (1 - 1/t) bytes are added back (`SP_GATHERED_BYTES_PER_H`), except where the tensor
-  ring (`parallel.tp_comm_overlap`) gathers them again in the backward (its blocks are not
-  kept: 1.3B (1,1,4) SP micro 16 21.3 GiB with the ring against 25.4 without, sessions 14, 31);
+  (tests/test_sequence_parallel.py). Exception, on GPU: without pipelining and without
+  recomputation XLA keeps the two gathered GEMM inputs (the norms' outputs, 2 x 2 h bytes)
+  whole for the weight gradients, so 4 h (1 - 1/t) bytes are added back
+  (`SP_GATHERED_BYTES_PER_H`), except where the tensor ring (`parallel.tp_comm_overlap`)
+  gathers them again in the backward (its blocks are not kept);
   times the layers of the largest model chunk times the stash slots of the schedule
   (`Schedule.num_stash_slots`, + the executor's trash slot unless parallel.static_stash;
   one microbatch without pipelining),
@@ -49,34 +48,13 @@ The model (bytes per device; the most loaded device of the layout):
 * workspace: 0.5 GiB for XLA's temporaries and the allocator (fitted), plus the recomputation
   transient of `full`.
 
-How close it gets (measured `peak_bytes_in_use` of the step, GPT, bf16, s 2048, V 51,200,
-benchmarks/RESULTS.md, H100 and H200 alike; estimate - measured):
-
-    1.3B  (1,1,1) micro 8, selective                 36.91 GiB   estimate 38.37  (+4.0%)
-    1.3B  (1,1,1) micro 8, none                      53.43       estimate 53.4   (fitted)
-    1.3B  (1,4,1) 1f1b micro 1, selective             9.71       estimate  9.91  (+2.1%)
-    1.3B  (1,4,1) 1f1b micro 1, none                 16.72       estimate 16.71  (-0.1%, fitted)
-    1.3B  (1,4,1) interleaved v 2, selective         10.01       estimate 10.38  (+3.7%)
-    1.3B  (1,4,1) interleaved v 2, (2,2,2,2,4,4,4,4) 11.98       estimate 13.01  (+8.6%)
-    1.3B  (1,2,2) 1f1b micro 1, selective             8.57       estimate  8.52  (-0.6%)
-    7.5B  (1,4,1) 1f1b micro 1, selective            42.27       estimate 41.82  (-1.1%)
-    7.5B  (1,4,1) interleaved v 3, selective         41.96       estimate 42.29  (+0.8%)
-
-So within 4% where the chunks are even, and an overestimate (never an under-) of 9% for
-uneven chunks (the stash is allocated for the largest chunk; XLA seems to reuse some of it).
-(tests/test_memory_estimate.py holds these rows; `full` has no measurement yet.)
-Not yet modelled, measured on 4x H100: 7.5B (4,1,1) parallel.zero=3, selective, micro 1
-measured 45.6 GiB against an estimate of 37.8 (an UNDERestimate by 17%: something of the
-scanned, layer-by-layer gathered step that is not understood yet); 1.3B (4,1,1) micro 4 no
-recompute, zero 0: 33.5 against 38.4, zero 1: 33.2 against 27.3 (now 32.2: session 16's
-fit, below). On 4x H200 (session 14):
-7.5B (4,1,1) zero=3 micro 1, scanned selective 46.17 GiB, unrolled selective 41.60, unrolled
-none 55.97, against estimates of 38.4, 38.4 and 43.4 (underestimates of 8-22%: the unrolled
-layers' gathers are scheduled early, more than two layers' weights live at once); 1.3B
-(4,1,1) micro 4 none, zero 1 after the backward 22.56 against 27.33; 1.3B (1,1,4) micro 16
-none without sequence parallelism 29.08 against 34.51 (an overestimate of 19%). Session 15
-(4x H200): 7.5B (4,1,1) zero=2 micro 2 without recomputation 94.41 against 74.78 (under by
-21%: the unrolled layers without recomputation keep more than modelled, as zero=3's do).
+How close it gets, against the step's measured `peak_bytes_in_use` (GPT 1.3B and 7.5B, bf16,
+s 2048, on H100 and H200, 2026-11-26; the rows are in tests/test_memory_estimate.py): within 4%
+where the chunks are even; over by up to 9% for uneven chunks (the stash is allocated for the
+largest chunk). Not modelled: zero=3 with unrolled layers, and zero=2 without recomputation,
+keep more than estimated (XLA gathers several layers' weights early; under by 8-22%, 7.5B
+(4,1,1) on 4x H200, 2026-11-27), and some layouts without recomputation are overestimated by
+up to 19% (1.3B (4,1,1) and (1,1,4) on 4x H200, 2026-11-26).
 No jax at module level: the model's parameter shapes and the chunk layout are imported when
 an estimate is made.
 """
@@ -95,11 +73,10 @@ NONE_BYTES_PER_H_NO_PIPE = 40.0     # the same without pipelining (autodiff thro
                                     # fitted to 1.3B (1,1,1) none micro 8 (53.43 GiB)
 SP_GATHERED_BYTES_PER_H = 4.0       # sequence parallelism, p = 1, recompute=none: the two
                                     # gathered GEMM inputs XLA keeps whole (16-bit), fitted to
-                                    # 1.3B and 7.5B (1,1,4) on 4x H200 (session 14)
+                                    # 1.3B and 7.5B (1,1,4) on 4x H200, 2026-11-26
 SCAN_RESIDUAL_COPIES = 2            # zero=3's layer scan (p = 1): the residuals twice, fitted
-                                    # to the 7.5B (4,1,1) zero=3 selective (4x H100 session 8,
-                                    # 4x H200 session 14: 45.6 and 46.17 GiB); other scanned
-                                    # layouts not measured, so not applied to them
+                                    # to the 7.5B (4,1,1) zero=3 selective (46.17 GiB on 4x H200,
+                                    # 2026-11-26); applied to that layout only
 WORKSPACE_BYTES = int(0.5 * GiB)    # XLA temporaries and allocator slack (fitted)
 MESSAGE_BUFFERS = 6                 # executor's (b, s, h) send/receive/mid/head_y buffers
 
@@ -276,8 +253,8 @@ def activation_bytes(cfg) -> float:
     dtype_bytes = 4 if tr.dtype == "float32" else 2
     if par.pipe == 1:
         stash = m.num_layers * layer_activation_bytes_per_token(cfg) * tokens
-        # zero=3's layer scan: the residuals twice (the stacked buffers the forward scan writes
-        # and the backward scan reads, issue 12's copies, is a guess at why); measured only there
+        # zero=3's layer scan: the residuals twice (likely the stacked buffers the forward scan
+        # writes and the backward scan reads); measured only there
         from ptdp_jax.state import zero_stage
         stash *= SCAN_RESIDUAL_COPIES if cfg.scan_layers_on and zero_stage(cfg) == 3 else 1
         buffers = 0.0

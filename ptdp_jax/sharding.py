@@ -18,8 +18,8 @@ never does. Each row-parallel GEMM's all-reduce then becomes a reduce-scatter (p
 
 Which token dim is split: NCCL gathers and scatters along the major dim, so a split of the
 sequence (dim 1 of (b, s, h)) costs XLA a transpose around every all-gather and
-reduce-scatter when b > 1 (1.3B (1,1,2) micro 4 on 2x H100: ~27 ms a GPU of transposes, one
-per collective). The norms, dropout and the residual stream work token by token, so where t
+reduce-scatter when b > 1 (1.3B (1,1,2) micro 4: ~27 ms a GPU of transposes, one per
+collective, 2x H100, 2026-11-27). The norms, dropout and the residual stream work token by token, so where t
 divides the microbatch's rows the split goes to the rows instead ('act_batch' on
 ('data', 'tensor'): SEQUENCE_PARALLEL_ROWS_RULES, `sequence_parallel_rows`): the same memory,
 the same collectives, no transposes. Otherwise (micro 1 in a pipeline: b = 1, nothing to
@@ -124,9 +124,9 @@ def zero_axes(names: tuple[str, ...], shape: tuple[int, ...], d: int,
     mapped to None, or to 'tensor' when tensor == 1; not a layer-stack axis) and that d divides
     is renamed 'zero', so `logical_to_spec` splits it over 'data'. The major-most dim: NCCL
     gathers and scatters along a tensor's major dim, and a split minor dim cost a transpose of
-    every gradient shard after the backward (session 15, 7.5B zero=2 on 4x H200: 18 ms a step
-    for fc2_w (f, h) split on h, 4 ms for out_w (n, d, h) split on h). `shape` is the
-    per-layer shape (names may lead with STACK_AXES, which are skipped). No such dim (e.g. a
+    every gradient shard after the backward (7.5B zero=2: 18 ms a step for fc2_w split on h,
+    4x H200, 2026-11-27). `shape` is the per-layer shape (names may lead with STACK_AXES,
+    which are skipped). No such dim (e.g. a
     bias over the tensor-split heads, or h not divisible by d): the names come back unchanged
     and the tensor stays replicated over 'data'."""
     lead = len(names) - len(shape)
@@ -157,7 +157,8 @@ def tp_overlap_on(cfg, mesh) -> bool:
     """parallel.tp_comm_overlap resolved for the devices of `mesh`. true / false as given; auto
     (cfg.tp_comm_overlap_on) only on GPUs whose tensor groups each live in one process: there
     XLA's peer mode runs the ring's permutes as copies between the GPUs' memories on their copy
-    engines, beside the GEMMs (4x H100: 1.3B (1,1,4) SP micro 16 -4.3%, (2,1,2) micro 8 -3.6%).
+    engines, beside the GEMMs (1.3B (1,1,4) SP micro 16 -4.3%, (2,1,2) micro 8 -3.6%, 4x H100,
+    2026-11-28).
     Across processes XLA falls back to NCCL's permutes, which wait for the GEMMs' SMs (+22%);
     on CPU the ring only slows the step."""
     if not cfg.tp_comm_overlap_on:
@@ -289,7 +290,7 @@ def rank_plus(axis: str, k: int):
     """(r + k) mod n for this rank r of manual mesh axis `axis` (n ranks), traced, written one
     way for every k of one residue mod n: a ring's block index computed as (r - i) % n in one
     place and (r + i + 1) % n in another gives XLA two index programs for one block, and every
-    slice taken with them is made (and its fused producer run) once per program (session 33)."""
+    slice taken with them is made (and its fused producer run) once per program."""
     n, r = jax.lax.axis_size(axis), jax.lax.axis_index(axis)
     k %= n
     return r if k == 0 else jax.lax.rem(r + k, n)

@@ -12,7 +12,7 @@ one device holds are `memory.params_per_device`'s).
   and full float32 gradient accumulators (twice without pipelining when m > 1: the
   microbatch loop's carry, `ACC_CARRY_COPIES`); zero=2 (p = 1) the same but its gradient sums
   split, twice, plus two layers' full-size float32 gradients before their reduce-scatters
-  (fitted, session 15: estimates 4-7% under the 7.5B's measured peaks); zero=3 without
+  (fitted: 4-7% under the 7.5B's measured peaks, 4x H200, 2026-11-27); zero=3 without
   pipelining also holds the gradients
   split, and of the gathered weights only the embedding, head and two layers (the one in use
   and the next; four with unrolled layers, whose gathers XLA starts early) in the compute
@@ -51,14 +51,13 @@ def state_bytes(cfg, used: dict[str, float], held: float) -> tuple[float, float,
     if cfg.parallel.pipe > 1:
         # the stage's weights gathered once per step and upcast to float32 for the executor
         # (zero.gather_stage; fitted: 7.5B (2,2,1) 1f1b-phased zero 1, 59.97 GiB on 4x H100,
-        # session 16, against 53.09 when counted in the compute dtype)
+        # 2026-11-27, against 53.09 when counted in the compute dtype)
         return master + n * MASTER_BYTES_PER_PARAM, n * GRAD_BYTES_PER_PARAM, adam
     if zero == 1:
         # zero=1 without pipelining and m > 1: the full-size float32 accumulators are the
         # microbatch loop's carry, in and out both live (fitted: 7.5B (4,1,1) micro 1 and 2,
-        # 102.3 and 113.0 GiB on 4x H200, session 15); at m = 1 once (1.3B (2,1,1) micro 8
-        # none on 2x H200, session 27: 42.89 GiB, as zero=2's 43.31; session 16's 17% under
-        # at once was the layers' checkpoint wrapper, now gone without recomputation)
+        # 102.3 and 113.0 GiB on 4x H200, 2026-11-27); at m = 1 once (1.3B (2,1,1) micro 8
+        # none: 42.89 GiB, as zero=2's 43.31, 2x H200, 2026-11-27)
         acc = ACC_CARRY_COPIES if cfg.num_microbatches > 1 else 1
         return master + n * compute, acc * n * GRAD_BYTES_PER_PARAM, adam
     par = cfg.parallel
@@ -68,13 +67,13 @@ def state_bytes(cfg, used: dict[str, float], held: float) -> tuple[float, float,
         # whole weights for the step; shard-sized gradient sums, plus two layers' full-size
         # float32 gradients waiting for their reduce-scatters
         # (embedding and head too: the tied embedding's gradient is whole only at the end)
-        # (the sums twice, as zero=1's: fitted to the 7.5B (4,1,1) at micro 1, 2, 4 and 8,
-        # 61.5-106.4 GiB on 4x H200, session 15, even at m = 1)
+        # (the sums twice, as zero=1's, even at m = 1: fitted to the 7.5B (4,1,1) at micro 1-8,
+        # 61.5-106.4 GiB on 4x H200, 2026-11-27)
         pending = min(used["embed"] + used["head"] + 2 * layer, n)
         sums = ACC_CARRY_COPIES * held + pending
         return master + n * compute, sums * GRAD_BYTES_PER_PARAM, adam
     # gathered at once: the layer in use and the next, or with unrolled layers (XLA schedules
-    # their gathers early, fitted: 7.5B selective, 41.6 GiB on 4x H200) four
+    # their gathers early, fitted: 7.5B selective, 41.6 GiB on 4x H200, 2026-11-26) four
     live = min(used["embed"] + used["head"] + (2 if cfg.scan_layers_on else 4) * layer, n)
     gathered = live
     if cfg.train.recompute == "none" and not cfg.scan_layers_on:

@@ -194,31 +194,17 @@ PERMUTE_PEER_MODE = "COLLECTIVES_PEER_MEMORY"   # XLA's collective-permute as co
 
 
 def compiler_options(cfg, mesh) -> dict:
-    """XLA options of the train step, on GPU (benchmarks/NOTES.md has the measurements):
+    """XLA options of the train step, on GPU:
 
-    - no dot merger: XLA would merge the GEMMs that share an input (GPT's q, k, v; their
-      weight gradients) into one, with slices and concatenations around it, which the three
-      separate weights exist to avoid (1.3B (1,2,1) on 2x H100: 0.370 s a step merged,
-      0.354 s not);
-    - with a stash buffer per slot (parallel.static_stash), region-based live-range analysis in
-      copy insertion: without it the 1f1b switch copies every stash buffer through every branch
-      each tick (0.542 s against 0.416 s);
-    - with parallel.zero 1 or 2 (tensor 1), XLA's all-gather combiner up to 512 MB and its
-      reduce-scatter combiner up to 128 MB (default ~30 MB): the weights' gathers and the
-      gradients' reduce-scatters run as fewer, larger collectives at a higher bandwidth, and
-      the kernels beside them are slowed for less time ((2,1,1) zero 2 on 2x H200: 0.2870 ->
-      0.2790 s with both at 512 MB). The reduce-scatters stop at 128 MB because at 512 MB the
-      combiner joins the whole backward's into two that wait for its end ((4,1,1) zero 2 on 4x
-      H200: 0.1481 s at 512, 0.1454 s at 128, 0.1504 s at XLA's default). Not zero 3, whose
-      per-layer gathers bound its memory, nor tensor parallelism's collectives (not measured);
-    - with parallel.tp_comm_overlap on, XLA's peer mode for collective-permutes (the only
-      permutes in such a step: it runs without pipelining): a permute between GPUs of one
-      process is a copy into the peer's buffer on the copy engines, so the ring's permutes run
-      beside its GEMMs instead of waiting for SMs as NCCL's kernels do (4x H100, 1.3B (1,1,4)
-      SP micro 16: ring 0.2555 s with NCCL's permutes, 0.2001 s with the copies, 0.2090 s
-      without the ring). Across processes XLA falls back to NCCL by itself. The same with
-      parallel.zero_ring (ZeRO's gathers and reduce-scatters as rings of permutes; with
-      pipelining the stage-to-stage permutes become copies too)."""
+    - no dot merger: it would fuse the separate q, k, v GEMMs (and their weight gradients) back
+      into one with slices around it (1.3B (1,2,1) 0.370 -> 0.354 s, 2x H100, 2026-11-26);
+    - with parallel.static_stash, region-based copy insertion: without it the 1f1b switch copies
+      every stash buffer through every branch each tick;
+    - with zero 1 or 2 (tensor 1), gathers combined up to 512 MB and reduce-scatters up to 128 MB:
+      fewer, faster collectives; larger reduce-scatters would wait for the backward's end
+      ((4,1,1) zero 2: 0.1504 s at XLA's default, 0.1454 s at 128 MB, 4x H200, 2026-11-27);
+    - with tp_comm_overlap or zero_ring, peer mode for collective-permutes: within a process they
+      become copy-engine copies that run beside the GEMMs, where NCCL's kernels wait for SMs."""
     if mesh.devices.flat[0].platform != "gpu":
         return {}
     options = {"xla_gpu_dot_merger_threshold_mb": 0}
@@ -235,13 +221,10 @@ def compiler_options(cfg, mesh) -> dict:
 def nccl_environment(cfg, mesh, environ) -> dict[str, str]:
     """The NCCL settings the step runs with, as environment variables not yet in `environ`.
 
-    parallel.nccl_channels (auto: 64 with tensor > 1) sets NCCL_MIN_NCHANNELS. Tensor
-    parallelism's all-gathers and reduce-scatters wait with nothing beside them, so each one's
-    bandwidth is the step's: NCCL 2.28 runs the 32 MiB collectives of a 1.3B (1,1,4) micro-16
-    step on 24 channels, 0.386 ms each alone; on 64, 0.355 ms (benchmarks/collective_bw.py).
-    Measured on 4x H200: 1.3B (1,1,4) SP micro 16 0.2065 -> 0.1989 s, 7.5B micro 8 1.687 ->
-    1.670 s; (4,1,1) zero 2, whose collectives run beside the compute, no change (0.1438 /
-    0.1446 s), so data parallelism alone keeps NCCL's choice. A variable already set wins."""
+    parallel.nccl_channels (auto: 64 with tensor > 1) sets NCCL_MIN_NCHANNELS: tensor
+    parallelism's collectives run exposed, so their bandwidth is the step's (1.3B (1,1,4) SP
+    0.2065 -> 0.1989 s, 4x H200, 2026-11-27); data parallelism's run beside the compute and keep
+    NCCL's choice. A variable already set wins."""
     channels = cfg.parallel.nccl_channels_value
     if mesh.devices.flat[0].platform != "gpu" or not channels or "NCCL_MIN_NCHANNELS" in environ:
         return {}

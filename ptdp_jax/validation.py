@@ -82,7 +82,7 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
     need(ogr is not True or (p.zero in (1, 2, 3) and pp == 1),
          f"parallel.overlap_grad_reduce=true needs parallel.zero=1, 2 or 3 without pipelining, got "
          f"parallel.zero={p.zero}, parallel.pipe={pp}: zero=0 all-reduces after the backward (its "
-         f"per-layer all-reduce measured slower, benchmarks/NOTES.md) and a pipeline "
+         f"per-layer all-reduce runs slower) and a pipeline "
          f"reduce-scatters after its last tick")
     need(ogr is not False or p.zero not in (2, 3) or pp > 1,
          f"parallel.overlap_grad_reduce=false with parallel.zero={p.zero} and parallel.pipe=1: "
@@ -194,7 +194,7 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
              f"parallel.tp_comm_overlap runs without pipelining (got parallel.pipe={pp}): its "
              f"permutes would sit in the pipeline's per-stage branches, where XLA's fast "
              f"permutes (copies) give wrong results while another stage idles and NCCL's are "
-             f"slower than no ring (4x H200, benchmarks/NOTES.md sessions 35-36)")
+             f"slower than no ring (4x H200, 2026-11-28)")
         need(not cfg.scan_layers_on,
              f"parallel.tp_comm_overlap needs the layers unrolled (got train.scan_layers="
              f"{t.scan_layers}, parallel.zero={p.zero}; auto scans with zero=3: set "

@@ -59,8 +59,8 @@ class Layout:
     and reduce-scatters over 'data' run on each device's block (`Sharder.per_device`, manual
     over 'tensor' too): where 'tensor' was left to GSPMD, its partitioner gathered the operand
     of every collective over 'data' whole over 'tensor' first, so with tensor > 1 the layers
-    ran on whole weights ((2,1,2) zero 2, 1.3B on 4x H200: 0.1883 s and 32.8 GiB against zero
-    0's 0.1707 s and 24.4 GiB; session 27)."""
+    ran on whole weights ((2,1,2) zero 2, 1.3B: 0.1883 s and 32.8 GiB against zero 0's 0.1707 s
+    and 24.4 GiB, 4x H200, 2026-11-27)."""
     sh: Sharder
     names: tuple
     data_dim: int | None                 # negative: from the last dim
@@ -251,7 +251,7 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, lay):
             if unrolled:
                 # each layer's weights gathered on their own, so that (m = 1) the gathers of
                 # later layers can run under the forward of earlier ones instead of all before
-                # the first (24 ms a step exposed on the 7.5B, 4x H200, session 15)
+                # the first (24 ms a step exposed on the 7.5B, 4x H200, 2026-11-27)
                 fl["layers"] = _gather_layers(cfg, shards["layers"], lay["layers"])
 
         def body(acc, xs):

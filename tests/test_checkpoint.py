@@ -241,7 +241,7 @@ def test_different_model_is_one_clear_error(tmp_path, data_cache):
 
 def test_fresh_run_keeps_old_checkpoints_unless_told(tmp_path, small, data_cache):
     """checkpoint.resume=false (--no-resume) over a directory with checkpoints: refused
-    before anything runs, the old checkpoints untouched (issue 15, item 6); with
+    before anything runs, the old checkpoints untouched; with
     checkpoint.overwrite=true the new run's first save replaces them (so 'newest' is
     always this run's), and the run says so."""
     from dataclasses import replace

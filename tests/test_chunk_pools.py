@@ -45,7 +45,7 @@ def test_v1_pools_change_nothing():
 
 
 def test_pools_cut_the_static_stash_branches():
-    """The 7.5B layout of NOTES issue 8 section 21: p 4, v 3, m 32, 3 layers a chunk."""
+    """The 7.5B's interleaved-in-phases layout: p 4, v 3, m 32, 3 layers a chunk."""
     counts = [3] * 12
     plain = control_table(build_schedule("1f1b-phased", 4, 32, 3), counts, static_stash=True)[0]
     pooled = control_table(build_schedule("1f1b-phased", 4, 32, 3, chunk_pools=True), counts,

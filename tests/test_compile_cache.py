@@ -71,8 +71,8 @@ def test_a_second_run_compiles_nothing_new(tmp_path, data_cache):
                    "run.compile_cache": setting})
         # JAX_LOG_COMPILES logs the cache's hits; JAX caches only programs that took at least
         # jax_persistent_cache_min_compile_time_secs (0.3 s in helpers_ckpt's environment) to
-        # compile, and on a loaded 2-core machine the eval program crossed it in one run and not
-        # in the other (s30 CI): cache them all
+        # compile, and on a loaded 2-core machine the eval program may cross it in one run and
+        # not in the other: cache them all
         env = H.subprocess_env(JAX_LOG_COMPILES="1", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
         r = subprocess.run(H.cli_command(ov), cwd=tmp_path, env=env, text=True,
                            capture_output=True, timeout=300)

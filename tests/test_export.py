@@ -166,7 +166,7 @@ def test_import_round_trip(tmp_path, arch, extra, capsys):
         np.testing.assert_array_equal(a, b)
 
 
-# ----------------------------------------------------------------------------- issue 15
+# ----------------------------------------------------------------------------- refusals
 
 def test_import_refuses_what_it_cannot_honour(tmp_path, capsys):
     """Item 4: ptdp-import-hf model.num_layers=8 on a 2-layer source, or train.lr=...

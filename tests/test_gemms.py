@@ -1,7 +1,7 @@
 """GPT's attention GEMMs: q, k and v come from three GEMMs of their own, so the attention
 kernel's operands are whole GEMM outputs (no slices of a fused QKV output in the forward, no
 packing of dq, dk, dv and transposing of a fused weight in the backward: 14 ms a GPU of copies
-on (1,2,1), 2x H100, benchmarks/NOTES.md), and XLA's dot merger, which would fuse them back, is
+on (1,2,1), 2x H100, 2026-11-26), and XLA's dot merger, which would fuse them back, is
 off on GPU."""
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""No import circles inside ptdp_jax (issue 15): every `import` of a ptdp_jax module, at
+"""No import circles inside ptdp_jax: every `import` of a ptdp_jax module, at
 module level or inside a function, is an edge; the graph has no cycle. (A package's
 __init__ that only re-exports is a facade: `from ptdp_jax import metrics` is an edge to
 ptdp_jax.metrics, not to ptdp_jax/__init__.py.)"""
@@ -68,7 +68,7 @@ def test_no_import_circles():
     assert [c for c in cycles(graph) if c not in KNOWN] == []
 
 
-def test_the_three_circles_of_the_issue_are_gone():
+def test_the_broken_circles_stay_broken():
     g = import_graph()
     assert "ptdp_jax.step" not in g["ptdp_jax.pipeline.executor"]
     assert "ptdp_jax.distributed" not in g["ptdp_jax.watchdog"]

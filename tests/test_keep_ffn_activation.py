@@ -1,6 +1,6 @@
 """train.keep_ffn_activation: selective recomputation that keeps the MLP activation's output
 (GeLU / SwiGLU) instead of running the activation again in the backward. The default, auto,
-keeps it under selective recomputation (measured -1.8 to -2.7% a step, session 22)."""
+keeps it under selective recomputation (-1.8 to -2.7% a step, 2x H200, 2026-11-27)."""
 from __future__ import annotations
 
 import contextlib

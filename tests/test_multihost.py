@@ -191,7 +191,7 @@ def test_two_processes_match_one(tmp_path, data_cache, mesh, extra, own_rows, re
     p0, pref = g.params(0), flat(ref.params)
     assert sorted(p0) == sorted(pref)
     pdiff = max(float(np.max(np.abs(p0[k] - pref[k]))) for k in pref)
-    # the final parameters are gathered to process 0 only (issue 15, item 11)
+    # the final parameters are gathered to process 0 only
     assert not (g.dir / "proc1.npz").exists()
     print(f"\n[{mesh}] max |loss(2 proc) - loss(1 proc)| = {diff:.3g} over {len(ref.losses)} "
           f"steps; val {vdiff:.3g}; params {pdiff:.3g}; 1 proc {t_ref:.1f} s, 2 procs {t_mp:.1f} s")

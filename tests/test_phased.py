@@ -204,8 +204,7 @@ def test_head_runs_in_the_tick_loop_without_a_conditional():
 def test_interleaved_runs_three_loops_with_the_head_in_a_conditional():
     """v > 1: the same three loops (warm-up, steady pairs, cool-down), the head in a
     conditional after the steady forward row (only every v-th group of p pairs has one);
-    separate loops for the pairs with and without a head tripled the compile (NOTES, issue 8
-    section 20)."""
+    separate loops for the pairs with and without a head triple the compile."""
     from compiled import compile_grad_fn
     from parity import tiny_config
     hlo = compile_grad_fn(tiny_config("gpt", (1, 2, 1), **{

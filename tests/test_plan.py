@@ -273,9 +273,9 @@ def test_hw_overrides():
 def test_plan_searches_zero_where_data_parallel():
     """parallel.zero is searched where d > 1: 0-3 without pipelining, 0 and 1 with it (2 and 3
     gather a stage's weights once a step, as 1); at d = 1 only 0. On 4x H200 the 7.5B GPT's
-    recommendation is (4,1,1) zero 2, micro 8: the fastest layout measured in session 15
-    (1.43 s with a bfloat16 reduction, against 1.74 s for (1,1,4) SP and 1.56 s for (1,4,1)
-    phased in session 13), and its overrides carry the zero value."""
+    recommendation is (4,1,1) zero 2, micro 8: the fastest layout measured (1.43 s with a
+    bfloat16 reduction, against 1.74 s for (1,1,4) SP and 1.56 s for (1,4,1) phased, 4x H200,
+    2026-11-26/27), and its overrides carry the zero value."""
     rows = [r for r in plan(config("gpt-7.5b", train__global_batch_size=32), 4, "h200", 8)
             if r.ok]
     zeros = {}

@@ -1,4 +1,4 @@
-"""The memory pre-flight (issue 15, item 1): a run that cannot fit is refused before it
+"""The memory pre-flight: a run that cannot fit is refused before it
 compiles (the estimate) or before it runs (XLA's memory analysis of the compiled step),
 with the numbers and the settings that would fit; exit code 2 from the CLI. The device's
 memory is pinned here (monkeypatch), so the tests do not depend on this machine's RAM."""
@@ -34,9 +34,8 @@ def device_gib(monkeypatch):
     ("configs/gpt-1t.yaml", "1,8,1", ["needs 2150.15 GiB per device", "fills 5748 devices"]),
 ], ids=["llama-7b-1x1x8", "gpt-1t-1x8x1"])
 def test_models_too_big_for_the_devices_are_refused(device_gib, capsys, config, mesh, words):
-    """The issue's examples: on 8 CPU devices of 2.94 GiB each (23.5 GiB of RAM) the 7B
-    grew without bound and the 1T died in a JaxRuntimeError; now one line, exit 2,
-    before anything compiles."""
+    """On 8 CPU devices of 2.94 GiB each (23.5 GiB of RAM) the 7B would grow without bound
+    and the 1T die in a JaxRuntimeError: one line instead, exit 2, before anything compiles."""
     # 18 B per parameter (fp32 master, bf16 copy, fp32 grads, AdamW): 6.74e9 x 18 B / 2.94 GiB
     # = 38.4 -> 39 devices; the 1T: 5748
     device_gib(2.94)
@@ -48,7 +47,7 @@ def test_models_too_big_for_the_devices_are_refused(device_gib, capsys, config, 
 
 
 def test_refusal_names_settings_that_fit(device_gib):
-    """demo.yaml with model.seq_len=4096 (the issue's OOM kill) on devices of 0.9 GiB:
+    """demo.yaml with model.seq_len=4096 (an OOM kill unchecked) on devices of 0.9 GiB:
     the settings named do fit, by the same estimate."""
     device_gib(0.9)
     cfg = resolve_config("configs/demo.yaml", None, {"model.seq_len": 4096})

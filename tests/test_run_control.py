@@ -1,9 +1,8 @@
-"""Running, stopping, extending and reading a run (issue 15, items 6, 7, 8, 9, 11 and
-the features): nothing-to-train said aloud, metrics.jsonl shared by runs and resumes
-without duplicates, messages above the bar and the validation loss that stays, Ctrl-C
-without a checkpoint dir, forward-only evaluation, parameters gathered only when asked,
-train.stop_at_step / stop_after_minutes / decay_steps, the loss averaged over the log
-interval, the resolved config in run.dir, ptdp-eval and ptdp-generate."""
+"""Running, stopping, extending and reading a run: nothing-to-train said aloud, metrics.jsonl
+shared by runs and resumes without duplicates, messages above the bar and the validation loss
+that stays, Ctrl-C without a checkpoint dir, forward-only evaluation, parameters gathered only
+when asked, train.stop_at_step / stop_after_minutes / decay_steps, the loss averaged over the
+log interval, the resolved config in run.dir, ptdp-eval and ptdp-generate."""
 import importlib
 import json
 import math

@@ -17,8 +17,8 @@ SP = {"parallel.sequence_parallel": True}
 F1 = {"parallel.schedule": "1f1b"}
 I2 = {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}
 
-# Every mesh of the issue, both models, each recompute mode; dropout (split by sequence too)
-# and scatter/gather on top once each.
+# Meshes of 8 devices with t > 1, both models, each recompute mode; dropout (split by sequence
+# too) and scatter/gather on top once each.
 CASES = [
     ("gpt", (1, 1, 8), {"model.dropout": 0.1}),
     ("llama", (1, 1, 8), {"train.recompute": "full"}),

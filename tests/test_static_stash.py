@@ -85,7 +85,7 @@ def _mesh(platform):
 
 def test_gpu_compiles_static_stash_with_region_analysis():
     """Without region-based live-range analysis XLA:GPU copies every stash buffer through
-    every branch of the 1f1b switch (benchmarks/NOTES.md); the step asks for it on GPU."""
+    every branch of the 1f1b switch; the step asks for it on GPU."""
     from parity import tiny_config
     from ptdp_jax.step import compiler_options
 
@@ -101,8 +101,7 @@ def test_gpu_compiles_static_stash_with_region_analysis():
 
 def test_gpu_combines_the_collectives_of_zero_1_and_2():
     """zero 1 and 2 without tensor parallelism: XLA's all-gather and reduce-scatter combiners
-    up to 512 and 128 MB on GPU (benchmarks/NOTES.md, issue 10, sessions 23 and 24); not zero
-    3, not t > 1."""
+    up to 512 and 128 MB on GPU; not zero 3, not t > 1."""
     from parity import tiny_config
     from ptdp_jax.step import compiler_options
 
@@ -157,7 +156,8 @@ def test_bad_value_is_refused_before_compiling():
 
 def test_static_stash_needs_less_memory():
     """No trash slot and no temporaries for the indexed writes: XLA's memory analysis of the
-    compiled step (CPU) is lower with the static stash (on 2x H100: 16.41 against 17.45 GiB)."""
+    compiled step (CPU) is lower with the static stash (16.41 against 17.45 GiB, 2x H100,
+    2026-11-26)."""
     from compiled import compile_grad_fn
     from parity import tiny_config
 

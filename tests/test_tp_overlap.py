@@ -120,7 +120,7 @@ def test_evaluation_keeps_gspmd_collectives_and_the_loss():
 def test_one_index_program_per_block(n):
     """sharding.rank_plus, the rings' block index: (r + k) mod n on every rank, and one jaxpr
     for every k of one residue mod n (the gather ring's (r - i) and the scatter ring's
-    (r + i + 1) written two ways made XLA slice each block twice: session 33)."""
+    (r + i + 1) written two ways make XLA slice each block twice)."""
     import jax
     import numpy as np
     from jax.sharding import PartitionSpec as P

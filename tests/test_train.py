@@ -47,7 +47,7 @@ def test_layouts_reproduce_single_device_run(tmp_path, single, mesh, extra):
     flat = lambda r: np.concatenate([np.ravel(x) for x in jax.tree.leaves(r.params)])
     # atol: Adam turns float rounding in gradients that are zero in exact arithmetic (the key
     # bias: softmax ignores it) or nearly so into updates of up to lr; the 3 steps run at
-    # lr/20, 2lr/20, 3lr/20 (the first step no longer runs at lr = 0): up to ~3e-6 here.
+    # lr/20, 2lr/20, 3lr/20 (the first step does not run at lr = 0): up to ~3e-6 here.
     np.testing.assert_allclose(flat(res), flat(single), rtol=1e-4, atol=5e-6)
 
 

@@ -74,8 +74,9 @@ def test_nan_in_a_sum_would_show(monkeypatch):
 
 def test_gpu_lowering_allocates_without_filling(monkeypatch):
     """Lowered for CUDA (on this CPU machine), each such buffer is one `AllocateBuffer` custom
-    call, which XLA neither fills nor copies into the loop (zeros were one broadcast copied
-    into every buffer: 167 `copy(broadcast)` in session 17's GPU HLO); for CPU it is zeros."""
+    call, which XLA neither fills nor copies into the loop (zeros are one broadcast copied
+    into every buffer: 167 `copy(broadcast)` in a pipelined 1.3B step's GPU HLO); for CPU it
+    is zeros."""
     from compiled import _lowered
     made = []
     real = executor.empty_buffer
@@ -165,8 +166,8 @@ def test_overlap_p2p_auto_is_on_for_the_phased_schedules_only():
 
 
 def test_empty_buffers_false_keeps_zeros(monkeypatch):
-    """parallel.empty_buffers=false: every buffer is zeros (true, the default since session 24,
-    gives the same bits: test_buffers_written_before_read)."""
+    """parallel.empty_buffers=false: every buffer is zeros (true, the default, gives the same
+    bits: test_buffers_written_before_read)."""
     made = []
     monkeypatch.setattr(executor, "empty_buffer", lambda shape, dtype: made.append(shape))
     from compiled import _lowered

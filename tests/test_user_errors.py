@@ -1,4 +1,4 @@
-"""Careless input gets one clear line and the right exit code (issue 15, items 2, 3, 5):
+"""Careless input gets one clear line and the right exit code:
 config files that are not YAML mappings, unknown keys (with "did you mean"), data too
 short for one sequence, datasets of different tokenizers, a multi-process start without
 its peers; and --print-config / --dry-run."""

@@ -303,7 +303,7 @@ def test_validation_and_estimate():
     assert est[1].optimizer == est[3].optimizer == pytest.approx(est[0].optimizer / 8, rel=1e-6)
     assert est[2].optimizer == est[1].optimizer
     # zero=1 at m = 1, reduce-scatters in the backward: its full-size float32 gradients once
-    # (1.3B (2,1,1) micro 8 on 2x H200, session 27: 42.89 GiB, as zero=2's 43.31)
+    # (1.3B (2,1,1) micro 8: 42.89 GiB, as zero=2's 43.31, 2x H200, 2026-11-27)
     assert est[1].grads == est[0].grads and est[3].grads < est[0].grads / 2
     assert est[2].params == est[1].params and est[2].grads < est[1].grads / 2   # split sums
     assert est[3].params < est[1].params
@@ -313,8 +313,8 @@ def test_validation_and_estimate():
 @pytest.mark.parametrize("zero,wrapped", [(1, False), (2, False), (3, True)])
 def test_layers_run_without_checkpoint_unless_regathered(zero, wrapped):
     """Without recomputation zero 1 and 2 run the layers as plain autodiff: under a
-    jax.checkpoint that saves everything JAX kept every GeLU intermediate for the backward (1.3B
-    (2,1,1) zero 2 micro 8 on 2x H200: 62.4 GiB against 43.3 without it). zero=3 keeps the
+    jax.checkpoint that saves everything JAX keeps every GeLU intermediate for the backward (1.3B
+    (2,1,1) zero 2 micro 8: 62.4 GiB against 43.3 without it, 2x H200, 2026-11-27). zero=3 keeps the
     checkpoint: its weights are gathered again in the backward, never saved."""
     from ptdp_jax import state as S
     from ptdp_jax import step

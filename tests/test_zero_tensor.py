@@ -1,8 +1,8 @@
 """ZeRO with tensor parallelism: the gathers over 'data' keep each weight split over 'tensor'.
 
-With 'tensor' left to GSPMD, its partitioner used to gather the operand of every collective
-over 'data' whole over 'tensor' first: the layers then ran on whole weights (1.3B (2,1,2)
-zero 2 on 4x H200: 0.1883 s and 32.8 GiB against zero 0's 0.1707 s and 24.4 GiB). ZeRO must
+With 'tensor' left to GSPMD, its partitioner gathers the operand of every collective over
+'data' whole over 'tensor' first: the layers then run on whole weights (1.3B (2,1,2) zero 2:
+0.1883 s and 32.8 GiB against zero 0's 0.1707 s and 24.4 GiB, 4x H200, 2026-11-27). ZeRO must
 add no collective over 'tensor' to the step: every all-gather and reduce-scatter over a
 'tensor' group is one that zero 0 has too (the sequence-parallel activations')."""
 import re

@@ -221,7 +221,7 @@ def layer_fn(cfg, sh, recompute: str = "none", weights=None, regather: bool = Tr
     before the layers (ZeRO 1 and 2 gather once a step), so without recomputation the layer
     runs without a jax.checkpoint: under one with everything saveable JAX keeps every
     intermediate of the layer for the backward, two more (b, s, f) tensors a layer than plain
-    autodiff (1.3B (2,1,1) zero 2 micro 8 on 2x H200: 62.4 against zero 0's 50.0 GiB)."""
+    autodiff (1.3B (2,1,1) zero 2 micro 8: 62.4 against zero 0's 50.0 GiB, 2x H200, 2026-11-27)."""
     layer = arch(cfg).layer
 
     def f(lp, x_bsh, idx, key_rows):
@@ -269,7 +269,7 @@ def unstack_layers(layers_L):
     """(L, ...) layer stack -> [layer i's pytree for i < L]. Differentiating with respect to
     these slices (taken outside the function differentiated) gives each layer's gradient on its
     own; differentiating through slices of the stack instead sums L zero-padded copies, one
-    fusion of L pads that ran at ~1/3 of the memory bandwidth on GPUs (issue 10, session 16).
+    fusion of L pads that runs at ~1/3 of the memory bandwidth on GPUs.
     Sums of such gradients are kept per layer too and stacked once (`stack_layers`): adding
     each into its slot of a stack (scatter-add) made XLA:GPU copy the stack per layer."""
     n = jax.tree.leaves(layers_L)[0].shape[0]

@@ -13,8 +13,8 @@ Costs are in units of one layer's forward on one microbatch (FLOPs from the mode
                                                  unless the head is spread over the stages)
     one backward half (ceil/floor):  bwd * n_h  (+ the embedding gradient on the first chunk)
 
-`bwd` is the backward/forward cost ratio of a layer per recompute mode (measured on H100 with
-the 1.3B GPT: about 2 without recomputation, 2.5-2.7 with selective, 3 with full).
+`bwd` is the backward/forward cost ratio of a layer per recompute mode (the 1.3B GPT on H100,
+2026-11-26: about 2 without recomputation, 2.5-2.7 with selective, 3 with full).
 """
 from __future__ import annotations
 

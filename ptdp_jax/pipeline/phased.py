@@ -4,8 +4,8 @@ backward.
 
 Why: in lockstep a tick lasts as long as its slowest op. The halves-1F1B of schedule.py mixes
 forwards and backward halves in one tick, which costs nothing only if a backward half costs
-exactly a forward; measured on the 1.3B GPT with selective recomputation a forward takes
-~2.9 ms and a backward half 3.8-4.3 ms, so every tick pays for its backward half. Here every
+exactly a forward; on the 1.3B GPT with selective recomputation a forward takes ~2.9 ms and
+a backward half 3.8-4.3 ms (4x H100, 2026-11-26), so every tick pays for its backward half. Here every
 op of a tick is of one kind, so a tick costs one op whatever t_b / t_f is, and a step has
 2 (m + p - 1) busy ticks instead of 3 (m + p - 1): fewer permutes and lockstep waits.
 

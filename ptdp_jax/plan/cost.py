@@ -51,14 +51,9 @@ REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every t
 
 def tp_ring_share(t: int) -> float:
     """What the tensor ring costs, as a share of the collectives it replaces: (t - 1) / t,
-    fitted to the ring against plain sequence parallelism on the 1.3B (ring / plain step,
-    measured; predicted with this share): (1,1,4) micro 16 4x H100 0.932 (0.2001 s less
-    session 33's -2.6%, against 0.2090 s; predicted 0.933), (2,1,2) micro 8 4x H100 0.936
-    (0.1713 s less -2.9%, against 0.1777 s; 0.934), (1,1,2) micro 16 2x H200 0.909-0.936
-    (0.2911-0.2997 s against 0.3202 s; 0.937); benchmarks/NOTES.md session 33. Applied at
-    m = 1 only (where `auto` turns the ring on and where it was fitted): the one case measured
-    at m > 1, the 7.5B (1,1,4) micro 8 (m 4) with the ring forced on, ran level with plain
-    (1.7439 against 1.7507 s, 4x H100, session 31), not the -5% this share would give."""
+    fitted to the 1.3B's ring against plain sequence parallelism (ring / plain 0.91-0.94,
+    predicted 0.93-0.94, on 4x H100 and 2x H200, 2026-11-28). Applied at m = 1 only, where
+    `auto` turns the ring on and where it was fitted (at m = 4 it ran level with plain)."""
     return (t - 1) / t
 
 
@@ -109,8 +104,8 @@ def _memory_seconds(nbytes: float, gpu: GpuKind) -> float:
 def uses_xla_attention(cfg, gpu: GpuKind) -> bool:
     """ptdp_jax runs XLA's attention (not cuDNN's) only on (d > 1, 1, t > 1) meshes whose layers
     run in a scan (train.scan_layers, on by default for zero=3; models/layers.causal_attention).
-    Other layouts run cuDNN's: (2,1,2) micro 8 measured 0.1798 s on 4x H200 (session 14),
-    where XLA's attention would take the 0.46 s this rule used to predict for every (d,1,t)."""
+    Other layouts run cuDNN's ((2,1,2) micro 8: 0.1798 s on 4x H200, 2026-11-26, where XLA's
+    attention would take 0.46 s)."""
     par = cfg.parallel
     return (bool(gpu.xla_attention_flops) and par.pipe == 1 and par.tensor > 1 and par.data > 1
             and cfg.scan_layers_on)
@@ -151,7 +146,7 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     # into and out of their slots; a static stash writes them in place (what is left of the
     # passes: static_stash_copy_share); without pipelining the producers write them in place
     # the MLP activation's output kept by selective (train.keep_ffn_activation) is written by its
-    # own fusion, in place: no copy passes (session 22, 2x H200: -1.8 to -2.7% measured)
+    # own fusion, in place: no copy passes (-1.8 to -2.7% a step, 2x H200, 2026-11-27)
     bare = replace(cfg, train=replace(tr, keep_ffn_activation=False))
     stash = layer_activation_bytes_per_token(bare) * T if p > 1 else 0.0
     stash *= gpu.static_stash_copy_share if par.static_stash_on else 1.0
@@ -218,10 +213,9 @@ def dp_allreduce_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> float:
     dtype and a reduce-scatter of the gradients; zero 2 without pipelining: the gather once
     and a reduce-scatter per microbatch; zero 3 without pipelining: per microbatch the
     weights gathered for the forward and again for the backward and the gradients
-    reduce-scattered. 7.5B (4,1,1) zero 3 micro 1 on 4x H200 (session 14): 2.49-2.67 s
-    measured, 2.24-2.27 s by this model (1.45-1.48 s without the zero-3 traffic). Unrolled
-    layers without recomputation keep their gathered weights for the backward, yet measured
-    only 3% faster than with selective recomputation: counted as two gathers too."""
+    reduce-scattered (7.5B (4,1,1) zero 3 micro 1: 2.49-2.67 s on 4x H200, 2026-11-26, 2.24-2.27 s
+    by this model). Unrolled layers without recomputation keep their gathered weights for the
+    backward, yet ran only 3% faster than with selective: counted as two gathers too."""
     from ptdp_jax.state import zero_stage
     par = cfg.parallel
     n = sum(params_per_device(cfg).values())
@@ -255,12 +249,11 @@ def pipe_allreduce_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> float:
 def accumulate_seconds(cfg, gpu: GpuKind) -> float:
     """Without pipelining, zero 0 and 1 add each microbatch's compute-dtype gradients into
     full-size float32 accumulators: m - 1 passes over them (read the sum and the gradient,
-    write the sum; zero 2 and 3 add shard-sized sums, in the reduce-scatter's shadow). 7.5B
-    (4,1,1) zero 1 micro 1 (m 8) on 4x H200, session 15: 2.33 s measured, 0.14 s more than
-    zero 2 at the same micro batch. The unrolled loop of zero 0 (and 1 with its reduction after
-    the backward) adds the GEMM weights' float32 gradients inside the GEMM (`step._master_grads`)
-    at the pipeline's cost per microbatch (`wgrad_accumulate_exposed`); the rest (embedding,
-    norms) takes the passes."""
+    write the sum; zero 2 and 3 add shard-sized sums, in the reduce-scatter's shadow: 7.5B
+    (4,1,1) zero 1 m 8 took 0.14 s more than zero 2, 4x H200, 2026-11-27). The unrolled loop
+    of zero 0 (and 1 with its reduction after the backward) adds the GEMM weights' float32
+    gradients inside the GEMM (`step._master_grads`) at the pipeline's cost per microbatch
+    (`wgrad_accumulate_exposed`); the rest (embedding, norms) takes the passes."""
     from ptdp_jax.state import zero_stage
     m, z = cfg.num_microbatches, zero_stage(cfg)
     if cfg.parallel.pipe > 1 or m == 1 or z > 1:

@@ -4,14 +4,11 @@ training program runs on them.
 A kind describes one GPU *and the program whose step times calibrated it*:
 
 * `h100`, `h200`: ptdp_jax itself (lockstep executor, cuDNN flash attention, XLA element-wise
-  kernels), calibrated on our own leases (benchmarks/RESULTS.md, 2026-11-26, and the per-kernel
-  traces of that day: GEMMs at M = 2048 tokens, 17-430 GFLOP, ran at 0.69-0.83 of the dense
-  peak; cuDNN flash attention forward 0.345, backward 0.273 of the peak on causal FLOPs).
-  H200 is the same GH100 chip at the same clocks: its GEMM and attention kernels take the
-  H100's time, its memory-bound ones do not (the one-GPU step's element-wise fusions and copies
-  at 0.70-0.96x the H100's time, the large ones 0.70-0.75x; benchmarks/results/2026-11-28-s36/
-  planner_h200.md), so memory, the element-wise bandwidth (refitted in session 36 to today's
-  program), the host's per-tick gap and the datasheet bandwidth differ.
+  kernels), calibrated on its own step times and per-kernel traces (4x H100, 2026-11-26: GEMMs
+  of 17-430 GFLOP at 0.69-0.83 of the dense peak; flash attention forward 0.345, backward 0.273
+  of the peak on causal FLOPs). H200 is the same GH100 chip at the same clocks: its GEMM and
+  attention kernels take the H100's time, its memory-bound ones do not, so memory, the
+  element-wise bandwidth, the host's per-tick gap and the datasheet bandwidth differ.
 * `a100`: Megatron-LM as the paper ran it in 2021 (Narayanan et al., SC'21): each stage runs
   its op order as soon as its inputs arrive (no lockstep), unfused attention (scores and
   softmax in memory: 5 a s^2 b bytes of activations), fused element-wise kernels. Its GEMM
@@ -89,13 +86,9 @@ class GpuKind:
         return flops / (self.gemm_fraction(flops) * self.peak_flops) if flops > 0 else 0.0
 
 
-# H100 SXM, ptdp_jax: per-kernel times of the 4x H100 traces of 2026-11-26 (benchmarks/NOTES.md
-# calls 2-3; `benchmarks/gemm_efficiency.py TRACE HLO` matches the Triton GEMMs to the optimized
-# HLO: 2048x2048x2048 24.4-26.0 us = 0.67-0.71, 2048x6144x2048 66 us = 0.79, 2048x8192x2048
-# 84-87 us = 0.80-0.82, the 2048x51200x2048 logits 523 us = 0.83; the cuBLAS kernels of the
-# same sizes, matched by count, 67-91 us = 0.76-0.78) and the brief's 8192^3 matmul in JAX
-# (771 TFLOP/s = 0.78). Below 17 GFLOP no measurement: the two smallest points are a roofline
-# guess (2-3 us launch + HBM traffic).
+# H100 SXM, ptdp_jax: the GEMMs of 4x H100 traces (2026-11-26; 2048-token GEMMs at 0.67-0.83 of
+# the peak) and an 8192^3 matmul in JAX (0.78). Below 17 GFLOP no measurement: the two smallest
+# points are a roofline guess (2-3 us launch + HBM traffic).
 H100_GEMM = ((1.0, 0.30), (4.0, 0.52), (17.2, 0.695), (51.5, 0.77), (68.7, 0.78),
              (430.0, 0.82), (1100.0, 0.78))
 # A100, Megatron (2021): fitted to Table 1 (the GEMMs there are 30-2000 GFLOP).
@@ -108,22 +101,20 @@ GPU_KINDS: dict[str, GpuKind] = {
         usable_memory_fraction=0.92, hbm_bytes_per_s=3.35e12,
         memory_bound_bytes_per_s=3.35e12, nvlink_bytes_per_s=360 * GB, ib_bytes_per_s=45 * GB,
         nvlink_latency_s=6e-6, ib_latency_s=12e-6, gemm_efficiency=H100_GEMM,
-        tp_collective_overhead_s=55e-6,   # fitted: (1,2,2) on H200, 0.2923 s
+        tp_collective_overhead_s=55e-6,   # fitted: (1,2,2) 0.2923 s, 4x H200, 2026-11-26
         execution="lockstep", attention="flash", flash_fwd_efficiency=0.345,
         flash_bwd_efficiency=0.273, xla_attention_flops=39e12, softmax_bytes_fwd=0.0,
         softmax_bytes_bwd=0.0,
         elementwise_bytes_fwd=41.5, elementwise_bytes_bwd=182.0,
         stash_copy_passes_fwd=4.0, stash_copy_passes_bwd=5.2, head_ce_passes=8.0,
-        static_stash_copy_share=0.5,      # fitted: (1,2,1) 1f1b-phased on 2x H100, session 11
-        # fitted: (1,4,1) 1f1b, session 10; measured in session 20 with a tiny GPT (kernels of
-        # a few us): its ticks 0.405 ms, its phased rows 0.155 ms (their kernels included)
+        static_stash_copy_share=0.5,      # fitted: (1,2,1) 1f1b-phased on 2x H100, 2026-11-26
+        # the host's gap a tick and a phased row: a tiny GPT's, 4x H100, 2026-11-27
         tick_overhead_s=0.39e-3, row_overhead_s=0.155e-3,
-        # session 20 trace: the 2048-token weight-gradient GEMMs with beta 1 took +5.6 us
-        # (2048^2 weights) and +21 us (2048 x 8192) over forward GEMMs of their size
+        # weight-gradient GEMMs that accumulate (beta 1) run slower than plain ones of their size
         wgrad_accumulate_exposed=0.5,
         step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,
         grad_bytes=4, activation_bytes=2,
-        source="ptdp_jax on 4x H100 80GB HBM3 (2026-11-26 traces and RESULTS.md)"),
+        source="ptdp_jax on 4x H100 80GB HBM3 (step times and traces of 2026-11-26)"),
     "a100": GpuKind(
         name="a100", peak_flops=312e12, memory_bytes=81920 * 2 ** 20,
         usable_memory_fraction=0.95, hbm_bytes_per_s=2.039e12,
@@ -143,19 +134,13 @@ GPU_KINDS: dict[str, GpuKind] = {
 }
 GPU_KINDS["h200"] = replace(
     GPU_KINDS["h100"], name="h200", memory_bytes=143771 * 2 ** 20, hbm_bytes_per_s=4.8e12,
-    # fitted: the 60 H200 cases of sessions 33-36 (1.3B, 1-4 GPUs; results/2026-11-28-s36/
-    # planner_h200.md) ran at 1.02-1.17x with the H100's 3.35e12; least squares over them puts
-    # this field at 5.0e12, the one-GPU steps alone (12, mean 0.5230 s) at 4.4e12, the traced
-    # memory-bound kernels (s17 a one GPU 107 ms, s35 c (4,1,1) 26.5 ms a GPU) at 4.5e12:
-    # held at the datasheet's 4.8e12 (the H100's rule). pred/meas then 0.935-1.075, median
-    # 1.004 (one GPU 0.96-1.00, (1,1,4) 1.05-1.075: its collectives, as on H100, priced high)
+    # the datasheet's, as for H100: fits to 1.3B steps on 1-4 H200 gave 4.4e12-5.0e12; with it
+    # predicted/measured 0.935-1.075, median 1.004 (60 cases, 2026-11-28)
     memory_bound_bytes_per_s=4.8e12,
     tick_overhead_s=0.0,
-    # the same executor as on H100: session 21's 4x H200 lease (benchmarks/results/
-    # 2026-11-27-s21) put the 7.5B phased cases at 0.94-0.97 without these, 0.995-1.013 with
-    # (and the element-wise bandwidth of then, 3.35e12; with 4.8e12 0.93-0.94: code of then)
+    # the same executor as on H100 (7.5B phased on 4x H200: within 1.5% with these, 2026-11-27)
     row_overhead_s=0.155e-3, wgrad_accumulate_exposed=0.5,
-    source="ptdp_jax on 4x H200 (2026-11-26 RESULTS.md; element-wise refitted in session 36)")
+    source="ptdp_jax on 4x H200 (step times of 2026-11-26; element-wise refitted 2026-11-28)")
 
 
 def gpu_kind(name: str) -> GpuKind:

@@ -36,7 +36,7 @@ SCHEDULES = ("1f1b", "1f1b-phased", "zb-phased", "interleaved")   # gpipe: never
 #   1f1b, m slots; zb-h1, zb-v: slower where measured
 LOCKSTEP_ONLY = ("zb-phased",)         # searched only for our executor's GPU kinds
 PHASED = ("1f1b-phased", "zb-phased")  # v > 1 searched only for our executor's GPU kinds too
-#   (measured there, session 19: 1.3B v 2 -3.9%, 7.5B v 3 -2.7% against v 1), up to
+#   (1.3B v 2 -3.9%, 7.5B v 3 -2.7% against v 1, 4x H200, 2026-11-27), up to
 PHASED_MAX_V = 4                       # (the compile grows with the chunks; measured to v 3)
 MAX_VIRTUAL_STAGES = 8
 ZEROS = (0, 1, 2, 3)                      # parallel.zero, tried where d > 1 (see _zeros)
