@@ -6,12 +6,11 @@
 Synthetic tokens (uniform over the vocabulary), so no dataset is read. Prints one JSON
 line: median step time over `--steps` timed steps after two warm-up steps, peak memory
 per device, the loss of the last timed step (a traced step runs after it, so traced and
-untraced runs report the same step's loss: before session 13 a traced run reported the
-loss one step later), and where the trace (perfetto_trace.json.gz) was written. With `--hlo-dir`
-the optimized HLO of the step is written there too. `--trace-steps 2` traces two steps, so
-that `profile_step.py --trace-steps 2` can read the second, which the profiler's start does
-not skew. `benchmarks/profile_step.py` runs
-this and then reads the trace by category."""
+untraced runs report the same step's loss), and where the trace (perfetto_trace.json.gz)
+was written. With `--hlo-dir` the optimized HLO of the step is written there too.
+`--trace-steps 2` traces two steps, so that `profile_step.py --trace-steps 2` can read the
+second, which the profiler's start does not skew. `benchmarks/profile_step.py` runs this and
+then reads the trace by category."""
 from __future__ import annotations
 
 import argparse
@@ -59,7 +58,7 @@ def main(argv=None):
     ap.add_argument("--trace-host-level", type=int, default=None,
                     help="jax.profiler host and Python tracer level (default: jax's, host 2 and "
                          "Python 1); 0 traces the device only (a traced pipeline step ran 2.2x "
-                         "its untraced time in session 15)")
+                         "its untraced time, 4x H200, 2026-11-27)")
     ap.add_argument("--hlo-dir", default="")
     ap.add_argument("--back-to-back", action="store_true",
                     help="trace the steps as the timed loop runs them (only the loss waited for, "
@@ -138,7 +137,7 @@ def main(argv=None):
                     float(out["loss"])
                     continue
                 # the whole state, not only the loss (ready on some devices before the update
-                # ends on all: session 14 found no idle gap between two traced steps at p = 4),
+                # ends on all: at p = 4 no idle gap was left between two traced steps),
                 # then a pause every device idles through, where profiling.last_run cuts
                 jax.block_until_ready((state, out))
                 time.sleep(0.1)

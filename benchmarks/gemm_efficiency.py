@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import re
 import statistics
 import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profiling import classify, load_trace  # noqa: E402  (benchmarks/profiling.py)
 
 _HEADER = re.compile(r"^(?:ENTRY )?%(\S+) \((.*)\) -> (.*) \{$")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+) ")
@@ -63,7 +67,6 @@ def main(argv=None) -> int:
     ap.add_argument("hlo")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     a = ap.parse_args(argv)
-    from ptdp_jax.profiling import classify, load_trace
     with gzip.open(a.hlo, "rt") if a.hlo.endswith(".gz") else open(a.hlo) as f:
         gemms = fusion_gemms(f.read())
     times = defaultdict(list)

@@ -1,8 +1,8 @@
-"""How far `ptdp-plan`'s model is from the measured steps: for every case of one or more
-record.jsonl files (benchmarks/record_suite.sh), the planner's predicted step and peak memory
-against the measured ones, in a Markdown table.
+"""How far `ptdp-plan`'s model is from the measured steps: for every case of one or more JSON
+lines files (bench_train.py or capture_step.py lines, a "tag" each when a runner adds one), the
+planner's predicted step and peak memory against the measured ones, in a Markdown table.
 
-    python benchmarks/plan_vs_measured.py benchmarks/results/2026-11-26-s14/*/record.jsonl
+    PYTHONPATH=. python benchmarks/plan_vs_measured.py benchmarks/records/*.jsonl
 
 The GPU kind is read from each case's device name (H100 or H200); the layout from its config,
 mesh and overrides. Cases that are not train steps are left out; a case run under XLA flags
@@ -47,7 +47,7 @@ def rows(paths: list[str]) -> list[str]:
             case = json.loads(line)
             if "step_time_s" not in case or "mesh" not in case:
                 continue
-            if "overrides" not in case:   # bench_train.py lines before session 29
+            if "overrides" not in case:   # older bench_train.py lines (2026-11-27)
                 out.append(f"| {path} | {case.get('tag', '')} | {case.get('device', '')} | "
                            f"{case['step_time_s']} | no overrides in this record: not "
                            f"predicted | | | | |")
@@ -61,7 +61,7 @@ def rows(paths: list[str]) -> list[str]:
                            f"| {type(e).__name__}: {e} | | | | |")
                 continue
             meas_gib = max(case.get("peak_mem_gib") or [0.0]) or float("nan")   # no stats: nan
-            out.append(f"| {path.split('/')[-2]} | {tag} | {case['device']} | "
+            out.append(f"| {path.split('/')[-1]} | {tag} | {case['device']} | "
                        f"{case['step_time_s']:.4f} | {step:.4f} | {step / case['step_time_s']:.2f} | "
                        f"{meas_gib:.2f} | {gib:.2f} | {gib / meas_gib:.2f} |")
     return out
@@ -69,7 +69,7 @@ def rows(paths: list[str]) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("records", nargs="+", help="record.jsonl files")
+    ap.add_argument("records", nargs="+", help="JSON lines files")
     a = ap.parse_args(argv)
     print("\n".join(rows(a.records)))
     return 0

@@ -11,7 +11,8 @@ enough). The expected tick count and each (tick, stage)'s op come from the confi
 schedule. `--trace-steps N`: the trace holds N steps (capture_step.py --trace-steps); the last is read.
 `--one-gpu-step S`: the one-GPU step time of the same global batch; the ideal step is
 S / (d p t) x (1 + bubble), bubble = (p-1)/m (gpipe, 1f1b) or (p-1)/(v m) (interleaved). Prints
-markdown tables (ptdp_jax.profiling_format.format_report); `--json OUT` writes the full report."""
+markdown tables (profiling_format.format_report, in this folder); `--json OUT` writes the
+full report."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,10 @@ import json
 import os
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import profiling  # noqa: E402  (benchmarks/: standard library only, no jax)
+import profiling_format  # noqa: E402
 
 
 def load_cfg(config: str, mesh: tuple[int, int, int], overrides: list[str]):
@@ -79,7 +84,7 @@ def stage_of_device(mesh: tuple[int, int, int]) -> dict[int, int]:
 
 def bubble(p: int, m: int, v: int = 1, schedule: str = "1f1b") -> float:
     """(p-1)/m, or (p-1)/(v m) for the interleaved tables, interleaved and the phased ones at
-    v > 1 (issue 8's ideal for v chunks; 0 if p = 1)."""
+    v > 1 (the ideal for v chunks; 0 if p = 1)."""
     return (p - 1) / (v * m if schedule in ("interleaved", "1f1b-phased", "zb-phased") else m)
 
 
@@ -95,9 +100,8 @@ def lockstep_floor(rep: dict, mesh: tuple[int, int, int], m: int, v: int = 1,
                    step_s: float | None = None) -> str:
     """Markdown: each stage's kernel time (every category but collectives and idle) and the
     floor of a lockstep step with those kernels, busiest stage x (1 + bubble). Kernel durations
-    survive the profiler where waits do not (session 16: a 208 ms pipeline step traced as 453
-    ms), so step / ideal splits into kernels / (one-GPU step / devices) x step / floor."""
-    from ptdp_jax import profiling_format
+    survive the profiler where waits do not (4x H100, 2026-11-27: a 208 ms pipeline step traced
+    as 453 ms), so step / ideal splits into kernels / (one-GPU step / devices) x step / floor."""
     stage_ms: dict[int, float] = {}
     for row in rep["devices"].values():
         ms = sum(x for c, x in row["ms"].items() if c not in ("collective", "idle"))
@@ -120,10 +124,9 @@ def lockstep_floor(rep: dict, mesh: tuple[int, int, int], m: int, v: int = 1,
 
 def trace_fidelity(devices, window_ms: float, step_s: float | None) -> str:
     """Markdown: how far the traced step is from the timed one. The profiler slows a pipelined
-    step with or without XLA's command buffers (session 20, 4x H100: a 193 ms zb-phased step
+    step with or without XLA's command buffers (4x H100, 2026-11-27: a 193 ms zb-phased step
     traced as a 669-724 ms window), so gaps and waits are the profiler's; kernel durations
     hold, except for compute kernels that ran beside an NCCL kernel (1.2-1.9x slower there)."""
-    from ptdp_jax import profiling, profiling_format
     out = ["### Trace against the timed step"]
     if step_s:
         ratio = window_ms / (step_s * 1e3)
@@ -150,7 +153,6 @@ def collectives_by_op(devices) -> str:
     """Collective kernel time per HLO op and device (markdown): which all-reduce or permute
     waits where. In lockstep a collective's kernel also holds the wait for the slowest peer, so
     the device that arrives first shows the longer time."""
-    from ptdp_jax import profiling, profiling_format
     per, name, calls = {}, {}, {}
     for d, ks in devices.items():
         for k in ks:
@@ -199,7 +201,6 @@ def main(argv=None) -> dict:
     ap.add_argument("--top", type=int, default=5, help="kernels listed per category")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
-    from ptdp_jax import profiling, profiling_format
 
     mesh = tuple(int(x) for x in a.mesh.split(","))
     cfg = load_cfg(a.config, mesh, a.overrides)

@@ -1,6 +1,5 @@
 """Tests of the benchmark tools that read step traces and HLO (benchmarks/profile_step.py,
-host_time.py, idle_gaps.py, nccl_timeline.py, hlo_copies.py, kernel_diff.py,
-exposed_copies.py) on synthetic inputs: no GPU, no jax."""
+trace_tools.py, hlo_copies.py) on synthetic inputs: no GPU, no jax."""
 from __future__ import annotations
 
 import json
@@ -83,9 +82,9 @@ def test_cli_trace_fidelity_flags_a_slow_trace_and_kernels_beside_nccl():
 
 
 def test_host_time_sums_host_events_and_gpu_idle():
-    """benchmarks/host_time.py: host events summed by name; a GPU's idle time is its step
+    """trace_tools.py host: host events summed by name; a GPU's idle time is its step
     window less the union of its (overlapping) kernels."""
-    H = _load("benchmarks/host_time.py", "host_time")
+    H = _load("benchmarks/trace_tools.py", "trace_tools")
     trace = make_trace({0: [k("a", 0.0, 10.0), k("b", 5.0, 10.0, tid=2), k("c", 40.0, 10.0)]},
                        host_events=3)
     assert H.host_events(trace) == {"host": (3, 3e6)}
@@ -93,9 +92,9 @@ def test_host_time_sums_host_events_and_gpu_idle():
 
 
 def test_idle_gaps_grouped_by_the_kernels_around_them(tmp_path, capsys):
-    """benchmarks/idle_gaps.py: a gap is time with no kernel running (overlaps merged), named
+    """trace_tools.py idle: a gap is time with no kernel running (overlaps merged), named
     by the kernel that ended last before it and the one after; short gaps are left out."""
-    G = _load("benchmarks/idle_gaps.py", "idle_gaps")
+    G = _load("benchmarks/trace_tools.py", "trace_tools")
     ks = kernels({0: [k("a", 0.0, 10.0), k("b", 5.0, 20.0, tid=2), k("MemcpyD2H", 60.0, 5.0),
                       k("c", 165.0, 10.0), k("a", 180.0, 10.0), k("MemcpyD2H", 290.0, 5.0),
                       k("c", 395.0, 1.0)]})[0]
@@ -105,16 +104,16 @@ def test_idle_gaps_grouped_by_the_kernels_around_them(tmp_path, capsys):
     assert G.grouped(gs)[0] == (200.0, 2, "MemcpyD2H", "c")
     f = tmp_path / "t.json"
     f.write_text(json.dumps(make_trace({0: [k("a", 0.0, 10.0), k("c", 100.0, 10.0)]})))
-    assert G.main([str(f)]) == 0
+    assert G.main(["idle", str(f)]) == 0
     out = capsys.readouterr().out
     assert "1 gaps" in out and "| 0.09 | 1 | 90 | a | c |" in out
 
 
 def test_nccl_timeline_times_each_collective_against_the_compute_beside_it(tmp_path, capsys):
-    """benchmarks/nccl_timeline.py: steps cut at idle gaps over 1 ms; for each NCCL kernel of
+    """trace_tools.py nccl: steps cut at idle gaps over 1 ms; for each NCCL kernel of
     the chosen step, its start within the step, its length and the time with compute beside it
     (the union of the compute kernels, not their sum)."""
-    T = _load("benchmarks/nccl_timeline.py", "nccl_timeline")
+    T = _load("benchmarks/trace_tools.py", "trace_tools")
     step = [k("gemm_a", 0.0, 600.0), k("gemm_b", 100.0, 600.0, tid=2),
             k("ncclDevKernel_ReduceScatter_Sum_bf16", 400.0, 400.0, tid=3)]
     later = [dict(s, ts=s["ts"] + 5000.0) for s in step]
@@ -123,7 +122,7 @@ def test_nccl_timeline_times_each_collective_against_the_compute_beside_it(tmp_p
     ks = sorted(P.load_trace(str(f))[0], key=lambda x: x.ts_us)
     assert T.step_starts_us(ks) == [0.0, 5000.0]
     assert T.beside_us([x for x in ks if "nccl" not in x.name], 400.0, 800.0) == 300.0
-    T.main([str(f)])
+    T.main(["nccl", str(f)])
     out = capsys.readouterr().out
     assert "step 1 of 2: 0.8 ms" in out and "| 0.4 | 0.40 | 0.30 | ncclDevKernel_Reduce" in out
 
@@ -175,9 +174,9 @@ def test_hlo_copies_groups_moves_and_finds_their_computations(tmp_path, capsys):
 
 
 def test_kernel_diff_groups_kernels_by_family_and_sorts_by_difference(tmp_path, capsys):
-    """benchmarks/kernel_diff.py: fusions grouped by HLO op without its numeric suffix, GEMMs by
+    """trace_tools.py diff: fusions grouped by HLO op without its numeric suffix, GEMMs by
     kernel name; per family the count and summed time of each step and the difference."""
-    D = _load("benchmarks/kernel_diff.py", "kernel_diff")
+    D = _load("benchmarks/trace_tools.py", "trace_tools")
     base = make_trace({0: [k("nvjet_a", 0.0, 100.0, hlo_op="cublas.1"),
                            k("loop_add_fusion_3", 100.0, 10.0, hlo_op="loop_add_fusion.3")]})
     other = make_trace({0: [k("nvjet_a", 0.0, 60.0, hlo_op="cublas.7"),
@@ -200,7 +199,7 @@ def test_kernel_diff_groups_kernels_by_family_and_sorts_by_difference(tmp_path, 
     assert [r[1] for r in rows][-1] == "loop_add_fusion"          # no difference: last
     for i, t in enumerate((base, other)):
         (tmp_path / f"{i}.json").write_text(json.dumps(t))
-    assert D.main([str(tmp_path / "0.json"), str(tmp_path / "1.json"), "--trace-steps", "1",
+    assert D.main(["diff", str(tmp_path / "0.json"), str(tmp_path / "1.json"), "--trace-steps", "1",
                    "--names", "mb8,mb1"]) == 0
     out = capsys.readouterr().out
     assert "| gemm | `nvjet_a` | 1 | 0.10 | 2 | 0.12 | +0.02 |" in out
@@ -208,10 +207,10 @@ def test_kernel_diff_groups_kernels_by_family_and_sorts_by_difference(tmp_path, 
 
 
 def test_exposed_copies_counts_copy_time_with_nothing_above_it(tmp_path, capsys):
-    """benchmarks/exposed_copies.py: per copy kernel name, its time with no GEMM, attention or
+    """trace_tools.py copies: per copy kernel name, its time with no GEMM, attention or
     element-wise kernel running (a peer copy half under a GEMM counts half; a slice fusion
     alone counts whole; a copy beside an element-wise kernel counts nothing)."""
-    E = _load("benchmarks/exposed_copies.py", "exposed_copies")
+    E = _load("benchmarks/trace_tools.py", "trace_tools")
     specs = [k("nvjet_sm90_tst_128x128", 0.0, 100.0), k("MemcpyP2P", 50.0, 100.0, tid=2),
              k("loop_dynamic_slice_fusion_1", 200.0, 60.0),
              k("loop_add_fusion", 300.0, 50.0), k("loop_concatenate_fusion", 310.0, 20.0, tid=2)]
@@ -220,6 +219,6 @@ def test_exposed_copies_counts_copy_time_with_nothing_above_it(tmp_path, capsys)
                    "loop_concatenate_fusion": 0.0}
     f = tmp_path / "t.json"
     f.write_text(json.dumps(make_trace({0: specs})))
-    E.main([str(f), "--steps", "1"])
+    E.main(["copies", str(f), "--steps", "1"])
     text = capsys.readouterr().out
     assert "GPU0" in text and "(total 0.11)" in text and "0.06  loop_dynamic_slice_fusion_1" in text

@@ -1,4 +1,4 @@
-"""ptdp_jax.memory: the estimate against the measured peaks of benchmarks/RESULTS.md, and its
+"""ptdp_jax.memory: the estimate against measured peaks (each row with its date and card), and its
 structure (1F1B flat in m, GPipe growing, recompute modes ordered, tensor parallelism dividing)."""
 import ast
 from pathlib import Path
@@ -16,7 +16,7 @@ MB1 = {"train.micro_batch_size": 1}
 INT = {"parallel.schedule": "interleaved"}
 DYN = {"parallel.static_stash": False}      # the peaks measured before the static stash
 OLD = {"_attention_recomputed": True}       # measured while selective recomputation still ran
-                                            # the flash attention forward again (before session 12)
+                                            # the flash attention forward again (2026-11-26)
 PH = {"parallel.schedule": "1f1b-phased"}
 NONE = {"train.recompute": "none"}
 SPN = {**NONE, "parallel.sequence_parallel": True}
@@ -26,8 +26,8 @@ ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
 BF16R = {"parallel.grad_reduce_dtype": "bfloat16"}
 
-# (config, (d, p, t), overrides, measured peak GiB per GPU, tolerance): RESULTS.md, 2026-11-26
-# (the one-GPU rows: the afternoon leases, layers unrolled and the head loss fused).
+# (config, (d, p, t), overrides, measured peak GiB per GPU, tolerance): 4x H100, 2026-11-26
+# (the one-GPU rows: 1x H100, layers unrolled and the head loss fused).
 MEASURED = [
     (B13, (1, 1, 1), {"train.micro_batch_size": 8, **OLD}, 36.91, 0.05),  # unrolled, fused head
     (B13, (1, 1, 1), {"train.micro_batch_size": 8, "train.recompute": "none"}, 53.43, 0.05),
@@ -39,20 +39,20 @@ MEASURED = [
     (B13, (1, 2, 2), {**MB1, **DYN, **OLD}, 8.57, 0.05),
     (B75, (1, 4, 1), {**B75_32, **DYN, **OLD}, 42.27, 0.05),
     (B75, (1, 4, 1), {**B75_32, **DYN, **INT, **OLD, "parallel.virtual_stages": 3}, 41.96, 0.05),
-    # session 11, 2x H100, the static stash (results/2026-11-26-s11/2gpu)
+    # 2x H100, 2026-11-26: the static stash
     (B13, (1, 2, 1), {**MB1, **OLD}, 14.82, 0.05),
     (B13, (1, 2, 1), {**MB1, **PH, **OLD}, 16.41, 0.06),
     (B13, (1, 2, 1), {**MB1, **PH, "train.recompute": "none"}, 23.96, 0.05),
     (B13, (1, 2, 1), {**MB1, **INT, **OLD, "parallel.virtual_stages": 2,
                       "parallel.static_stash": True}, 14.88, 0.05),
-    # zero-bubble: the W stash counted (4x H100 session 10; 2x H100 session 11)
+    # zero-bubble: the W stash counted (4x H100 and 2x H100, 2026-11-26)
     (B13, (1, 4, 1), {**MB1, **ZV, **OLD}, 12.21, 0.05),
     (B13, (1, 4, 1), {**MB1, **ZV, "train.recompute": "none"}, 18.43, 0.05),
     (B13, (1, 2, 1), {**MB1, **ZV, **OLD, "parallel.static_stash": True}, 17.07, 0.05),
-    # session 12, 2x H100: selective keeps the flash attention's output (results/2026-11-26-s12)
+    # 2x H100, 2026-11-26: selective keeps the flash attention's output
     (B13, (1, 1, 1), {"train.micro_batch_size": 8}, 38.43, 0.05),
     (B13, (1, 2, 1), {**MB1, **PH}, 16.60, 0.06),
-    # session 14, 4x H200, no recomputation: (1,1,4) with and without sequence parallelism
+    # 4x H200, 2026-11-26, no recomputation: (1,1,4) with and without sequence parallelism
     # (SP keeps the gathered GEMM inputs without pipelining), (1,2,2) SP phased
     (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 4}, 10.89, 0.05),
     (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 8}, 16.05, 0.05),
@@ -65,7 +65,7 @@ MEASURED = [
      0.05),
     (B75, (1, 1, 4), {**NONE, "train.global_batch_size": 32, "train.micro_batch_size": 4},
      51.33, 0.05),
-    # sessions 31-33 (4x H100; (1,1,2) on 2x H200): the tensor ring (parallel.tp_comm_overlap,
+    # 4x H100, 2026-11-28 ((1,1,2): 2x H200): the tensor ring (parallel.tp_comm_overlap,
     # on under auto at m = 1) gathers the GEMM inputs again in the backward, nothing kept
     (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 16}, 21.30, 0.05),
     (B13, (1, 1, 2), {**SPN, "train.micro_batch_size": 16}, 42.28, 0.05),
@@ -78,7 +78,7 @@ MEASURED = [
     (B75, (4, 1, 1), {**Z3, "train.recompute": "selective", "train.scan_layers": False}, 41.60,
      0.05),
     (B75, (4, 1, 1), {**Z3, **NONE, "train.scan_layers": False}, 55.97, 0.05),
-    # session 15, 4x H200, 7.5B (4,1,1) selective: zero=1 and zero=2 (the float32 gradient
+    # 4x H200, 2026-11-27, 7.5B (4,1,1) selective: zero=1 and zero=2 (the float32 gradient
     # sums twice, ACC_CARRY_COPIES); estimates 4-7% under
     (B75, (4, 1, 1), {**B75_32, "parallel.zero": 1}, 102.28, 0.06),
     (B75, (4, 1, 1), {**B75_32, "parallel.zero": 1, "train.micro_batch_size": 2}, 112.96, 0.09),
@@ -86,7 +86,7 @@ MEASURED = [
     (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2, "train.micro_batch_size": 2}, 67.64, 0.06),
     (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2, "train.micro_batch_size": 4}, 82.80, 0.08),
     (B75, (4, 1, 1), {**B75_32, "parallel.zero": 2, "train.micro_batch_size": 8}, 106.37, 0.06),
-    # session 16, 4x H100: zero 1 with pipelining (the stage's weights gathered in float32),
+    # 4x H100, 2026-11-27: zero 1 with pipelining (the stage's weights gathered in float32),
     # zero 3 unrolled and zero 2 at micro 2 (bf16 reduction; zero 2 with the per-layer sums;
     # the same case took 67.64 on H200: the peak follows the card's memory)
     (B75, (2, 2, 1), {**B75_32, **PH, "parallel.zero": 1}, 59.97, 0.05),
@@ -94,7 +94,7 @@ MEASURED = [
                       "train.micro_batch_size": 2}, 47.49, 0.05),
     (B75, (4, 1, 1), {**B75_32, **BF16R, "parallel.zero": 2, "train.micro_batch_size": 2}, 59.28,
      0.10),
-    # session 27, 2x H200, 1.3B (2,1,1) none micro 8 (m 1), bf16 reduction: zero 1 and 2 run
+    # 2x H200, 2026-11-27, 1.3B (2,1,1) none micro 8 (m 1), bf16 reduction: zero 1 and 2 run
     # the layers without a checkpoint wrapper (it kept every GeLU intermediate: zero 2 took
     # 62.42 GiB before); estimates 7-8% over, as zero 0's
     (B13, (2, 1, 1), {**NONE, **BF16R, "train.micro_batch_size": 8}, 49.99, 0.08),
@@ -106,7 +106,8 @@ MEASURED = [
 
 
 def cfg_of(path, mesh, overrides):
-    """Rows measured before session 22 recomputed the MLP activation under selective."""
+    """Rows measured before 2026-11-27 (late morning) recomputed the MLP activation under
+    selective."""
     d, p, t = mesh
     return load_config(path, {"train.keep_ffn_activation": False, **overrides,
                               "parallel.data": d, "parallel.pipe": p, "parallel.tensor": t})

@@ -1,6 +1,6 @@
-"""ptdp-plan against our own measurements on H100 and H200 written here by hand
-(benchmarks/RESULTS.md), each table with its session and lease; the records read from
-benchmarks/results/ are tests/test_plan_records.py's. CPU only, no compile."""
+"""ptdp-plan against our own measurements on H100 and H200 written here by hand, each table
+with its date and card; the records read from benchmarks/records/ are
+tests/test_plan_records.py's. CPU only, no compile."""
 import pytest
 
 from ptdp_jax.pipeline.schedule import build_schedule
@@ -14,7 +14,7 @@ from plan_cases import H100, H200_BEFORE_S36, config
 # ----------------------------------------------------------------------------- our measurements
 
 B13 = dict(train__micro_batch_size=1)
-# (config, overrides, measured step s on 4x H100 80GB HBM3, 2026-11-26, benchmarks/RESULTS.md)
+# (config, overrides, measured step s on 4x H100 80GB HBM3, 2026-11-26)
 DYN = dict(parallel__static_stash=False)     # measured before the static stash
 H100_MEASURED = [
     ("bench-1.3b", dict(train__micro_batch_size=8), 0.6236),
@@ -34,7 +34,7 @@ def test_our_h100_measurements(name, overrides, measured_s, monkeypatch):
     assert est.step_time_s == pytest.approx(measured_s, rel=0.15)
 
 
-# (1,2,1) m 16 on 2x H100, session 11 (RESULTS.md), the residual stash both ways
+# (1,2,1) m 16 on 2x H100, 2026-11-26, the residual stash both ways
 PH = dict(B13, parallel__pipe=2, parallel__schedule="1f1b-phased")
 STASH_MEASURED = [
     (dict(PH, parallel__static_stash=False), 0.4009),
@@ -47,8 +47,8 @@ STASH_MEASURED = [
 
 
 def _attention_recomputed(monkeypatch):
-    """The model of the code measured before session 12: selective recomputation ran the flash
-    attention's forward again in the backward."""
+    """The model of the code measured before selective recomputation kept the flash attention's
+    outputs (2026-11-26): it ran the attention's forward again in the backward."""
     monkeypatch.setattr(plan_cost, "flash_attention_bytes_per_token", lambda cfg: 0.0)
 
 
@@ -62,8 +62,8 @@ def test_static_stash_measurements(overrides, measured_s, monkeypatch):
     assert est.step_time_s == pytest.approx(measured_s, rel=0.08)
 
 
-# session 14, 4x H200, one lease (benchmarks/results/2026-11-26-s14): the current code, each
-# layout the planner searches; (d, p, t), overrides, measured step s
+# 4x H200, one machine, 2026-11-26: each layout the planner searches, the code of that day;
+# (d, p, t), overrides, measured step s
 NONE_SP = dict(train__recompute="none", parallel__sequence_parallel=True)
 H200_S14 = [
     ("bench-1.3b", (1, 1, 1), dict(train__micro_batch_size=8, train__recompute="none"), 0.5301),
@@ -87,7 +87,7 @@ H200_S14 = [
 ]
 
 
-# session 18, 4x H200 (benchmarks/results/2026-11-27-s18/a, b): zb-phased, now searched
+# 4x H200, 2026-11-27: zb-phased, now searched
 H200_S18 = [
     ("bench-1.3b", (1, 4, 1), dict(B13, parallel__schedule="zb-phased"), 0.1882),
     ("gpt-7.5b", (1, 4, 1), dict(B13, train__global_batch_size=32, train__recompute="selective",
@@ -108,14 +108,14 @@ def test_our_h200_measurements(name, mesh, overrides, measured_s):
 
 
 def test_selective_keeps_the_flash_attention():
-    """Session 12, 2x H100, one lease: (1,2,1) 1f1b-phased selective 0.3710 s with the
+    """2x H100, one machine, 2026-11-26: (1,2,1) 1f1b-phased selective 0.3710 s with the
     attention forward run again, 0.3625 s with its outputs kept."""
     est = estimate_step(config("bench-1.3b", **PH), H100, 8)
     assert est.step_time_s == pytest.approx(0.3625, rel=0.08)
 
 
-# session 20, 4x H100 (benchmarks/results/2026-11-27-s20): the phased schedules at v > 1, with
-# each phased row's overhead and the weight gradients' float32 sums (plan/hardware.py)
+# 4x H100, 2026-11-27: the phased schedules at v > 1, with each phased row's overhead and the
+# weight gradients' float32 sums (plan/hardware.py)
 Q75 = dict(B13, train__global_batch_size=32, train__recompute="selective", parallel__pipe=4,
            parallel__data=1, parallel__tensor=1)
 H100_S20 = [
@@ -137,7 +137,7 @@ def test_our_h100_s20_measurements(name, overrides, measured_s):
 
 
 def test_a_phased_row_costs_the_row_overhead():
-    """A tiny GPT (kernels of a few us) at (1,4,1) zb-phased v 2 on 4x H100, session 20: m 16
+    """A tiny GPT (kernels of a few us) at (1,4,1) zb-phased v 2 on 4x H100, 2026-11-27: m 16
     12.1 ms and m 32 22.0 ms a step, so 0.155 ms a row (70 and 134 rows). The older executor's
     ticks cost 0.39 ms; phased rows pay row_overhead_s, not tick_overhead_s."""
     def step_and_rows(gb):
@@ -170,8 +170,8 @@ def test_pipelined_backward_pays_the_float32_gradient_sums():
     assert bwd("gpt-7.5b", **one) == bwd_without("gpt-7.5b", **one)
 
 
-# session 21, 4x H200 (benchmarks/results/2026-11-27-s21): micro 1, 2 and 4 on the 7.5B with the
-# row overhead and the float32 gradient sums priced as on H100 (one executor, plan/hardware.py)
+# 4x H200, 2026-11-27: micro 1, 2 and 4 on the 7.5B with the row overhead and the float32
+# gradient sums priced as on H100 (one executor, plan/hardware.py)
 H200_S21 = [
     ("gpt-7.5b", dict(Q75, parallel__schedule="zb-phased", parallel__virtual_stages=3), 1.4983),
     ("gpt-7.5b", dict(Q75, parallel__schedule="zb-phased", parallel__virtual_stages=3,
@@ -193,7 +193,7 @@ def test_our_h200_s21_measurements(name, overrides, measured_s):
 
 
 def test_h200_ranks_micro_2_first_on_the_7_5b_pipeline():
-    """Measured in session 21 on 4x H200: zb-phased v 3 at micro 2 (1.4674 s) beat micro 1
+    """Measured on 4x H200, 2026-11-27: zb-phased v 3 at micro 2 (1.4674 s) beat micro 1
     (1.4983) and micro 4 (1.5075); the planner's order of the three agrees."""
     def step(mb):
         cfg = config("gpt-7.5b", **dict(Q75, parallel__schedule="zb-phased",
@@ -203,11 +203,11 @@ def test_h200_ranks_micro_2_first_on_the_7_5b_pipeline():
 
 
 def test_h200_tick_interleaved_priced_above_the_phased_schedules():
-    """Session 14's 7.5B (1,4,1) interleaved v 3 on 4x H200 (the tick executor) took 1.8181 s;
-    session 21's zb-phased v 3 1.4983 s. Since the float32 gradient sums are priced on H200
-    (session 21) the tick schedule is predicted ~16% above its old measurement (its fit had
-    held them at 0); the planner still ranks it behind the phased schedules, as measured (the
-    figures against the kind of their time, the order with today's too)."""
+    """The 7.5B (1,4,1) interleaved v 3 on 4x H200 (the tick executor) took 1.8181 s on
+    2026-11-26; zb-phased v 3 1.4983 s on 2026-11-27. With the float32 gradient sums priced on
+    H200 the tick schedule is predicted ~16% above its old measurement (its fit had held them
+    at 0); the planner still ranks it behind the phased schedules, as measured (the figures
+    against the kind of their time, the order with today's too)."""
     def step(schedule, gpu=H200_BEFORE_S36):
         cfg = config("gpt-7.5b", **dict(Q75, parallel__schedule=schedule,
                                         parallel__virtual_stages=3))
@@ -217,8 +217,8 @@ def test_h200_tick_interleaved_priced_above_the_phased_schedules():
     assert step("interleaved", gpu_kind("h200")) > 1.8181 > step("zb-phased", gpu_kind("h200"))
 
 
-# session 22, 1x H100 (benchmarks/results/2026-11-27-s22x2/h100_mastergrad): p = 1 with the
-# GEMM weights' float32 sums inside the GEMM; the MLP activation kept (selective's default)
+# 1x H100, 2026-11-27: p = 1 with the GEMM weights' float32 sums inside the GEMM; the MLP
+# activation kept (selective's default)
 H100_S22 = [
     (dict(B13, train__micro_batch_size=1, train__keep_ffn_activation="auto"), 0.6356),
     (dict(B13, train__micro_batch_size=8, train__keep_ffn_activation="auto"), 0.5444),

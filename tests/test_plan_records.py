@@ -1,5 +1,5 @@
-"""ptdp-plan against the measured records kept under benchmarks/results/ (sessions 29-36, H100
-and H200), read as they were written; the tables written by hand are in
+"""ptdp-plan against the measured records kept under benchmarks/records/ (H100 and H200,
+2026-11-27 and 2026-11-28), read as they were written; the tables written by hand are in
 tests/test_plan_measured.py. CPU only, no compile."""
 import importlib.util
 import json
@@ -13,24 +13,20 @@ from ptdp_jax.plan.hardware import gpu_kind
 
 from plan_cases import H100, ROOT, config
 
-
-# session 29, 4x H100 80GB HBM3, one machine (benchmarks/results/2026-11-27-s29): every
-# capture_step.py case of the lease, read from its record.jsonl as run (the code's defaults
-# then) by benchmarks/plan_vs_measured.py. Predicted / measured step 0.97-1.09 (1f1b 1.09,
-# (1,1,4) micro 16 1.09); peak memory 0.99-1.17 (the estimate over at m = 1 with data or
-# tensor parallelism: on the safe side).
-RESULTS = ROOT / "benchmarks" / "results"
+RECORDS = ROOT / "benchmarks" / "records"
 
 
-def records(day: str, parts, keep=lambda line: True) -> list[dict]:
-    """The measured cases (lines with a mesh) of benchmarks/results/DAY/PART/record.jsonl."""
-    return [json.loads(line) for part in parts
-            for line in (RESULTS / day / part / "record.jsonl").read_text().splitlines()
+def records(name: str, keep=lambda line: True) -> list[dict]:
+    """The measured cases (lines with a mesh) of benchmarks/records/NAME.jsonl."""
+    return [json.loads(line) for line in (RECORDS / f"{name}.jsonl").read_text().splitlines()
             if '"mesh"' in line and keep(line)]
 
 
-S29 = RESULTS / "2026-11-27-s29"
-S29_CASES = records("2026-11-27-s29", ("z", "e", "zh"))
+# 4x H100 80GB HBM3, one machine, 2026-11-27: every capture_step.py case of the day's
+# planner runs, as run (the code's defaults then) and read by benchmarks/plan_vs_measured.py.
+# Predicted / measured step 0.97-1.09 (1f1b 1.09, (1,1,4) micro 16 1.09); peak memory
+# 0.99-1.17 (the estimate over at m = 1 with data or tensor parallelism: on the safe side).
+H100_1127_CASES = records("2026-11-27-4xh100")
 
 
 def _plan_vs_measured():
@@ -41,10 +37,10 @@ def _plan_vs_measured():
     return mod
 
 
-@pytest.mark.parametrize("case", S29_CASES, ids=[c["tag"] for c in S29_CASES])
-def test_our_h100_s29_measurements(case):
+@pytest.mark.parametrize("case", H100_1127_CASES, ids=[c["tag"] for c in H100_1127_CASES])
+def test_our_h100_2026_11_27_measurements(case):
     assert "H100" in case["device"]
-    # the defaults then: the tensor ring (auto) became the default in session 31
+    # the defaults then: the tensor ring (auto) became the default on 2026-11-28
     case = dict(case, overrides=case["overrides"] + ["parallel.tp_comm_overlap=false"])
     step, gib = _plan_vs_measured().predict(case)
     assert step == pytest.approx(case["step_time_s"], rel=0.10)
@@ -52,19 +48,18 @@ def test_our_h100_s29_measurements(case):
 
 
 def test_plan_vs_measured_names_records_it_cannot_predict():
-    """bench_train.py lines before session 29 carry no overrides: said, not mispredicted."""
-    out = _plan_vs_measured().rows([str(S29 / "zc" / "record.jsonl")])
+    """Older bench_train.py lines carry no overrides: said, not mispredicted."""
+    out = _plan_vs_measured().rows([str(RECORDS / "2026-11-27-4xh100-train.jsonl")])
     train_rows = [r for r in out if "-train |" in r]
     assert len(train_rows) == 3 and all("no overrides" in r for r in train_rows)
     assert any("| 1gpu-none-mb4 |" in r and "| 0.5560 |" in r for r in out)
 
 
-# the tensor ring (parallel.tp_comm_overlap, on under auto at m = 1): sessions 31-32 on 4x H100
-# and session 33 on 2x H200, every ring case of those calls as run; the planner counts
-# tp_ring_share(t) of the tensor collectives, the memory model no gathered GEMM inputs
-RING_RUNS = [("2026-11-28-s31", "c"), ("2026-11-28-s32", "d"), ("2026-11-28-s33", "d")]
-RING_CASES = [case for day, part in RING_RUNS for case in records(
-    day, (part,), lambda line: "sequence_parallel=true" in line and "-dsf" not in line)]
+# the tensor ring (parallel.tp_comm_overlap, on under auto at m = 1): 4x H100 and 2x H200,
+# 2026-11-28, every ring case of those runs as run; the planner counts tp_ring_share(t) of the
+# tensor collectives, the memory model no gathered GEMM inputs
+RING_CASES = [case for name in ("2026-11-28-4xh100", "2026-11-28-2xh200") for case in records(
+    name, lambda line: "sequence_parallel=true" in line and "-dsf" not in line)]
 
 
 @pytest.mark.parametrize("case", RING_CASES, ids=[c["tag"] for c in RING_CASES])
@@ -91,18 +86,17 @@ def test_tensor_ring_cheaper_than_plain_at_m1_only():
     assert on.pipeline_s == pytest.approx(off.pipeline_s)
 
 
-# session 34, 4x H200 (benchmarks/results/2026-11-28-s34 d, e): the (1,2,2) sequence-parallel
-# zb-phased layouts ptdp-plan ranks first, as run (v 4 micro 8 twice)
-S34_122 = records("2026-11-28-s34", ("d", "e"), lambda line: '"mesh": [1, 2, 2]' in line)
+# 4x H200, 2026-11-28: the (1,2,2) sequence-parallel zb-phased layouts ptdp-plan ranks first,
+# as run (v 4 micro 8 twice)
+H200_122 = records("2026-11-28-4xh200", lambda line: '"mesh": [1, 2, 2]' in line)
 
 
 def test_h200_orders_the_measured_1_2_2_layouts():
     """Measured: v 4 micro 8 0.1906 / 0.1911 s, v 3 micro 4 0.2040, v 2 micro 8 0.2054, v 4
     micro 8 without recomputation 0.2102 (selective faster: the stash of a none layer is
-    twice the size). The planner puts them in that order (it over-predicts each by 1.09-1.17
-    on H200, as every 4-GPU case of that session), its memory within 0-7% above."""
+    twice the size). The planner puts them in that order, its memory within 0-7% above."""
     measured, predicted, pvm = {}, {}, _plan_vs_measured()
-    for case in S34_122:
+    for case in H200_122:
         key = " ".join(sorted(o for o in case["overrides"] if "virtual" in o or "micro" in o
                               or "recompute" in o))
         step, gib = pvm.predict(case)
@@ -116,8 +110,8 @@ def test_h200_orders_the_measured_1_2_2_layouts():
 
 def test_h200_plan_picks_the_fastest_measured_1_2_2_layout():
     """Pinned to (1,2,2) with sequence parallelism, ptdp-plan recommends the layout measured
-    fastest there in session 34: zb-phased v 4, micro 8, selective (1.37x (4,1,1) zero 2;
-    session 27's 1f1b-phased micro 2 was 1.69x)."""
+    fastest there (4x H200, 2026-11-28): zb-phased v 4, micro 8, selective (1.37x (4,1,1) zero
+    2; 1f1b-phased micro 2 was 1.69x on 2026-11-27)."""
     cfg = load_config(str(ROOT / "configs" / "bench-1.3b.yaml"),
                       {"parallel.sequence_parallel": True})
     top = plan(cfg, 4, "h200", 8, fixed={"parallel.data": 1, "parallel.pipe": 2,
@@ -126,63 +120,62 @@ def test_h200_plan_picks_the_fastest_measured_1_2_2_layout():
         "zb-phased", 4, 8, "selective"), top
 
 
-# sessions 33-36 on 4x (s33 a-d: 2x) H200, as run (benchmarks/results/2026-11-28-sNN/PART/
-# record.jsonl; their defaults are today's): one or two cases a layout of the 60 the h200 kind's
-# memory_bound_bytes_per_s was refitted to in session 36 (results/2026-11-28-s36/planner_h200.md:
-# all 60 at 0.935-1.075, median 1.004). (d, p, t), overrides, measured step s; session, part, tag
+# 2x and 4x H200, 2026-11-28, as run (their defaults are today's): one or two cases a layout of
+# the 60 the h200 kind's memory_bound_bytes_per_s was refitted to (all 60 at 0.935-1.075,
+# median 1.004). (d, p, t), overrides, measured step s; card and tag as run
 SP_NONE = "parallel.sequence_parallel=true train.recompute=none "
 SP_ZB = "parallel.sequence_parallel=true parallel.schedule=zb-phased train.recompute=selective "
 DP_Z2 = "train.recompute=none parallel.grad_reduce_dtype=bfloat16 parallel.zero=2 "
-H200_S33_S36 = [
-    ((1, 1, 1), "train.micro_batch_size=8 train.recompute=none", 0.5139),      # s35 a 1gpu-none-mb8
-    ((1, 1, 1), "train.micro_batch_size=8 train.recompute=none", 0.5330),      # s35 e ...-gpu0
-    ((2, 1, 1), DP_Z2 + "train.micro_batch_size=8", 0.2655),                    # s33 d dp2-zero2
-    ((1, 1, 2), SP_NONE + "train.micro_batch_size=16", 0.2911),                 # s33 d tp2-...-auto
+H200_1128 = [
+    ((1, 1, 1), "train.micro_batch_size=8 train.recompute=none", 0.5139),      # 4x 1gpu-none-mb8
+    ((1, 1, 1), "train.micro_batch_size=8 train.recompute=none", 0.5330),      # 4x ...-gpu0
+    ((2, 1, 1), DP_Z2 + "train.micro_batch_size=8", 0.2655),                    # 2x dp2-zero2
+    ((1, 1, 2), SP_NONE + "train.micro_batch_size=16", 0.2911),                 # 2x tp2-sp-mb16
     ((1, 1, 2), SP_NONE + "train.micro_batch_size=16 parallel.tp_comm_overlap=false",
-     0.3123),                                                                   # s36 c tp2-noring-r1
-    ((4, 1, 1), DP_Z2 + "train.micro_batch_size=4", 0.1364),                    # s35 a dp4-zero2
+     0.3123),                                                                   # 4x tp2-noring
+    ((4, 1, 1), DP_Z2 + "train.micro_batch_size=4", 0.1364),                    # 4x dp4-zero2
     ((2, 1, 2), SP_NONE + "train.micro_batch_size=8 parallel.grad_reduce_dtype=bfloat16",
-     0.1588),                                                                   # s35 a tp212-sp-mb8
+     0.1588),                                                                   # 4x tp212-sp-mb8
     ((2, 1, 2), SP_NONE + "train.micro_batch_size=8 parallel.grad_reduce_dtype=bfloat16 "
-     "parallel.zero=2", 0.1628),                                                # s35 a ...-zero2
-    ((1, 1, 4), SP_NONE + "train.micro_batch_size=16", 0.1816),                 # s35 a tp4-sp-mb16
-    ((1, 2, 2), SP_ZB + "train.micro_batch_size=8 parallel.virtual_stages=4", 0.1886),  # s35 a
-    ((1, 2, 2), SP_ZB + "train.micro_batch_size=4 parallel.virtual_stages=3", 0.2040),  # s34 d
+     "parallel.zero=2", 0.1628),                                                # 4x ...-zero2
+    ((1, 1, 4), SP_NONE + "train.micro_batch_size=16", 0.1816),                 # 4x tp4-sp-mb16
+    ((1, 2, 2), SP_ZB + "train.micro_batch_size=8 parallel.virtual_stages=4", 0.1886),  # 4x
+    ((1, 2, 2), SP_ZB + "train.micro_batch_size=4 parallel.virtual_stages=3", 0.2040),  # 4x
     ((1, 2, 2), SP_ZB.replace("selective", "none") + "train.micro_batch_size=8 "
-     "parallel.virtual_stages=4", 0.2102),                                      # s34 e ...-none
+     "parallel.virtual_stages=4", 0.2102),                                      # 4x ...-none
     ((1, 2, 2), SP_ZB.replace("zb-", "1f1b-") + "train.micro_batch_size=8 "
-     "parallel.virtual_stages=4", 0.1924),                                      # s35 g pp2tp2-ph-v4
+     "parallel.virtual_stages=4", 0.1924),                                      # 4x pp2tp2-ph-v4
 ]
 
 
-def _h200_s33_s36_step(mesh, overrides, name="bench-1.3b"):
+def _h200_step(mesh, overrides, name="bench-1.3b"):
     d, p, t = mesh
     keys = overrides.split() + [f"parallel.data={d}", f"parallel.pipe={p}", f"parallel.tensor={t}"]
     cfg = load_config(str(ROOT / "configs" / f"{name}.yaml"), parse_cli_overrides(keys))
     return estimate_step(cfg, gpu_kind("h200"), 8).step_time_s
 
 
-@pytest.mark.parametrize("mesh,overrides,measured_s", H200_S33_S36, ids=[
+@pytest.mark.parametrize("mesh,overrides,measured_s", H200_1128, ids=[
     "1gpu", "1gpu-slow", "211-z2", "112-ring", "112-plain", "411-z2", "212", "212-z2", "114",
     "122-zb-v4", "122-zb-v3-mb4", "122-zb-v4-none", "122-phased-v4"])
-def test_h200_s33_s36_measurements(mesh, overrides, measured_s):
-    assert _h200_s33_s36_step(mesh, overrides) == pytest.approx(measured_s, rel=0.08)
+def test_h200_2026_11_28_measurements(mesh, overrides, measured_s):
+    assert _h200_step(mesh, overrides) == pytest.approx(measured_s, rel=0.08)
 
 
 def test_h200_7_5b_out_of_the_fit():
-    """Session 36 parts e and f (4x H200, today's code; not among the cases the h200 kind was
-    refitted to): the 7.5B (4,1,1) zero 2 micro 8 selective bf16 1.3137 and 1.3041 s."""
-    step = _h200_s33_s36_step((4, 1, 1), "train.global_batch_size=32 train.micro_batch_size=8 "
-                              "train.recompute=selective parallel.zero=2 "
-                              "parallel.grad_reduce_dtype=bfloat16", "gpt-7.5b")
+    """4x H200, 2026-11-28, today's code (not among the cases the h200 kind was refitted to):
+    the 7.5B (4,1,1) zero 2 micro 8 selective bf16 1.3137 and 1.3041 s on two machines."""
+    step = _h200_step((4, 1, 1), "train.global_batch_size=32 train.micro_batch_size=8 "
+                      "train.recompute=selective parallel.zero=2 "
+                      "parallel.grad_reduce_dtype=bfloat16", "gpt-7.5b")
     assert step == pytest.approx(1.3089, rel=0.05)
 
 
 def test_h200_orders_the_4_gpu_layouts_as_measured():
-    """Session 35 part a, one 4x H200 machine: (4,1,1) zero 2 0.1364 < (2,1,2) 0.1588 < (1,1,4)
-    0.1816 < (1,2,2) zb-phased v 4 0.1886 s; the planner's order is the same."""
-    rows = {r[0]: r for r in H200_S33_S36[5:10] if r[0] != (2, 1, 2) or "zero=2" not in r[1]}
-    steps = {mesh: _h200_s33_s36_step(mesh, o) for mesh, (_, o, _) in rows.items()}
+    """One 4x H200 machine, 2026-11-28: (4,1,1) zero 2 0.1364 < (2,1,2) 0.1588 < (1,1,4) 0.1816
+    < (1,2,2) zb-phased v 4 0.1886 s; the planner's order is the same."""
+    rows = {r[0]: r for r in H200_1128[5:10] if r[0] != (2, 1, 2) or "zero=2" not in r[1]}
+    steps = {mesh: _h200_step(mesh, o) for mesh, (_, o, _) in rows.items()}
     measured = {mesh: m for mesh, (_, _, m) in rows.items()}
     assert sorted(steps, key=steps.get) == sorted(measured, key=measured.get) == [
         (4, 1, 1), (2, 1, 2), (1, 1, 4), (1, 2, 2)]

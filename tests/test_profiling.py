@@ -1,5 +1,5 @@
-"""Tests of the step-trace analysis (ptdp_jax.profiling) on synthetic perfetto traces: no GPU,
-no jax."""
+"""Tests of the step-trace analysis (benchmarks/profiling.py) on synthetic perfetto traces:
+no GPU, no jax."""
 from __future__ import annotations
 
 import gzip

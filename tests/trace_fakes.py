@@ -1,4 +1,4 @@
-"""Synthetic perfetto traces for the tests of ptdp_jax/profiling.py and the benchmark tools
+"""Synthetic perfetto traces for the tests of benchmarks/profiling.py and the benchmark tools
 that read traces (tests/test_profiling.py, tests/test_bench_tools.py): no GPU, no jax."""
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
 def load(rel_path: str, name: str):
-    """A module loaded from its file: importing the ptdp_jax package would import jax."""
+    """A module loaded from its file (benchmarks/ is not a package; ptdp_jax would import jax)."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, rel_path))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-P = load("ptdp_jax/profiling.py", "profiling")
-F = load("ptdp_jax/profiling_format.py", "profiling_format")
+P = load("benchmarks/profiling.py", "profiling")
+F = load("benchmarks/profiling_format.py", "profiling_format")
 
 MODULE = "jit_step_fn"
 BIG = "grid:1024,1,1 block:128,1,1"
