@@ -124,7 +124,7 @@ class ParallelConfig:
                                          # GPUs of one process (sharding.tp_overlap_on)
     tp_overlap_sends: str = "direct"     # the ring's blocks: direct (each block sent straight to
                                          # every rank at once; the partial sums likewise: 1.3B
-                                         # (1,1,4) -1.3% on 4x H200, session 34) | ring (t - 1
+                                         # (1,1,4) -1.3% on 4x H200, 2026-11-28) | ring (t - 1
                                          # hops, each block passed on by the next rank); at t = 2
                                          # one program
     # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p; zb-v: stage c
@@ -152,8 +152,8 @@ class ParallelConfig:
     static_stash: bool | str = "auto"    # pipelines: a switch branch per (op, residual stash slot),
                                          # so layers write and read residuals in place (no
                                          # per-tick stash copies: 1-16% faster steps on 2x H100,
-                                         # less memory; more branches to compile). auto: on for
-                                         # 1f1b and 1f1b-phased (see static_stash_on)
+                                         # 2026-11-26; less memory; more branches to compile).
+                                         # auto: on for 1f1b, 1f1b-phased and zb-phased
     empty_buffers: bool = True           # pipelines, 'tensor' 1: stash and message buffers
                                          # uninitialised (no zero fill and copy a step)
     overlap_p2p: bool | str = "auto"     # phased: a forward row's message filed after the
@@ -162,7 +162,8 @@ class ParallelConfig:
     nccl_channels: int | str = "auto"    # NCCL's least channels a collective runs on (GPU;
                                          # NCCL_MIN_NCHANNELS, unless that is set already).
                                          # auto: 64 with tensor > 1 (its collectives wait
-                                         # exposed: -1 to -4% a step), NCCL's own otherwise;
+                                         # exposed: -1 to -4% a step on 4x H200, 2026-11-27),
+                                         # NCCL's own otherwise;
                                          # 0: NCCL's own (24 on 4x H200)
 
     @property
