@@ -1,4 +1,4 @@
-"""The exit codes of the command-line tools, in one place (README: "Exit codes").
+"""The exit codes of the command-line tools, in one place (docs/troubleshooting.md).
 
     from ptdp_jax.exits import ExitCode
     sys.exit(ExitCode.CONFIG)

@@ -1,39 +1,100 @@
-"""The README keeps up with the code (issue 15): the new keys and commands are in it, it
-points at no file outside the project, its exit codes are ExitCode's, its API example sets
-XLA_FLAGS before importing ptdp_jax; `make demo` installs no torch or transformers."""
+"""The user's documentation keeps up with the code: README.md and docs/ name files that exist
+and keys that the config has; docs/configuration.md is generated from config_tree.py and
+current; the exit-code table is ExitCode's; every command the README names answers --help; the
+API example sets XLA_FLAGS before importing ptdp_jax; `make demo` installs no torch."""
+import dataclasses
+import os
 import re
 import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from ptdp_jax.config_tree import Config
 from ptdp_jax.exits import ExitCode
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+DOCS = {p.name: p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))}
+PAGES = {"README.md": README, **{f"docs/{name}": text for name, text in DOCS.items()}}
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+
+
+def config_keys(cls=Config, prefix=""):
+    """Every dotted key of the config tree (the sections' fields)."""
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+            yield from config_keys(f.default_factory, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name
 
 
 @pytest.mark.parametrize("word", [
     "model.num_kv_heads", "train.decay_steps", "train.stop_at_step", "train.stop_after_minutes",
     "train.skip_memory_check", "train.sample_temperature", "train.sample_top_k",
-    "checkpoint.overwrite", "parallel.sequence_parallel", "ptdp-eval", "ptdp-generate", "--print-config", "--dry-run",
-    "llama3-8b", "peak_mem_gib", "did you mean",
+    "checkpoint.overwrite", "parallel.sequence_parallel", "parallel.layout=auto", "ptdp-eval",
+    "ptdp-generate", "--print-config", "--dry-run", "llama3-8b", "did you mean",
 ])
-def test_readme_mentions(word):
-    assert word in README
+def test_docs_mention(word):
+    assert any(word in text for text in PAGES.values()), word
 
 
-def test_readme_points_inside_the_project():
-    assert not re.search(r"\.\./", README)
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_docs_point_inside_the_project(page):
+    text = PAGES[page]
+    assert not re.search(r"\.\./", text)
     for path in re.findall(r"`((?:ptdp_jax|configs|tests|benchmarks|docs)/[\w./-]+\.(?:py|yaml|md|png))`",
-                           README):
+                           text):
         assert (ROOT / path).exists(), path
+    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):     # pictures, relative to the page
+        assert (ROOT / page).parent.joinpath(image).exists(), image
 
 
-def test_readme_exit_codes_are_the_enum():
-    text = README.split("**Exit codes**", 1)[1].split("\n\n", 1)[0]
-    listed = {int(n) for n in re.findall(r"(?<![\w.])(\d+) [a-z`]", text)}
-    assert listed == {int(c) for c in ExitCode}, listed
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_docs_hold_no_history(page):
+    """A user's guide: no per-run history, no issue numbers, no word of the tree rules."""
+    text = PAGES[page]
+    assert not re.search(r"\bsessions?\b", text, re.IGNORECASE)
+    assert not re.search(r"\bissues? \d+|(?<![\w&])#\d+\b", text, re.IGNORECASE)
+
+
+def test_readme_is_short():
+    assert len(README.splitlines()) <= 300
+
+
+def test_exit_code_table_is_the_enum():
+    rows = re.findall(r"^\| (\d+) \| `(\w+)` \|", DOCS["troubleshooting.md"], re.MULTILINE)
+    assert {int(code): name for code, name in rows} == {c.value: c.name for c in ExitCode}
+
+
+def test_configuration_reference_is_current():
+    r = subprocess.run([sys.executable, "docs/make_configuration.py", "--check"], cwd=ROOT,
+                       env=ENV, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
+def test_every_config_key_is_documented():
+    text = DOCS["configuration.md"]
+    missing = [k for k in config_keys() if f"`{k}`" not in text]
+    assert not missing, missing
+
+
+def test_readme_names_every_command():
+    named = set(re.findall(r"\bptdp-[a-z]+(?:-[a-z]+)*", README))
+    assert named == set(SCRIPTS), named ^ set(SCRIPTS)
+
+
+@pytest.mark.parametrize("command", sorted(set(re.findall(r"\bptdp-[a-z]+(?:-[a-z]+)*", README))))
+def test_readme_commands_answer_help(command):
+    assert command in SCRIPTS, f"{command} is not a [project.scripts] entry of pyproject.toml"
+    module = SCRIPTS[command].split(":")[0]
+    r = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: {command}"), r.stdout[:200]
 
 
 def test_api_example_sets_xla_flags_first():
