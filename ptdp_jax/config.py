@@ -153,12 +153,19 @@ def parse_mesh(text: str) -> tuple[int, int, int]:
 
 
 def parse_cli_overrides(items: list[str]) -> dict[str, str]:
+    """['train.steps=5', ...] -> {'train.steps': 5}, each value read as YAML; ConfigError
+    naming the key for a value that is not YAML (as read_yaml does for a file)."""
     out = {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        try:
+            out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        except yaml.YAMLError as e:
+            what = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise ConfigError(f"override {k.strip()}={v}: cannot parse {v!r} as a YAML "
+                              f"value: {what}") from None
     return out
 
 
