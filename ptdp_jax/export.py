@@ -17,7 +17,9 @@ With the weights comes the tokenizer of the training data (``tokenizer.json``,
 ``transformers.AutoTokenizer.from_pretrained(OUT_DIR)`` encodes text as training did:
 a BPE dataset's own tokenizer.json, or for the byte tokenizer a byte-level BPE without
 merges whose ids are the byte values (``<|endoftext|>`` = 256). ``--tokenizer`` names
-it when the checkpoint's data is gone. Files are written with the usual permissions
+it when the checkpoint's data is gone. Its ``<|endoftext|>`` id is bos, eos and pad in
+``config.json`` and ``generation_config.json``, so that ``generate`` stops where training
+data ended a document. Files are written with the usual permissions
 (0644 under the default umask).
 
 The vocabulary is unpadded to ``model.vocab_size`` rows. CHECKPOINT is a step
@@ -143,7 +145,8 @@ def export_tokenizer(spec: str, out_dir: str | os.PathLike, model_max_length: in
     else:
         text = Path(spec).read_text(encoding="utf-8")
     (out / "tokenizer.json").write_text(text, encoding="utf-8")
-    special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": EOS_TOKEN}
+    special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": EOS_TOKEN,
+               "pad_token": EOS_TOKEN}
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
     conf = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
             "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
@@ -168,9 +171,14 @@ def export_params(model_cfg, params, out_dir: str | os.PathLike, dtype: str = "f
         raise ValueError(f"cannot export model.arch={model_cfg.arch!r}")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    from ptdp_jax.data.tokenizer import load_tokenizer
+
     config, tensors = CONVERTERS[model_cfg.arch](model_cfg, params)
-    if model_cfg.vocab_size == BYTE_EOS + 1:       # the byte tokenizer's eos
-        config["bos_token_id"] = config["eos_token_id"] = BYTE_EOS
+    # The tokenizer's end-of-document id is bos, eos and pad: without it transformers
+    # falls back to its own defaults (GPT-2 50256, LLaMA 1 and 2), ids of other tokens.
+    eos = None if tokenizer is None else load_tokenizer(tokenizer).eos_id
+    ids = {} if eos is None else {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}
+    config.update(ids)
     config["torch_dtype"] = config["dtype"] = dtype
     if dtype == "bfloat16":
         import ml_dtypes
@@ -185,6 +193,7 @@ def export_params(model_cfg, params, out_dir: str | os.PathLike, dtype: str = "f
     _readable(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer is not None:
+        (out / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
         export_tokenizer(tokenizer, out, model_cfg.seq_len)
     return out
 
