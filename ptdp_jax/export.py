@@ -198,13 +198,30 @@ def export_params(model_cfg, params, out_dir: str | os.PathLike, dtype: str = "f
     return out
 
 
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json")
+
+
+def check_out_dir(out_dir: str | os.PathLike) -> None:
+    """FileExistsError naming `out_dir` if it holds an export's files (an export with a
+    tokenizer rewrites every one of them, so --overwrite leaves nothing stale)."""
+    old = [name for name in EXPORT_FILES if (Path(out_dir) / name).exists()]
+    if old:
+        raise FileExistsError(f"{str(out_dir)!r} already holds an export ({', '.join(old)}); "
+                              f"give --overwrite to replace it, or another directory")
+
+
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
-                      dtype: str = "float32", tokenizer: str | None = None) -> Path:
+                      dtype: str = "float32", tokenizer: str | None = None,
+                      overwrite: bool = False) -> Path:
     """Export a ptdp_jax checkpoint (step dir or checkpoint.dir) to a Hugging Face dir,
-    with the tokenizer of its training data (or `tokenizer`: 'byte' or a tokenizer.json)."""
+    with the tokenizer of its training data (or `tokenizer`: 'byte' or a tokenizer.json);
+    an export already in `out_dir` is refused unless `overwrite`."""
     from ptdp_jax.data.sources import tokenizer_spec_of
     from ptdp_jax.data.tokenizer import load_tokenizer
 
+    if not overwrite:
+        check_out_dir(out_dir)                      # before the checkpoint is read
     cfg, params = load_params(checkpoint)
     spec = tokenizer or tokenizer_spec_of(list(cfg.data.path))
     tok = load_tokenizer(spec)                       # fails early on a bad spec
@@ -223,16 +240,19 @@ def main(argv=None) -> int:
     ap.add_argument("checkpoint", help="a step directory (CKPT_DIR/STEP) or a checkpoint.dir "
                                        "(its newest complete step)")
     ap.add_argument("out_dir", help="output directory (created)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an export already in OUT_DIR (refused otherwise)")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--tokenizer", help="byte, or a tokenizer.json (default: the tokenizer of "
                                         "the checkpoint's training data)")
     args = ap.parse_args(argv)
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer)
+        out = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer,
+                                args.overwrite)
     except CheckpointError as e:
         print(f"ptdp-export: {e}", file=sys.stderr)
         return ExitCode.CHECKPOINT
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"ptdp-export: {e}", file=sys.stderr)
         return ExitCode.CONFIG
     print(f"wrote {out / 'config.json'}, {out / 'model.safetensors'} and {out / 'tokenizer.json'}")
