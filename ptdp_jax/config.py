@@ -169,6 +169,38 @@ def parse_cli_overrides(items: list[str]) -> dict[str, str]:
     return out
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A key given twice in one mapping (YAML itself would keep the last value)."""
+
+    def __init__(self, key: str, line: int, first: int):
+        super().__init__(problem=f"duplicate key {key!r}")
+        self.key, self.line, self.first = key, line, first
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (a section given
+    twice, or `steps: 5` then `steps: 7`) instead of silently keeping the last."""
+
+    def construct_mapping(self, node, deep=False):
+        paths = self.__dict__.setdefault("_paths", {})       # mapping node -> 'section.'
+        prefix = paths.get(id(node), "")
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":      # '<<: *base' may override
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise DuplicateKeyError(f"{prefix}{key}", line, seen[key])
+                seen[key] = line
+            except TypeError:                    # an unhashable key: SafeLoader reports it
+                continue
+            if isinstance(value_node, yaml.MappingNode):
+                paths[id(value_node)] = f"{prefix}{key}."
+        return super().construct_mapping(node, deep)
+
+
 def _yaml_lines(text: str) -> dict[str, int]:
     """Dotted key -> line number (1-based) of every key in a YAML text."""
     out: dict[str, int] = {}
@@ -200,7 +232,11 @@ def read_yaml(path: "str | os.PathLike") -> tuple[dict[str, Any], dict[str, int]
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {e}") from None
     try:
-        tree = yaml.safe_load(text)
+        tree = yaml.load(text, Loader=UniqueKeyLoader)
+    except DuplicateKeyError as e:
+        raise ConfigError(f"config file {str(path)!r}, line {e.line}: {e.key!r} is given twice "
+                          f"(first on line {e.first}); YAML would keep only the last one, so "
+                          f"remove or merge one of them") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
