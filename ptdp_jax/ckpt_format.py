@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,69 @@ def _short(e: BaseException, limit: int = 300) -> str:
     return s if len(s) <= limit else s[:limit] + " ..."
 
 
+def _read_error(e: BaseException, limit: int = 500) -> str:
+    """What went wrong in a failed orbax/tensorstore read, on one line: the first error of
+    the chain that is not a wrapper around a TensorStore repr, without tensorstore's
+    driver and database prefixes and its spec."""
+    chain = [e]
+    while len(chain) < 20 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    best = next((x for x in chain if "TensorStore details" not in str(x)), chain[-1])
+    text = " ".join(str(best).split(" [tensorstore_spec")[0].split())
+    text = re.sub(r'Error opening "\w+" driver: | in OCDBT database at local file "[^"]*"', "",
+                  text)
+    text = text if len(text) <= limit else text[:limit] + " ..."
+    return f"{type(best).__name__}: {text}"
+
+
+def damaged_message(step_dir: str | os.PathLike, e: BaseException, resuming: bool) -> str:
+    """The CheckpointError text of a step directory that cannot be read: what failed, and
+    the newest older checkpoint with how to use it instead (resuming: move the damaged one
+    out of checkpoint.dir, since a run resumes from the newest)."""
+    step_dir = Path(step_dir)
+    directory, step = step_dir.parent, _step_of(step_dir.name)
+    what = f"checkpoint {step_dir} is corrupt or incomplete ({_read_error(e)})"
+    older = None
+    for s in reversed(_scan(directory)[0] if step is not None else []):
+        try:
+            if s < step:
+                read_meta(directory / str(s))
+                older = s
+                break
+        except CheckpointError:
+            continue
+    if older is None:
+        return f"{what}; no older checkpoint is in {directory}" + \
+            (f": move {step_dir} away and start fresh" if resuming else "")
+    prev = directory / str(older)
+    if resuming:
+        return (f"{what}; the newest older checkpoint is step {older} ({prev}): to resume "
+                f"from it, move {step_dir} out of checkpoint.dir (e.g. mv {step_dir} "
+                f"{directory}-{step_dir.name}.damaged) and run again")
+    return f"{what}; the newest older checkpoint is step {older}: give {prev} instead"
+
+
+_QUIET_LOOP = False
+
+
+def quiet_closed_loop() -> None:
+    """Drop (once installed, for the process) the 'Event loop is closed' reports that
+    follow a failed orbax restore: tensorstore's reads still in flight complete into the
+    asyncio loop that orbax has already closed; nothing is lost, but each printed a
+    traceback around the one clear CheckpointError."""
+    global _QUIET_LOOP
+    if _QUIET_LOOP:
+        return
+    previous = sys.unraisablehook
+
+    def hook(u):
+        if isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed":
+            return
+        previous(u)
+    sys.unraisablehook = hook
+    _QUIET_LOOP = True
+
+
 # ----------------------------------------------------------------------------- loading on the host
 
 def resolve_step_dir(path: str | os.PathLike) -> Path:
@@ -180,12 +244,12 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[Config, dict, dict]:
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), abstract)
     if meta["version"] == 1:
         target = ckpt_upgrade.v1_abstract(target)
+    quiet_closed_loop()
     try:
         with ocp.StandardCheckpointer() as ckptr:
             state = ckptr.restore(step_dir / STATE_ITEM, target)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {step_dir} is corrupt or incomplete: "
-                              f"{type(e).__name__}: {_short(e)}") from e
+        raise CheckpointError(damaged_message(step_dir, e, resuming=False)) from e
     state = jax.tree.map(np.asarray, state)
     if meta["version"] == 1:
         state = ckpt_upgrade.from_v1(state)
