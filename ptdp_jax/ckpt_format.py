@@ -83,14 +83,15 @@ def checkpoint_config(step_dir: str | os.PathLike) -> Config:
     return _meta_config(read_meta(step_dir), step_dir)
 
 
-def _model_keys(m) -> dict[str, Any]:
-    """The model settings that decide parameter shapes (and the model's identity)."""
+def _model_keys(m, seq_len: bool | None = None) -> dict[str, Any]:
+    """The model settings that decide parameter shapes (and the model's identity); with
+    model.seq_len for GPT (learned positions: a (seq_len, h) table), or if `seq_len`."""
     keys = {"model.arch": m.arch, "model.num_layers": m.num_layers,
             "model.hidden_size": m.hidden_size, "model.num_heads": m.num_heads,
             "model.num_kv_heads": m.kv_heads,
             "model.ffn_hidden_size": m.ffn, "model.vocab_size": m.vocab_size}
-    if m.arch == "gpt":
-        keys["model.seq_len"] = m.seq_len        # learned positions: a (seq_len, h) table
+    if seq_len or (seq_len is None and m.arch == "gpt"):
+        keys["model.seq_len"] = m.seq_len
     return keys
 
 
@@ -101,9 +102,11 @@ def _shape_tree(model_cfg) -> dict:
 def check_compatible(meta: dict, cfg: Config, where: str) -> None:
     """CheckpointError naming every model setting where checkpoint and config differ."""
     ck = _meta_config(meta, where)
-    a, b = _model_keys(ck.model), _model_keys(cfg.model)
-    diffs = [f"{k}: checkpoint {a[k]}, config {b.get(k)}" for k in a if a[k] != b.get(k)]
-    diffs += [f"{k}: checkpoint (none), config {b[k]}" for k in b if k not in a]
+    # the same keys, resolved, on both sides: a GPT checkpoint against a LLaMA config
+    # compares model.seq_len too, read from both
+    with_seq = "gpt" in (ck.model.arch, cfg.model.arch)
+    a, b = _model_keys(ck.model, with_seq), _model_keys(cfg.model, with_seq)
+    diffs = [f"{k}: checkpoint {a[k]}, config {b[k]}" for k in a if a[k] != b[k]]
     if not diffs and meta["param_shapes"] != _shape_tree(cfg.model):
         diffs.append("parameter shapes differ: checkpoint "
                      f"{meta['param_shapes']}, config {_shape_tree(cfg.model)}")

@@ -129,3 +129,21 @@ def test_truncated_checkpoint_names_the_failed_read(trained, tmp_path):
     assert "TensorStore" not in r.stderr and "pybind11" not in r.stderr, r.stderr
     assert "is not valid for value of size 50" in r.stderr
     assert f"the newest older checkpoint is step 1: give {copy / '1'} instead" in r.stderr
+
+
+# ----------------------------------------------------------------------------- smaller ones
+
+def test_mismatch_message_compares_resolved_values(trained):
+    """A GPT checkpoint against a LLaMA config of the same seq_len: model.seq_len is not
+    named (it was 'checkpoint 16, config None'); a different one is, with both values."""
+    from ptdp_jax.ckpt_format import CheckpointError, check_compatible, read_meta
+    from ptdp_jax.config import load_config
+    meta = read_meta(trained[0] / "2")
+    for seq_len, named in ((16, False), (32, True)):
+        cfg = load_config("configs/tiny-llama.yaml", {"model.num_layers": 2,
+                                                      "model.seq_len": seq_len})
+        with pytest.raises(CheckpointError) as e:
+            check_compatible(meta, cfg, "ck")
+        assert "model.arch: checkpoint gpt, config llama" in str(e.value)
+        assert "None" not in str(e.value) and "(none)" not in str(e.value)
+        assert ("model.seq_len: checkpoint 16, config 32" in str(e.value)) == named
