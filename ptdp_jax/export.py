@@ -217,17 +217,12 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     """Export a ptdp_jax checkpoint (step dir or checkpoint.dir) to a Hugging Face dir,
     with the tokenizer of its training data (or `tokenizer`: 'byte' or a tokenizer.json);
     an export already in `out_dir` is refused unless `overwrite`."""
-    from ptdp_jax.data.sources import tokenizer_spec_of
-    from ptdp_jax.data.tokenizer import load_tokenizer
+    from ptdp_jax.data.sources import model_tokenizer
 
     if not overwrite:
         check_out_dir(out_dir)                      # before the checkpoint is read
     cfg, params = load_params(checkpoint)
-    spec = tokenizer or tokenizer_spec_of(list(cfg.data.path))
-    tok = load_tokenizer(spec)                       # fails early on a bad spec
-    if tok.vocab_size > cfg.model.vocab_size:
-        raise ValueError(f"tokenizer {spec!r} has {tok.vocab_size} ids but the model's "
-                         f"vocabulary is {cfg.model.vocab_size}")
+    spec, _ = model_tokenizer(list(cfg.data.path), cfg.model.vocab_size, tokenizer)
     return export_params(cfg.model, params, out_dir, dtype, tokenizer=spec)
 
 

@@ -23,6 +23,21 @@ def trained(tmp_path_factory, data_cache):
     return tmp / "ckpt", ov
 
 
+@pytest.fixture(scope="module")
+def trained_bpe(tmp_path_factory, data_cache):
+    """A tiny GPT trained 1 step on a BPE dataset of 300 ids (its end of document: id 0)."""
+    from ptdp_jax.data import prepare_dataset
+    from ptdp_jax.train import train
+    tmp = tmp_path_factory.mktemp("trained_bpe")
+    (tmp / "a.txt").write_text("Some text for a tokenizer to learn from. " * 200)
+    prefix = prepare_dataset([str(tmp / "a.txt")], tmp / "bpe", tokenizer="bpe",
+                             bpe_vocab_size=300)
+    ov = H.tiny(tmp, data_cache, **{"train.steps": 1, "model.num_layers": 2,
+                                    "data.path": str(prefix), "model.vocab_size": 300})
+    train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
+    return tmp / "ckpt", prefix
+
+
 def _run(*args, timeout=300):
     return subprocess.run([sys.executable, *map(str, args)], cwd=H.REPO, capture_output=True,
                           text=True, timeout=timeout, env=H.subprocess_env(JAX_PLATFORMS="cpu"))
@@ -147,3 +162,19 @@ def test_mismatch_message_compares_resolved_values(trained):
         assert "model.arch: checkpoint gpt, config llama" in str(e.value)
         assert "None" not in str(e.value) and "(none)" not in str(e.value)
         assert ("model.seq_len: checkpoint 16, config 32" in str(e.value)) == named
+
+
+def test_generate_refuses_a_tokenizer_of_another_vocabulary(trained_bpe, capsys):
+    """--tokenizer byte on a model of BPE data printed the prompt alone (the byte decoder
+    drops ids >= 256): refused with both sizes; the default is the data's tokenizer."""
+    from ptdp_jax.data import TokenDataset
+    from ptdp_jax.generate import main
+    ckpt, prefix = trained_bpe
+    args = [str(ckpt), "--prompt", "Some text", "--max-new-tokens", "4"]
+    assert main(args + ["--tokenizer", "byte"]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert "tokenizer 'byte' has 257 ids but the model was trained with" in err
+    ids = TokenDataset(prefix).vocab_size                   # up to 300: what the text gave
+    assert f"{prefix}.tokenizer.json' ({ids} ids" in err and "drop --tokenizer" in err
+    assert main(args) == ExitCode.OK
+    assert capsys.readouterr().out.startswith("Some text")
