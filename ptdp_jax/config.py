@@ -259,18 +259,35 @@ def read_yaml(path: "str | os.PathLike") -> tuple[dict[str, Any], dict[str, int]
     return flat, lines
 
 
+def _data_vocab_size(paths) -> int | None:
+    """The largest vocabulary of the prepared datasets `paths`; None if there are none or
+    one cannot be read (the data checks before training name that one)."""
+    from ptdp_jax.data.dataset import TokenDataset
+    try:
+        return max(TokenDataset(p).vocab_size for p in paths) if paths else None
+    except (OSError, ValueError):
+        return None
+
+
 def load_config(config: "str | os.PathLike | Config | None" = None,
                 overrides: Mapping[str, Any] | None = None) -> Config:
-    """Defaults, then a YAML file (or a Config), then dotted overrides."""
+    """Defaults, then a YAML file (or a Config), then dotted overrides. A model.vocab_size
+    that neither the file nor the overrides set follows data.path's tokenizer (a value
+    set too small for the data stays an error, raised when the data is opened)."""
+    overrides = dict(overrides or {})
     if isinstance(config, Config):
-        cfg = config
-    else:
-        cfg = Config()
-        if config is not None:
-            flat, lines = read_yaml(config)
-            cfg = _apply(cfg, flat, lambda key: f"config file {str(config)!r}, line "
-                                                f"{lines.get(key, '?')}: ")
-    return _apply(cfg, dict(overrides or {}))
+        return _apply(config, overrides)
+    cfg, flat = Config(), {}
+    if config is not None:
+        flat, lines = read_yaml(config)
+        cfg = _apply(cfg, flat, lambda key: f"config file {str(config)!r}, line "
+                                            f"{lines.get(key, '?')}: ")
+    cfg = _apply(cfg, overrides)
+    if "model.vocab_size" not in flat and "model.vocab_size" not in overrides:
+        vocab = _data_vocab_size(cfg.data.path)
+        if vocab is not None:
+            cfg = replace(cfg, model=replace(cfg.model, vocab_size=vocab))
+    return cfg
 
 
 def to_yaml(cfg: Config) -> str:

@@ -25,7 +25,8 @@ def trained(tmp_path_factory, data_cache):
 
 @pytest.fixture(scope="module")
 def trained_bpe(tmp_path_factory, data_cache):
-    """A tiny GPT trained 1 step on a BPE dataset of 300 ids (its end of document: id 0)."""
+    """A tiny GPT trained 1 step on a BPE dataset of up to 300 ids (its end of document:
+    id 0); model.vocab_size unset: it follows the data."""
     from ptdp_jax.data import prepare_dataset
     from ptdp_jax.train import train
     tmp = tmp_path_factory.mktemp("trained_bpe")
@@ -33,7 +34,7 @@ def trained_bpe(tmp_path_factory, data_cache):
     prefix = prepare_dataset([str(tmp / "a.txt")], tmp / "bpe", tokenizer="bpe",
                              bpe_vocab_size=300)
     ov = H.tiny(tmp, data_cache, **{"train.steps": 1, "model.num_layers": 2,
-                                    "data.path": str(prefix), "model.vocab_size": 300})
+                                    "data.path": str(prefix)})
     train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
     return tmp / "ckpt", prefix
 
@@ -178,3 +179,24 @@ def test_generate_refuses_a_tokenizer_of_another_vocabulary(trained_bpe, capsys)
     assert f"{prefix}.tokenizer.json' ({ids} ids" in err and "drop --tokenizer" in err
     assert main(args) == ExitCode.OK
     assert capsys.readouterr().out.startswith("Some text")
+
+
+def test_vocab_size_follows_the_data(trained_bpe, tmp_path):
+    """model.vocab_size unset: the data's tokenizer's (the BPE model above trained with
+    it); set in the file or the overrides: kept, and too small for the data an error."""
+    from ptdp_jax.checkpoint import checkpoint_config
+    from ptdp_jax.config import load_config
+    from ptdp_jax.data import TokenDataset
+    from ptdp_jax.feed import open_streams
+    ckpt, prefix = trained_bpe
+    ids = TokenDataset(prefix).vocab_size
+    assert ids > 257 and checkpoint_config(ckpt / "1").model.vocab_size == ids
+    assert load_config(overrides={"data.path": str(prefix)}).model.vocab_size == ids
+    assert load_config(overrides={}).model.vocab_size == 257             # embedded corpus
+    (tmp_path / "c.yaml").write_text(f"model:\n  vocab_size: 512\ndata:\n  path: [{prefix}]\n")
+    assert load_config(tmp_path / "c.yaml").model.vocab_size == 512
+    small = load_config("configs/tiny-gpt.yaml", {"data.path": str(prefix),
+                                                  "data.cache_dir": str(tmp_path)})
+    assert small.model.vocab_size == 257                                 # the file sets it
+    with pytest.raises(ConfigError, match=f"vocabulary {ids} but model.vocab_size=257"):
+        open_streams(small)
