@@ -1,6 +1,7 @@
 """What a new user trips over gets one clear message and the right exit code: malformed
-command-line values, duplicated YAML keys, overwrites, damaged checkpoints, token ids of
-an export trained on BPE data, and a tokenizer that does not fit the model."""
+command-line values, overwrites of a dataset or an export, damaged checkpoints, a model
+mismatch, a tokenizer that does not fit the model; and model.vocab_size follows the data.
+(Duplicated YAML keys: test_user_errors.py; an export's token ids: test_export.py.)"""
 import shutil
 import subprocess
 import sys
@@ -57,19 +58,27 @@ def _clean(r, code):
 
 # ----------------------------------------------------------------------------- overrides
 
-@pytest.mark.parametrize("item", ["data.path=[data/x", "train.lr={"])
-def test_malformed_override_value_is_a_config_error(item):
-    key, value = item.split("=", 1)
-    with pytest.raises(ConfigError) as e:
-        parse_cli_overrides(["train.steps=2", item])
-    assert key in str(e.value) and repr(value) in str(e.value)
-    for tool in (_tool("ptdp_jax.cli") + ["configs/tiny-gpt.yaml", "--print-config"],
-                 _tool("ptdp_jax.evaluate") + ["no-such-checkpoint"],
-                 _tool("ptdp_jax.plan.cli") + ["configs/tiny-gpt.yaml", "--gpus", "8"]):
-        r = _run(*tool, item)
-        _clean(r, ExitCode.CONFIG)
-        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
-        assert f"config error: override {item}: cannot parse {value!r}" in r.stderr, r.stderr
+def test_malformed_override_value_is_a_config_error(capsys):
+    """A value that is not YAML: ConfigError naming the key and the value, exit 2 from
+    ptdp-train (a subprocess: no traceback), ptdp-eval and ptdp-plan."""
+    from ptdp_jax.evaluate import main as eval_main
+    from ptdp_jax.plan.cli import main as plan_main
+    items = ["data.path=[data/x", "train.lr={"]
+    for item in items:
+        value = item.split("=", 1)[1]
+        with pytest.raises(ConfigError) as e:
+            parse_cli_overrides(["train.steps=2", item])
+        assert f"override {item}: cannot parse {value!r}" in str(e.value)
+        assert eval_main(["no-such-checkpoint", item]) == ExitCode.CONFIG
+        assert plan_main(["configs/tiny-gpt.yaml", "--gpus", "8", item]) == ExitCode.CONFIG
+        err = capsys.readouterr().err.splitlines()
+        assert err[0].startswith(f"ptdp-eval: config error: override {item}: cannot parse")
+        assert err[1].startswith(f"ptdp-plan: config error: override {item}: cannot parse")
+    r = _run(*_tool("ptdp_jax.cli"), "configs/tiny-gpt.yaml", "--print-config", items[0])
+    _clean(r, ExitCode.CONFIG)
+    assert r.stderr.strip() == ("ptdp-train: config error: override data.path=[data/x: cannot "
+                                "parse '[data/x' as a YAML value: expected ',' or ']', but "
+                                "got '<stream end>'"), r.stderr
 
 
 # ----------------------------------------------------------------------------- overwrites
