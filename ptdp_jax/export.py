@@ -23,7 +23,8 @@ data ended a document. Files are written with the usual permissions
 (0644 under the default umask).
 
 The vocabulary is unpadded to ``model.vocab_size`` rows. CHECKPOINT is a step
-directory (``<checkpoint.dir>/<step>``) or a checkpoint.dir (its newest step).
+directory (``<checkpoint.dir>/<step>``) or a checkpoint.dir (its newest step). An
+OUT_DIR that already holds an export is refused unless ``--overwrite``.
 """
 from __future__ import annotations
 
