@@ -58,7 +58,8 @@ from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.ckpt_format import (  # noqa: F401  (re-exported: the public checkpoint API)
     FORMAT, META_FILE, META_ITEM, STATE_ITEM, VERSION, CheckpointError, _scan, _shape_tree,
     _short, check_compatible, check_directory, checkpoint_config, config_from_dict,
-    load_checkpoint, load_params, read_meta, resolve_step_dir, stored_shapes)
+    damaged_message, load_checkpoint, load_params, quiet_closed_loop, read_meta,
+    resolve_step_dir, stored_shapes)
 from ptdp_jax.state import (  # noqa: F401  (re-exported: the public checkpoint API)
     canonical_abstract_state, canonical_shardings, make_optimizer, to_canonical_state,
     to_stage_state, with_shardings as _with_shardings)
@@ -185,13 +186,13 @@ class CheckpointManager:
         check_compatible(meta, self.cfg, str(where))
         old = meta["version"] == 1          # GPT's fused QKV: restored fused, then split
         abstract = ckpt_upgrade.v1_abstract(self._abstract) if old else self._abstract
+        quiet_closed_loop()
         try:
             restored = self._manager().restore(step, args=ocp.args.Composite(**{
                 STATE_ITEM: ocp.args.StandardRestore(abstract)}))[STATE_ITEM]
         except Exception as e:      # orbax/tensorstore raise many kinds; one clear error
             self.close()
-            raise CheckpointError(f"checkpoint {where} is corrupt or incomplete: "
-                                  f"{type(e).__name__}: {_short(e)}") from e
+            raise CheckpointError(damaged_message(where, e, resuming=True)) from e
         if old:
             restored = ckpt_upgrade.from_v1(restored, like=self._abstract)
         if int(restored["step"]) != step:

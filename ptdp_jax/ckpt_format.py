@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -82,14 +83,15 @@ def checkpoint_config(step_dir: str | os.PathLike) -> Config:
     return _meta_config(read_meta(step_dir), step_dir)
 
 
-def _model_keys(m) -> dict[str, Any]:
-    """The model settings that decide parameter shapes (and the model's identity)."""
+def _model_keys(m, seq_len: bool | None = None) -> dict[str, Any]:
+    """The model settings that decide parameter shapes (and the model's identity); with
+    model.seq_len for GPT (learned positions: a (seq_len, h) table), or if `seq_len`."""
     keys = {"model.arch": m.arch, "model.num_layers": m.num_layers,
             "model.hidden_size": m.hidden_size, "model.num_heads": m.num_heads,
             "model.num_kv_heads": m.kv_heads,
             "model.ffn_hidden_size": m.ffn, "model.vocab_size": m.vocab_size}
-    if m.arch == "gpt":
-        keys["model.seq_len"] = m.seq_len        # learned positions: a (seq_len, h) table
+    if seq_len or (seq_len is None and m.arch == "gpt"):
+        keys["model.seq_len"] = m.seq_len
     return keys
 
 
@@ -100,9 +102,11 @@ def _shape_tree(model_cfg) -> dict:
 def check_compatible(meta: dict, cfg: Config, where: str) -> None:
     """CheckpointError naming every model setting where checkpoint and config differ."""
     ck = _meta_config(meta, where)
-    a, b = _model_keys(ck.model), _model_keys(cfg.model)
-    diffs = [f"{k}: checkpoint {a[k]}, config {b.get(k)}" for k in a if a[k] != b.get(k)]
-    diffs += [f"{k}: checkpoint (none), config {b[k]}" for k in b if k not in a]
+    # the same keys, resolved, on both sides: a GPT checkpoint against a LLaMA config
+    # compares model.seq_len too, read from both
+    with_seq = "gpt" in (ck.model.arch, cfg.model.arch)
+    a, b = _model_keys(ck.model, with_seq), _model_keys(cfg.model, with_seq)
+    diffs = [f"{k}: checkpoint {a[k]}, config {b[k]}" for k in a if a[k] != b[k]]
     if not diffs and meta["param_shapes"] != _shape_tree(cfg.model):
         diffs.append("parameter shapes differ: checkpoint "
                      f"{meta['param_shapes']}, config {_shape_tree(cfg.model)}")
@@ -152,6 +156,69 @@ def _short(e: BaseException, limit: int = 300) -> str:
     return s if len(s) <= limit else s[:limit] + " ..."
 
 
+def _read_error(e: BaseException, limit: int = 500) -> str:
+    """What went wrong in a failed orbax/tensorstore read, on one line: the first error of
+    the chain that is not a wrapper around a TensorStore repr, without tensorstore's
+    driver and database prefixes and its spec."""
+    chain = [e]
+    while len(chain) < 20 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    best = next((x for x in chain if "TensorStore details" not in str(x)), chain[-1])
+    text = " ".join(str(best).split(" [tensorstore_spec")[0].split())
+    text = re.sub(r'Error opening "\w+" driver: | in OCDBT database at local file "[^"]*"', "",
+                  text)
+    text = text if len(text) <= limit else text[:limit] + " ..."
+    return f"{type(best).__name__}: {text}"
+
+
+def damaged_message(step_dir: str | os.PathLike, e: BaseException, resuming: bool) -> str:
+    """The CheckpointError text of a step directory that cannot be read: what failed, and
+    the newest older checkpoint with how to use it instead (resuming: move the damaged one
+    out of checkpoint.dir, since a run resumes from the newest)."""
+    step_dir = Path(step_dir)
+    directory, step = step_dir.parent, _step_of(step_dir.name)
+    what = f"checkpoint {step_dir} is corrupt or incomplete ({_read_error(e)})"
+    older = None
+    for s in reversed(_scan(directory)[0] if step is not None else []):
+        try:
+            if s < step:
+                read_meta(directory / str(s))
+                older = s
+                break
+        except CheckpointError:
+            continue
+    if older is None:
+        return f"{what}; no older checkpoint is in {directory}" + \
+            (f": move {step_dir} away and start fresh" if resuming else "")
+    prev = directory / str(older)
+    if resuming:
+        return (f"{what}; the newest older checkpoint is step {older} ({prev}): to resume "
+                f"from it, move {step_dir} out of checkpoint.dir (e.g. mv {step_dir} "
+                f"{directory}-{step_dir.name}.damaged) and run again")
+    return f"{what}; the newest older checkpoint is step {older}: give {prev} instead"
+
+
+_QUIET_LOOP = False
+
+
+def quiet_closed_loop() -> None:
+    """Drop (once installed, for the process) the 'Event loop is closed' reports that
+    follow a failed orbax restore: tensorstore's reads still in flight complete into the
+    asyncio loop that orbax has already closed; nothing is lost, but each printed a
+    traceback around the one clear CheckpointError."""
+    global _QUIET_LOOP
+    if _QUIET_LOOP:
+        return
+    previous = sys.unraisablehook
+
+    def hook(u):
+        if isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed":
+            return
+        previous(u)
+    sys.unraisablehook = hook
+    _QUIET_LOOP = True
+
+
 # ----------------------------------------------------------------------------- loading on the host
 
 def resolve_step_dir(path: str | os.PathLike) -> Path:
@@ -180,12 +247,12 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[Config, dict, dict]:
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), abstract)
     if meta["version"] == 1:
         target = ckpt_upgrade.v1_abstract(target)
+    quiet_closed_loop()
     try:
         with ocp.StandardCheckpointer() as ckptr:
             state = ckptr.restore(step_dir / STATE_ITEM, target)
     except Exception as e:
-        raise CheckpointError(f"checkpoint {step_dir} is corrupt or incomplete: "
-                              f"{type(e).__name__}: {_short(e)}") from e
+        raise CheckpointError(damaged_message(step_dir, e, resuming=False)) from e
     state = jax.tree.map(np.asarray, state)
     if meta["version"] == 1:
         state = ckpt_upgrade.from_v1(state)

@@ -153,13 +153,52 @@ def parse_mesh(text: str) -> tuple[int, int, int]:
 
 
 def parse_cli_overrides(items: list[str]) -> dict[str, str]:
+    """['train.steps=5', ...] -> {'train.steps': 5}, each value read as YAML; ConfigError
+    naming the key for a value that is not YAML (as read_yaml does for a file)."""
     out = {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         k, v = item.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        try:
+            out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        except yaml.YAMLError as e:
+            what = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise ConfigError(f"override {k.strip()}={v}: cannot parse {v!r} as a YAML "
+                              f"value: {what}") from None
     return out
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A key given twice in one mapping (YAML itself would keep the last value)."""
+
+    def __init__(self, key: str, line: int, first: int):
+        super().__init__(problem=f"duplicate key {key!r}")
+        self.key, self.line, self.first = key, line, first
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (a section given
+    twice, or `steps: 5` then `steps: 7`) instead of silently keeping the last."""
+
+    def construct_mapping(self, node, deep=False):
+        paths = self.__dict__.setdefault("_paths", {})       # mapping node -> 'section.'
+        prefix = paths.get(id(node), "")
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":      # '<<: *base' may override
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise DuplicateKeyError(f"{prefix}{key}", line, seen[key])
+                seen[key] = line
+            except TypeError:                    # an unhashable key: SafeLoader reports it
+                continue
+            if isinstance(value_node, yaml.MappingNode):
+                paths[id(value_node)] = f"{prefix}{key}."
+        return super().construct_mapping(node, deep)
 
 
 def _yaml_lines(text: str) -> dict[str, int]:
@@ -193,7 +232,11 @@ def read_yaml(path: "str | os.PathLike") -> tuple[dict[str, Any], dict[str, int]
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {str(path)!r} cannot be read: {e}") from None
     try:
-        tree = yaml.safe_load(text)
+        tree = yaml.load(text, Loader=UniqueKeyLoader)
+    except DuplicateKeyError as e:
+        raise ConfigError(f"config file {str(path)!r}, line {e.line}: {e.key!r} is given twice "
+                          f"(first on line {e.first}); YAML would keep only the last one, so "
+                          f"remove or merge one of them") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -216,18 +259,35 @@ def read_yaml(path: "str | os.PathLike") -> tuple[dict[str, Any], dict[str, int]
     return flat, lines
 
 
+def _data_vocab_size(paths) -> int | None:
+    """The largest vocabulary of the prepared datasets `paths`; None if there are none or
+    one cannot be read (the data checks before training name that one)."""
+    from ptdp_jax.data.dataset import TokenDataset
+    try:
+        return max(TokenDataset(p).vocab_size for p in paths) if paths else None
+    except (OSError, ValueError):
+        return None
+
+
 def load_config(config: "str | os.PathLike | Config | None" = None,
                 overrides: Mapping[str, Any] | None = None) -> Config:
-    """Defaults, then a YAML file (or a Config), then dotted overrides."""
+    """Defaults, then a YAML file (or a Config), then dotted overrides. A model.vocab_size
+    that neither the file nor the overrides set follows data.path's tokenizer (a value
+    set too small for the data stays an error, raised when the data is opened)."""
+    overrides = dict(overrides or {})
     if isinstance(config, Config):
-        cfg = config
-    else:
-        cfg = Config()
-        if config is not None:
-            flat, lines = read_yaml(config)
-            cfg = _apply(cfg, flat, lambda key: f"config file {str(config)!r}, line "
-                                                f"{lines.get(key, '?')}: ")
-    return _apply(cfg, dict(overrides or {}))
+        return _apply(config, overrides)
+    cfg, flat = Config(), {}
+    if config is not None:
+        flat, lines = read_yaml(config)
+        cfg = _apply(cfg, flat, lambda key: f"config file {str(config)!r}, line "
+                                            f"{lines.get(key, '?')}: ")
+    cfg = _apply(cfg, overrides)
+    if "model.vocab_size" not in flat and "model.vocab_size" not in overrides:
+        vocab = _data_vocab_size(cfg.data.path)
+        if vocab is not None:
+            cfg = replace(cfg, model=replace(cfg.model, vocab_size=vocab))
+    return cfg
 
 
 def to_yaml(cfg: Config) -> str:

@@ -20,7 +20,7 @@ class ModelConfig:
     num_heads: int = 4
     num_kv_heads: int | None = None      # llama: key/value heads (grouped-query attention); None: num_heads
     ffn_hidden_size: int | None = None   # None: 4h for gpt, 2/3*4h rounded up to 256 for llama
-    vocab_size: int = 257                # the byte tokenizer's 256 bytes + end-of-document
+    vocab_size: int = 257                # the byte tokenizer's (256 + eos); unset: data.path's
     seq_len: int = 128
     dropout: float = 0.0
     norm_eps: float = 1e-5

@@ -17,11 +17,14 @@ With the weights comes the tokenizer of the training data (``tokenizer.json``,
 ``transformers.AutoTokenizer.from_pretrained(OUT_DIR)`` encodes text as training did:
 a BPE dataset's own tokenizer.json, or for the byte tokenizer a byte-level BPE without
 merges whose ids are the byte values (``<|endoftext|>`` = 256). ``--tokenizer`` names
-it when the checkpoint's data is gone. Files are written with the usual permissions
+it when the checkpoint's data is gone. Its ``<|endoftext|>`` id is bos, eos and pad in
+``config.json`` and ``generation_config.json``, so that ``generate`` stops where training
+data ended a document. Files are written with the usual permissions
 (0644 under the default umask).
 
 The vocabulary is unpadded to ``model.vocab_size`` rows. CHECKPOINT is a step
-directory (``<checkpoint.dir>/<step>``) or a checkpoint.dir (its newest step).
+directory (``<checkpoint.dir>/<step>``) or a checkpoint.dir (its newest step). An
+OUT_DIR that already holds an export is refused unless ``--overwrite``.
 """
 from __future__ import annotations
 
@@ -143,7 +146,8 @@ def export_tokenizer(spec: str, out_dir: str | os.PathLike, model_max_length: in
     else:
         text = Path(spec).read_text(encoding="utf-8")
     (out / "tokenizer.json").write_text(text, encoding="utf-8")
-    special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": EOS_TOKEN}
+    special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": EOS_TOKEN,
+               "pad_token": EOS_TOKEN}
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
     conf = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
             "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
@@ -168,9 +172,14 @@ def export_params(model_cfg, params, out_dir: str | os.PathLike, dtype: str = "f
         raise ValueError(f"cannot export model.arch={model_cfg.arch!r}")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r} is not one of {sorted(DTYPES)}")
+    from ptdp_jax.data.tokenizer import load_tokenizer
+
     config, tensors = CONVERTERS[model_cfg.arch](model_cfg, params)
-    if model_cfg.vocab_size == BYTE_EOS + 1:       # the byte tokenizer's eos
-        config["bos_token_id"] = config["eos_token_id"] = BYTE_EOS
+    # The tokenizer's end-of-document id is bos, eos and pad: without it transformers
+    # falls back to its own defaults (GPT-2 50256, LLaMA 1 and 2), ids of other tokens.
+    eos = None if tokenizer is None else load_tokenizer(tokenizer).eos_id
+    ids = {} if eos is None else {"bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos}
+    config.update(ids)
     config["torch_dtype"] = config["dtype"] = dtype
     if dtype == "bfloat16":
         import ml_dtypes
@@ -185,23 +194,36 @@ def export_params(model_cfg, params, out_dir: str | os.PathLike, dtype: str = "f
     _readable(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer is not None:
+        (out / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
         export_tokenizer(tokenizer, out, model_cfg.seq_len)
     return out
 
 
-def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
-                      dtype: str = "float32", tokenizer: str | None = None) -> Path:
-    """Export a ptdp_jax checkpoint (step dir or checkpoint.dir) to a Hugging Face dir,
-    with the tokenizer of its training data (or `tokenizer`: 'byte' or a tokenizer.json)."""
-    from ptdp_jax.data.sources import tokenizer_spec_of
-    from ptdp_jax.data.tokenizer import load_tokenizer
+EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json")
 
+
+def check_out_dir(out_dir: str | os.PathLike) -> None:
+    """FileExistsError naming `out_dir` if it holds an export's files (an export with a
+    tokenizer rewrites every one of them, so --overwrite leaves nothing stale)."""
+    old = [name for name in EXPORT_FILES if (Path(out_dir) / name).exists()]
+    if old:
+        raise FileExistsError(f"{str(out_dir)!r} already holds an export ({', '.join(old)}); "
+                              f"give --overwrite to replace it, or another directory")
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
+                      dtype: str = "float32", tokenizer: str | None = None,
+                      overwrite: bool = False) -> Path:
+    """Export a ptdp_jax checkpoint (step dir or checkpoint.dir) to a Hugging Face dir,
+    with the tokenizer of its training data (or `tokenizer`: 'byte' or a tokenizer.json);
+    an export already in `out_dir` is refused unless `overwrite`."""
+    from ptdp_jax.data.sources import model_tokenizer
+
+    if not overwrite:
+        check_out_dir(out_dir)                      # before the checkpoint is read
     cfg, params = load_params(checkpoint)
-    spec = tokenizer or tokenizer_spec_of(list(cfg.data.path))
-    tok = load_tokenizer(spec)                       # fails early on a bad spec
-    if tok.vocab_size > cfg.model.vocab_size:
-        raise ValueError(f"tokenizer {spec!r} has {tok.vocab_size} ids but the model's "
-                         f"vocabulary is {cfg.model.vocab_size}")
+    spec, _ = model_tokenizer(list(cfg.data.path), cfg.model.vocab_size, tokenizer)
     return export_params(cfg.model, params, out_dir, dtype, tokenizer=spec)
 
 
@@ -214,16 +236,19 @@ def main(argv=None) -> int:
     ap.add_argument("checkpoint", help="a step directory (CKPT_DIR/STEP) or a checkpoint.dir "
                                        "(its newest complete step)")
     ap.add_argument("out_dir", help="output directory (created)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace an export already in OUT_DIR (refused otherwise)")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--tokenizer", help="byte, or a tokenizer.json (default: the tokenizer of "
                                         "the checkpoint's training data)")
     args = ap.parse_args(argv)
     try:
-        out = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer)
+        out = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer,
+                                args.overwrite)
     except CheckpointError as e:
         print(f"ptdp-export: {e}", file=sys.stderr)
         return ExitCode.CHECKPOINT
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
         print(f"ptdp-export: {e}", file=sys.stderr)
         return ExitCode.CONFIG
     print(f"wrote {out / 'config.json'}, {out / 'model.safetensors'} and {out / 'tokenizer.json'}")

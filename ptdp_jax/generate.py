@@ -65,8 +65,7 @@ def greedy_generate(model_cfg, params, prompt_ids: list[int], num_tokens: int) -
 
 def main(argv=None) -> int:
     from ptdp_jax.checkpoint import CheckpointError, load_params
-    from ptdp_jax.data.sources import tokenizer_spec_of
-    from ptdp_jax.data.tokenizer import load_tokenizer
+    from ptdp_jax.data.sources import model_tokenizer
     from ptdp_jax.exits import ExitCode
 
     ap = argparse.ArgumentParser(
@@ -83,7 +82,8 @@ def main(argv=None) -> int:
                     help="sample among the K likeliest tokens (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokenizer", help="byte, or a tokenizer.json (default: the one of the "
-                                        "checkpoint's training data)")
+                                        "checkpoint's training data; another vocabulary "
+                                        "than that one is refused)")
     args = ap.parse_args(argv)
     if args.max_new_tokens < 0 or args.temperature < 0 or args.top_k < 0:
         print("ptdp-generate: --max-new-tokens, --temperature and --top-k must be >= 0",
@@ -91,16 +91,12 @@ def main(argv=None) -> int:
         return ExitCode.CONFIG
     try:
         cfg, params = load_params(args.checkpoint)
-        tok = load_tokenizer(args.tokenizer or tokenizer_spec_of(list(cfg.data.path)))
+        _, tok = model_tokenizer(list(cfg.data.path), cfg.model.vocab_size, args.tokenizer)
     except CheckpointError as e:
         print(f"ptdp-generate: checkpoint error: {e}", file=sys.stderr)
         return ExitCode.CHECKPOINT
     except (ValueError, FileNotFoundError) as e:
         print(f"ptdp-generate: {e}", file=sys.stderr)
-        return ExitCode.CONFIG
-    if tok.vocab_size > cfg.model.vocab_size:
-        print(f"ptdp-generate: the tokenizer has {tok.vocab_size} ids, the model "
-              f"{cfg.model.vocab_size}", file=sys.stderr)
         return ExitCode.CONFIG
     out = generate(cfg.model, params, tok.encode(args.prompt), args.max_new_tokens,
                    temperature=args.temperature, top_k=args.top_k, seed=args.seed)

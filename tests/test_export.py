@@ -209,8 +209,8 @@ def test_export_writes_a_tokenizer_and_readable_files(tmp_path):
 
 @needs_hf
 def test_exported_tokenizers_load_in_transformers(tmp_path):
-    """AutoTokenizer of an export encodes as training did: the byte tokenizer, and a BPE
-    dataset's own tokenizer.json (--tokenizer)."""
+    """AutoTokenizer of an export encodes as training did (the byte tokenizer here, a BPE
+    dataset's below); --tokenizer of another vocabulary than the data's is refused."""
     from ptdp_jax.data import BPETokenizer
     _checkpoint(tmp_path, "gpt", mesh=(1, 1, 1))
     text = "Pipeline parallelism splits layers; ünïcödé"
@@ -220,6 +220,40 @@ def test_exported_tokenizers_load_in_transformers(tmp_path):
     assert tok.decode(list(text.encode())) == text
     bpe = BPETokenizer.train([text * 20, "more text to learn merges from " * 20], 280)
     bpe.save(tmp_path / "bpe.json")
-    out2 = EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf2", tokenizer=str(tmp_path / "bpe.json"))
-    tok2 = transformers.AutoTokenizer.from_pretrained(str(out2))
-    assert tok2(text)["input_ids"] == bpe.encode(text)
+    with pytest.raises(ValueError, match="has 280 ids but the model was trained with 'byte'"):
+        EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf2",
+                             tokenizer=str(tmp_path / "bpe.json"))
+
+
+@needs_hf
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+def test_export_of_a_bpe_model_carries_its_token_ids(tmp_path, arch):
+    """A model of BPE data (its <|endoftext|> is id 0): config.json, generation_config.json
+    and the tokenizer name id 0 as bos/eos/pad, so that `generate` on the export alone
+    stops where training data ended a document (all-zero logits: greedy picks id 0)."""
+    from ptdp_jax.data import BPETokenizer, prepare_dataset
+    (tmp_path / "a.txt").write_text("Some text for a tokenizer to learn from. " * 200)
+    prefix = prepare_dataset([str(tmp_path / "a.txt")], tmp_path / "bpe", tokenizer="bpe",
+                             bpe_vocab_size=300)
+    eos = json.loads((tmp_path / "bpe.json").read_text())["eos_id"]
+    assert eos == 0
+    _checkpoint(tmp_path, arch, mesh=(1, 1, 1), **{"data.path": str(prefix)})
+    out = EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    conf = json.loads((out / "config.json").read_text())
+    gen = json.loads((out / "generation_config.json").read_text())
+    for c in (conf, gen):
+        assert (c["bos_token_id"], c["eos_token_id"]) == (eos, eos), c
+    assert gen["pad_token_id"] == eos
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert tok.eos_token_id == tok.bos_token_id == tok.pad_token_id == eos
+    text = "Some text for a tokenizer; ünïcödé"
+    assert tok(text)["input_ids"] == BPETokenizer.from_file(f"{prefix}.tokenizer.json").encode(text)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    with torch.no_grad():                             # every logit 0: greedy picks id 0
+        final = model.transformer.ln_f if arch == "gpt" else model.model.norm
+        final.weight.zero_()
+        if arch == "gpt":
+            final.bias.zero_()
+    ids = tok("Some text", return_tensors="pt")
+    got = model.generate(**ids, max_new_tokens=5, do_sample=False)
+    assert got[0, ids["input_ids"].shape[1]:].tolist() == [eos]

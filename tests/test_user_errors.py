@@ -36,6 +36,10 @@ def _cli(capsys, *args):
     ("train:\n  stesp: 10\n", ["line 2", "unknown config key 'train.stesp'",
                                "did you mean 'train.steps'?"]),
     ("- a\n- b\n", ["must hold a mapping of sections"]),
+    ("train:\n  steps: 5\n  lr: 1e-3\n  steps: 7\n",
+     ["line 4", "'train.steps' is given twice (first on line 2)"]),
+    ("model:\n  hidden_size: 32\ntrain:\n  steps: 5\nmodel:\n  num_layers: 2\n",
+     ["line 5", "'model' is given twice (first on line 1)"]),
 ])
 def test_bad_config_files_are_config_errors(tmp_path, capsys, text, words):
     f = tmp_path / "c.yaml"

@@ -14,7 +14,8 @@ under temporary names and renamed; the metadata is written last, so a dataset
 whose ``.json`` exists is complete.
 
 Command line: ``ptdp-prepare-data INPUT [INPUT ...] --out PREFIX
-[--tokenizer byte|bpe|PATH.json] [--vocab-size N] [--text-key text]``.
+[--tokenizer byte|bpe|PATH.json] [--vocab-size N] [--text-key text] [--overwrite]``
+(an existing dataset at PREFIX is refused without ``--overwrite``).
 """
 
 from __future__ import annotations
@@ -141,16 +142,24 @@ def write_token_dataset(documents: Iterable[str], out_prefix: str | os.PathLike,
 
 
 def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer: str = "byte",
-                    text_key: str = "text", bpe_vocab_size: int | None = None) -> Path:
+                    text_key: str = "text", bpe_vocab_size: int | None = None,
+                    overwrite: bool = False) -> Path:
     """Tokenize ``inputs`` (.txt / .jsonl files) into the dataset ``out_prefix``.
 
     ``tokenizer`` is ``'byte'``, a path to a ``tokenizer.json``, or ``'bpe'``
     together with ``bpe_vocab_size``: then a byte-level BPE is trained on the
     inputs and saved as ``out_prefix.tokenizer.json`` (recorded in the metadata
     relative to the dataset's folder).  Returns ``out_prefix`` as a Path.
+    An existing dataset at ``out_prefix`` is a FileExistsError unless ``overwrite``.
     """
     paths = check_inputs(inputs)
     prefix = Path(out_prefix)
+    ours = (".bin", ".idx.npy", ".json") + ((".tokenizer.json",) if tokenizer == "bpe" else ())
+    old = [f"{prefix}{s}" for s in ours if os.path.exists(f"{prefix}{s}")]
+    if old and not overwrite:
+        raise FileExistsError(f"--out {str(prefix)!r}: a dataset is already there "
+                              f"({', '.join(old)}); give --overwrite to replace it, or "
+                              f"another prefix")
 
     def documents() -> Iterator[str]:
         for p in paths:
@@ -205,11 +214,13 @@ def main(argv: list[str] | None = None) -> int:
                              "or the path of a tokenizer.json")
     parser.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size")
     parser.add_argument("--text-key", default="text", help="JSONL field holding the text")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace a dataset already at PREFIX (refused otherwise)")
     args = parser.parse_args(argv)
     try:
         prefix = prepare_dataset(args.inputs, args.out, args.tokenizer, args.text_key,
-                                 args.vocab_size)
-    except (FileNotFoundError, ValueError) as e:
+                                 args.vocab_size, overwrite=args.overwrite)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
         parser.exit(2, f"ptdp-prepare-data: error: {e}\n")
     ds = TokenDataset(prefix)
     files = [f"{prefix}{s}" for s in (".bin", ".idx.npy", ".json")]
