@@ -1,0 +1,111 @@
+"""train.fp8: FP8 operands for the layers' GEMMs (models/fp8.py). The quantizer's contract,
+the config's checks, and loss and gradients on every kind of layout against one device.
+
+Tolerance: a layout whose float32 sums differ from one device's in the last bit can move an
+element of a GEMM operand across an FP8 rounding boundary (E5M2 has 2 mantissa bits), which
+moves a few gradient elements by ~1e-4 of their tensor's largest. FP8 itself moves every
+gradient by 1e-2 to 1e-1 against float32 (test_fp8_changes_the_numbers), so FP8_TOL = 5e-4
+still tells a wrong scale, a missed quantization or a wrong reduction from a right one."""
+import warnings
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from parity import assert_close, loss_and_grads, reference, tiny_config
+from ptdp_jax.config import ConfigError
+from ptdp_jax.models import fp8 as F8
+from ptdp_jax.validation import check_fp8_devices
+
+FP8 = (("train.fp8", True),)
+FP8_TOL = 5e-4
+
+
+def test_scale_is_the_least_power_of_two_that_fits():
+    x = jnp.array([0.5, -3.0, 100.0], jnp.float32)
+    s = float(F8.scale_of(x, F8.E4M3))
+    assert s == 0.25                       # 100 / 448 = 0.223 -> 0.25
+    assert float(F8.scale_of(jnp.array([448.0]), F8.E4M3)) == 1.0     # exactly the largest
+    assert float(F8.scale_of(jnp.zeros(3), F8.E4M3)) == 1.0
+    assert float(F8.scale_of(jnp.array([57344.0 * 4]), F8.E5M2)) == 4.0
+
+
+def test_qdq_rounds_to_the_grid_and_is_idempotent():
+    x = jax.random.normal(jax.random.key(0), (64, 32)) * 7.0
+    for fmt in (F8.E4M3, F8.E5M2):
+        y = F8.qdq(x, fmt)
+        s = F8.scale_of(x, fmt)
+        assert jnp.all((y / s).astype(fmt).astype(jnp.float32) == y / s)   # on the grid
+        np.testing.assert_array_equal(F8.qdq(y, fmt), y)                   # idempotent
+        assert float(jnp.abs(y - x).max()) <= float(jnp.abs(x).max()) * 2.0 ** -2
+    bf = x.astype(jnp.bfloat16)
+    assert F8.qdq(bf, F8.E4M3).dtype == jnp.bfloat16
+
+
+def test_fp8_einsum_gradients_are_those_of_the_rounded_operands():
+    """Forward on E4M3 x and w; backward with dy rounded to E5M2."""
+    kx, kw, kg = jax.random.split(jax.random.key(1), 3)
+    x = jax.random.normal(kx, (2, 8, 16))
+    w = jax.random.normal(kw, (16, 4, 8))
+    g = jax.random.normal(kg, (2, 8, 4, 8))
+    spec = "bsh,hnd->bsnd"
+    y, pull = jax.vjp(lambda a, b: F8.einsum(spec, a, b), x, w)
+    xq, wq, gq = F8.qdq(x, F8.E4M3), F8.qdq(w, F8.E4M3), F8.qdq(g, F8.E5M2)
+    np.testing.assert_allclose(y, jnp.einsum(spec, xq, wq), rtol=1e-6)
+    dx, dw = pull(g)
+    np.testing.assert_allclose(dx, jnp.einsum("bsnd,hnd->bsh", gq, wq), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dw, jnp.einsum("bsh,bsnd->hnd", xq, gq), rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_changes_the_numbers():
+    """The reference the layouts are held to is FP8's own: against float32 its loss is close
+    and its gradients differ far beyond FP8_TOL (so the parity tests can tell)."""
+    (l8, g8), (l32, g32) = reference("gpt", FP8), reference("gpt")
+    assert abs(l8 - l32) < 1e-2 * abs(l32)
+    worst = max(float(np.abs(a - b).max() / (np.abs(b).max() + 1e-12))
+                for a, b in zip(jax.tree.leaves(g8), jax.tree.leaves(g32)))
+    assert worst > 20 * FP8_TOL
+
+
+LAYOUTS = [
+    ((2, 1, 1), {}),
+    ((2, 1, 1), {"parallel.zero": 3}),
+    ((1, 1, 2), {"parallel.sequence_parallel": True}),
+    ((1, 2, 1), {"parallel.schedule": "zb-phased"}),
+    ((1, 2, 1), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
+    ((2, 2, 2), {"parallel.sequence_parallel": True}),
+]
+
+
+@pytest.mark.parametrize("arch", ["gpt", "llama"])
+@pytest.mark.parametrize("mesh,extra", LAYOUTS,
+                         ids=["data2", "zero3", "tensor2-sp", "zb-phased", "interleaved",
+                              "2x2x2-sp"])
+def test_fp8_parity(arch, mesh, extra):
+    got = loss_and_grads(tiny_config(arch, mesh, **dict(FP8), **extra))
+    assert_close(got, reference(arch, FP8), atol_frac=FP8_TOL)
+
+
+def test_fp8_refuses_explicit_tp_overlap():
+    with pytest.raises(ConfigError, match="train.fp8 with parallel.tp_comm_overlap"):
+        tiny_config("gpt", (1, 1, 2), **{"train.fp8": True, "parallel.sequence_parallel": True,
+                                         "parallel.tp_comm_overlap": True})
+    cfg = tiny_config("gpt", (1, 1, 2), **{"train.fp8": True, "parallel.sequence_parallel": True,
+                                           "train.global_batch_size": 1})
+    assert not cfg.tp_comm_overlap_on       # auto resolves off under FP8
+
+
+def test_fp8_devices():
+    cfg = tiny_config("gpt", (1, 1, 1), **dict(FP8))
+    a100 = SimpleNamespace(platform="gpu", compute_capability="8.0", device_kind="NVIDIA A100")
+    with pytest.raises(ConfigError, match="NVIDIA A100 has 8.0"):
+        check_fp8_devices(cfg, [a100])
+    check_fp8_devices(cfg, [SimpleNamespace(platform="gpu", compute_capability="9.0",
+                                            device_kind="NVIDIA H200")])
+    with pytest.warns(UserWarning, match="emulated"):
+        check_fp8_devices(cfg, jax.devices())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_fp8_devices(tiny_config("gpt", (1, 1, 1)), jax.devices())   # fp8 off: silent
