@@ -136,8 +136,7 @@ def _taps_fp8_bwd(spec, res, g):
     qx, sx, qw, sw = res
     dt = g.dtype
     g = F8.qdq(g, F8.E5M2)
-    return (F8.input_grad(spec, g, F8.dequantize(qw, sw, dt)), None,
-            F8.dequantize(qx, sx, dt), g)
+    return (F8.input_grad(spec, g, F8.operand(qw, sw, dt)), None, F8.operand(qx, sx, dt), g)
 
 
 _taps_fp8.defvjp(lambda spec, x, w, x_tap, g_tap: F8.forward(spec, x, w), _taps_fp8_bwd)
