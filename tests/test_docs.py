@@ -45,7 +45,11 @@ def test_docs_mention(word):
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_docs_point_inside_the_project(page):
     text = PAGES[page]
-    assert not re.search(r"\.\./", text)
+    for link in re.findall(r"\]\(([^)#]+)", text):     # relative links stay in the tree, and exist
+        if "://" not in link:
+            target = ((ROOT / page).parent / link).resolve()
+            assert target.is_relative_to(ROOT.resolve()) and target.exists(), link
+    assert not re.search(r"\.\./shared", text)
     for path in re.findall(r"`((?:ptdp_jax|configs|tests|benchmarks|docs)/[\w./-]+\.(?:py|yaml|md|png))`",
                            text):
         assert (ROOT / path).exists(), path

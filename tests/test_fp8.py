@@ -146,3 +146,19 @@ def test_auto_layout_keeps_fp8():
     assert layout_config(cfg, best).train.fp8
     bf16_best = plan(load_config("configs/bench-1.3b.yaml"), 2, "h200")[0]
     assert best.estimate.step_time_s < bf16_best.estimate.step_time_s
+
+
+def test_fp8_resume_is_bit_identical(tmp_path, data_cache):
+    """FP8 keeps no state between steps (current scaling): 6 steps in one go == 3, stop, 3
+    resumed, losses and parameters exactly equal."""
+    import helpers_ckpt as H
+    from ptdp_jax.train import train
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 6, "train.fp8": True,
+                                         "checkpoint.every": 3})
+    mesh = (2, 1, 2)
+    base = train(mesh_shape=mesh, overrides={**ov, "checkpoint.dir": ""}, log=H.Log())
+    first = train(mesh_shape=mesh, overrides={**ov, "train.stop_at_step": 3}, log=H.Log())
+    second = train(mesh_shape=mesh, overrides=ov, log=H.Log())
+    assert second.start_step == 3
+    assert first.losses + second.losses == base.losses
+    assert H.trees_equal(second.params, base.params)
