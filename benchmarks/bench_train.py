@@ -6,7 +6,8 @@
 Prints one JSON line per run: median (and mean) step time (after the compile step and
 `--skip` more), tokens/s, model TFLOP/s per device (the paper's formula, no
 recomputation counted), MFU against the device's peak, peak device memory,
-and the first-step (compile) time."""
+and the first-step (compile) time. The figures are those of the config as it ran: with
+parallel.layout=auto, the planner's layout (layout keys given here are kept, as in ptdp-train)."""
 from __future__ import annotations
 
 import argparse
@@ -30,16 +31,16 @@ def main(argv=None):
 
     from ptdp_jax import metrics as MX
     from ptdp_jax.config import parse_cli_overrides
-    from ptdp_jax.train import resolve_config, train
+    from ptdp_jax.train import train
 
     ov = parse_cli_overrides(a.overrides)
     ov.update({"train.steps": a.steps, "run.progress": False, "run.tensorboard": False,
                "train.eval_every": 0, "train.sample_tokens": 0, "checkpoint.dir": ""})
     mesh = tuple(int(x) for x in a.mesh.split(",")) if a.mesh else None
-    cfg = resolve_config(a.config, mesh, ov)
     t0 = time.time()
-    res = train(cfg, log=lambda *x, **k: None)
+    res = train(a.config, mesh_shape=mesh, overrides=ov, log=lambda *x, **k: None)
     wall = time.time() - t0
+    cfg = res.config                 # as it ran: parallel.layout=auto resolved to the planner's
     times = res.step_times[1 + a.skip:] or res.step_times
     dt = statistics.median(times)
     n = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor

@@ -1,14 +1,18 @@
 """Tests of the benchmark tools that read step traces and HLO (benchmarks/profile_step.py,
-trace_tools.py, hlo_copies.py) on synthetic inputs: no GPU, no jax."""
+trace_tools.py, hlo_copies.py) on synthetic inputs: no GPU, no jax (bench_train.py runs in a
+subprocess on 2 fake CPU devices)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 from typing import NamedTuple
 
 import pytest
 
-from trace_fakes import P, k, kernels, load as _load, make_trace
+from trace_fakes import ROOT, P, k, kernels, load as _load, make_trace
 
 
 # ------------------------------------------------------------------------------ CLI helpers
@@ -222,3 +226,25 @@ def test_exposed_copies_counts_copy_time_with_nothing_above_it(tmp_path, capsys)
     E.main(["copies", str(f), "--steps", "1"])
     text = capsys.readouterr().out
     assert "GPU0" in text and "(total 0.11)" in text and "0.06  loop_dynamic_slice_fusion_1" in text
+
+
+def test_bench_train_reports_the_layout_that_ran(tmp_path):
+    """parallel.layout=auto: the mesh, micro batch and device count printed are the planner's
+    (2 devices here), not the YAML's (1, 1, 1) with micro batch 8."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(
+        "model: {arch: gpt, num_layers: 2, hidden_size: 32, num_heads: 4, seq_len: 16}\n"
+        "train: {global_batch_size: 8, micro_batch_size: 8, warmup_steps: 1}\n"
+        "parallel: {data: 1, pipe: 1, tensor: 1}\n"
+        f"data: {{cache_dir: {tmp_path / 'data'}}}\nrun: {{dir: {tmp_path / 'run'}}}\n")
+    env = dict(os.environ, PYTHONPATH=ROOT, PTDP_NO_DISTRIBUTED="1", JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2 "
+                         "--xla_backend_optimization_level=0")
+    r = subprocess.run([sys.executable, "benchmarks/bench_train.py", str(cfg), "--steps", "1",
+                        "--skip", "0", "parallel.layout=auto"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    d, p, t = out["mesh"]
+    assert d * p * t == 2 and len(out["peak_mem_gib"]) == 2
+    assert out["m"] * out["micro_batch"] * d == out["global_batch"] == 8

@@ -109,6 +109,19 @@ def test_dry_run_compiles_and_reports(tmp_path, data_cache, capsys):
     assert not (tmp_path / "run").exists()               # nothing trained, nothing logged
 
 
+@pytest.mark.parametrize("mesh", ["2,2,2", "1,2,4"])
+def test_bfloat16_pipeline_with_tensor_dry_runs(tmp_path, data_cache, mesh):
+    """The demo's layout in bfloat16 compiles on CPU: a subprocess, since XLA:CPU's failure
+    here was a C++ abort (SIGABRT) in AllReducePromotion, on the head's psum over 'pipe'."""
+    ov = H.tiny(tmp_path, data_cache, **{"checkpoint.dir": "", "train.dtype": "bfloat16"})
+    r = subprocess.run(
+        [sys.executable, "-m", "ptdp_jax.cli", "configs/demo.yaml", "--mesh", mesh, "--dry-run",
+         *[f"{k}={v}" for k, v in ov.items()]],
+        cwd=H.REPO, env=H.subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    assert f"mesh (data, pipe, tensor) = ({mesh.replace(',', ', ')})" in r.stdout
+
+
 # ----------------------------------------------------------------------------- item 3
 
 def test_datasets_of_different_tokenizers_do_not_blend(tmp_path, data_cache):

@@ -81,7 +81,7 @@ def head_over_pipe(cfg, sh, groups, slices: VocabSlices, stage, y_bsh, is_last, 
     groups: {'embed', 'head'} compute-dtype params cut by `slices.take`; y_bsh: the last
     chunk's output, valid on the last chunk's stage (`is_last`). Returns (loss, grads of groups
     (this stage's share), dy (the full gradient of y, on every stage))."""
-    y = jax.lax.psum(jnp.where(is_last, y_bsh, jnp.zeros_like(y_bsh)), "pipe")
+    y = _broadcast_from(sh, y_bsh, is_last)
     ids = slices.ids(stage)
 
     def loss_fn(g, y_):
@@ -89,3 +89,13 @@ def head_over_pipe(cfg, sh, groups, slices: VocabSlices, stage, y_bsh, is_last, 
     loss, (g, dy) = jax.value_and_grad(loss_fn, argnums=(0, 1))(groups, y)
     return loss, g, dy
 
+
+def _broadcast_from(sh, x, is_source):
+    """x of the stage where `is_source`, on every stage: a psum over 'pipe' of one nonzero term,
+    so exact in any dtype. On CPU devices it is summed in float32: XLA:CPU's AllReducePromotion
+    aborts the process on a bfloat16 all-reduce in a region not manual over 'tensor'
+    (it fails to clone the reducer); GPUs keep the compute dtype (half the bytes)."""
+    on_cpu = sh.mesh is not None and sh.mesh.devices.flat[0].platform == "cpu"
+    wide = on_cpu and x.dtype in (jnp.bfloat16, jnp.float16)
+    y = jnp.where(is_source, x, jnp.zeros_like(x)).astype(jnp.float32 if wide else x.dtype)
+    return jax.lax.psum(y, "pipe").astype(x.dtype)
