@@ -28,6 +28,7 @@ CHOICES = {
     "model.attention": ("auto", "xla", "cudnn"),
     "train.dtype": ("float32", "bfloat16"),
     "train.recompute": ("none", "selective", "full"),
+    "train.lr_schedule": ("cosine", "linear", "constant", "wsd"),
     "parallel.schedule": ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v",
                           "zb-phased"),
     "parallel.layout": ("manual", "auto"),

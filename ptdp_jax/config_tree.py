@@ -55,15 +55,21 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     steps: int = 200                     # the run ends after this many steps (of the whole run)
-    decay_steps: int | None = None       # length of the cosine (warm-up included); None: train.steps
+    decay_steps: int | None = None       # the lr reaches lr * min_lr_ratio at this step (warm-up
+                                         # included), constant after; None: train.steps
     stop_at_step: int = 0                # stop early (checkpoint, exit 0) at this step; 0: never
     stop_after_minutes: float = 0.0      # stop (checkpoint, exit 0) after this long; 0: never
     skip_memory_check: bool = False      # do not refuse a run the memory estimate says cannot fit
     global_batch_size: int = 16
     micro_batch_size: int = 4
     lr: float = 3e-3
-    min_lr_ratio: float = 0.1            # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 20
+    lr_schedule: str = "cosine"          # after the warm-up: cosine | linear (to lr * min_lr_ratio at
+                                         # decay_steps) | constant | wsd (constant, then linear down
+                                         # over the last decay_fraction)
+    decay_fraction: float = 0.1          # wsd: the decay's share of decay_steps (default train.steps)
+    min_lr_ratio: float = 0.1            # cosine, linear and wsd decay to lr * min_lr_ratio
+    warmup_steps: int = 20               # linear warm-up from 0 over this many steps, however short
+                                         # the run (a 5-step run of a 2000-step warm-up: tiny lr)
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95

@@ -27,19 +27,48 @@ from ptdp_jax.sharding import logical_to_spec, zero_axes
 # ----------------------------------------------------------------------------- make
 
 def lr_schedule(cfg):
-    """Learning rate of the update of step k (0-based): linear warm-up over
-    train.warmup_steps, then a cosine down to lr * min_lr_ratio at step train.decay_steps
-    (default train.steps), constant after. The schedule is evaluated at k + 1, so the
-    first update does not run at lr = 0 and the last step of the decay reaches the
-    minimum; it does not depend on train.steps once decay_steps is set, so a run can be
-    stopped early or extended without changing it."""
+    """Learning rate of the update of step k (0-based): a linear warm-up from 0 over
+    train.warmup_steps (its length whatever the run's: a short run of a long warm-up stays
+    at a small lr), then train.lr_schedule down to lr * min_lr_ratio at step D =
+    train.decay_steps (default train.steps), constant after:
+
+        cosine     a half cosine from lr over the steps warmup_steps..D
+        linear     a straight line over the same steps
+        constant   lr (min_lr_ratio unused)
+        wsd        lr, then a straight line over the last train.decay_fraction of D
+
+    A warm-up of D steps or more leaves the decay one step. The schedule is evaluated at
+    k + 1, so the first update does not run at lr = 0 and the last step of the decay
+    reaches the minimum; it depends on the step alone (the optimizer state's count, which
+    checkpoints keep), not on train.steps once decay_steps is set, so a run can be stopped
+    early, resumed or extended without changing it."""
     t = cfg.train
-    decay = t.decay_steps or t.steps
-    warm = min(t.warmup_steps, decay)
-    base = optax.warmup_cosine_decay_schedule(
-        0.0, t.lr, warmup_steps=warm, decay_steps=max(decay, warm + 1),
-        end_value=t.lr * t.min_lr_ratio)
+    end, warm = t.decay_steps or t.steps, t.warmup_steps
+    peak, low = t.lr, t.lr * t.min_lr_ratio
+    if t.lr_schedule == "cosine":
+        base = optax.warmup_cosine_decay_schedule(
+            0.0, peak, warmup_steps=warm, decay_steps=max(end, warm + 1), end_value=low)
+    else:
+        ramp = optax.linear_schedule(0.0, peak, warm)
+        if t.lr_schedule == "constant":
+            parts, bounds = [ramp, optax.constant_schedule(peak)], [warm]
+        elif t.lr_schedule == "linear":
+            parts, bounds = [ramp, optax.linear_schedule(peak, low, max(end - warm, 1))], [warm]
+        elif t.lr_schedule == "wsd":
+            start = max(end - wsd_decay_steps(cfg), warm)
+            parts = [ramp, optax.constant_schedule(peak),
+                     optax.linear_schedule(peak, low, max(end - start, 1))]
+            bounds = [warm, start]
+        else:
+            raise ValueError(f"train.lr_schedule={t.lr_schedule!r}")
+        base = optax.join_schedules(parts, bounds)
     return lambda count: base(count + 1)
+
+
+def wsd_decay_steps(cfg) -> int:
+    """The steps of wsd's decay: train.decay_fraction of the schedule's length, at least 1."""
+    t = cfg.train
+    return max(1, round(t.decay_fraction * (t.decay_steps or t.steps)))
 
 
 def make_optimizer(cfg):

@@ -46,6 +46,7 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
              f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads="
              f"{m.num_kv_heads} (each key/value head serves a whole group of query heads)")
     need(0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
+    need(0 < t.decay_fraction <= 1, f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
     need(m.dropout < 1, f"model.dropout must be < 1, got {m.dropout}")
     need(m.ffn >= 1, f"model.ffn_hidden_size must be positive, got {m.ffn}")
     need(0 < cfg.data.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")

@@ -209,12 +209,14 @@ def fold_rows(key_rows, salt: int):
     return jax.vmap(lambda k: jax.random.fold_in(k, salt))(key_rows)
 
 
-def rotary(x_bsnd, theta: float):
+def rotary(x_bsnd, theta: float, offset=0):
     """Rotary position embedding (LLaMA) in the Hugging Face convention: the
-    first half of each head's dims is rotated against the second half."""
+    first half of each head's dims is rotated against the second half. The sequence
+    holds positions offset .. offset + s - 1 (decoding with a cache: models/decode.py)."""
     b, s, n, d = x_bsnd.shape
     freqs_d2 = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-    angles_sd2 = jnp.arange(s, dtype=jnp.float32)[:, None] * freqs_d2[None, :]
+    positions = (offset + jnp.arange(s)).astype(jnp.float32)
+    angles_sd2 = positions[:, None] * freqs_d2[None, :]
     cos = jnp.cos(angles_sd2)[None, :, None, :]
     sin = jnp.sin(angles_sd2)[None, :, None, :]
     x = x_bsnd.astype(jnp.float32)
