@@ -212,8 +212,24 @@ def import_config(model: dict, overrides: dict, params: dict):
     return cfg, params
 
 
-def write_checkpoint(cfg, params, directory: str | os.PathLike) -> Path:
-    """A step-0 checkpoint of canonical `params` (fresh optimizer state) in `directory`."""
+def hf_tokenizer(hf_dir: str | os.PathLike, vocab_size: int) -> str | None:
+    """The source's tokenizer.json where ptdp_jax can use it (an end-of-document token,
+    no more ids than the model), else None."""
+    from ptdp_jax.data.tokenizer import load_tokenizer
+    path = Path(hf_dir) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        tok = load_tokenizer(str(path))
+    except Exception:               # tokenizers raises plain Exceptions for a file it rejects
+        return None
+    return str(path.resolve()) if tok.vocab_size <= vocab_size else None
+
+
+def write_checkpoint(cfg, params, directory: str | os.PathLike,
+                     tokenizer: str | None = None) -> Path:
+    """A step-0 checkpoint of canonical `params` (fresh optimizer state) in `directory`,
+    keeping `tokenizer` (a tokenizer.json, or None)."""
     import jax
     import jax.numpy as jnp
     from dataclasses import replace
@@ -228,6 +244,7 @@ def write_checkpoint(cfg, params, directory: str | os.PathLike) -> Path:
     tx, _ = make_optimizer(cfg)
     shardings = state_shardings(cfg, make_mesh((1, 1, 1)), tx)
     manager = CheckpointManager(cfg, shardings)
+    manager.tokenizer = tokenizer
     if manager.steps():
         raise ValueError(f"{directory} already holds checkpoints (steps {manager.steps()}); "
                          f"import into a new or empty directory")
@@ -286,7 +303,8 @@ def main(argv=None) -> int:
         overrides = parse_cli_overrides(args.overrides)
         model, params = import_hf(args.hf_dir)
         cfg, params = import_config(model, overrides, params)
-        step_dir = write_checkpoint(cfg, params, args.checkpoint_dir)
+        step_dir = write_checkpoint(cfg, params, args.checkpoint_dir,
+                                    hf_tokenizer(args.hf_dir, cfg.model.vocab_size))
     except (ValueError, ConfigError) as e:
         print(f"ptdp-import-hf: {e}", file=sys.stderr)
         return ExitCode.CONFIG

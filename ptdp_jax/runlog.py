@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from ptdp_jax import metrics as MX
-from ptdp_jax.config import Config, to_yaml
+from ptdp_jax.config import Config, to_yaml, with_absolute_paths
 
 
 def new_run_id() -> str:
@@ -78,7 +78,7 @@ class RunLog:
         if enabled:
             run_dir = Path(cfg.run.dir)
             (run_dir / f"config-{run_id}.yaml").write_text(
-                f"# ptdp_jax run {run_id}: the resolved config\n" + to_yaml(cfg))
+                f"# ptdp_jax run {run_id}: the resolved config\n" + to_yaml(with_absolute_paths(cfg)))
         self.n_dev = math.prod(cfg.parallel.mesh_shape)
         self.flops = MX.model_flops_per_iteration(cfg, recompute=False)
         self.peak = MX.peak_flops_per_device(jax.devices()[0])
