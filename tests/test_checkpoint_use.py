@@ -95,3 +95,23 @@ def test_byte_tokenizer_is_a_marker(tmp_path, data_cache):
     assert not (tmp_path / "ckpt" / "1" / "tokenizer").exists()
     assert checkpoint_tokenizer(tmp_path / "ckpt") == ("byte", "byte")
 
+
+def test_eval_picks_a_layout_that_fits_the_mesh(trained, capsys):
+    """The training run's interleaved v = 2 (4 layers, pipe 2) cannot split over pipe 4:
+    ptdp-eval --mesh 1,4,2 evaluates with 1f1b, v = 1 (saying so), to the loss of the
+    training layout; layout keys given on the command line are kept (and refused if they
+    do not fit)."""
+    from ptdp_jax import evaluate as EV
+    from ptdp_jax.config import ConfigError
+    ckpt = str(trained / "ckpt")
+    same = EV.evaluate_checkpoint(ckpt, mesh="1,2,1")
+    assert same["layout"] is None
+    other = EV.evaluate_checkpoint(ckpt, mesh="1,4,2")
+    assert other["layout"].startswith("schedule 1f1b, virtual_stages 1")
+    assert "interleaved, virtual_stages 2" in other["layout"]
+    assert abs(other["loss"] - same["loss"]) < 1e-4 * same["loss"]
+    assert EV.main([ckpt, "--mesh", "1,4,2"]) == ExitCode.OK
+    assert "ptdp-eval: evaluating with schedule 1f1b" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="model.num_layers=4 is not divisible"):
+        EV.evaluate_checkpoint(ckpt, mesh="1,4,2", overrides={"parallel.schedule": "interleaved",
+                                                         "parallel.virtual_stages": 2})
