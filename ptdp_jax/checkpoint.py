@@ -48,6 +48,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -418,7 +419,48 @@ def check_fresh_start(cfg: Config) -> list[int]:
     return steps
 
 
-__all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "check_fresh_start",
+def _check_writable(directory: Path) -> None:
+    """CheckpointError unless files can be made in `directory`, or (where it does not exist
+    yet) in its nearest existing ancestor, which must be a directory."""
+    probe = directory
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "exists and is not a directory" if probe == directory else \
+            f"cannot be made: {probe} is a file, not a directory"
+        raise CheckpointError(f"checkpoint.dir {directory} {what}")
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".ptdp-write-check-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        where = "" if probe == directory else f" (it does not exist yet; {probe} is where " \
+                                              f"it would be made)"
+        raise CheckpointError(f"checkpoint.dir {directory} is not writable{where}: "
+                              f"{e.strerror or e}") from None
+
+
+def check_checkpoint_dir(cfg: Config) -> list[int]:
+    """Before a run compiles: CheckpointError for a checkpoint.dir that cannot serve it (a
+    file, not writable, holding files of something else, or, when resuming, a newest
+    checkpoint that is unreadable or of another model); with checkpoint.resume=false,
+    check_fresh_start. Returns the steps this run will remove at its first save."""
+    if not cfg.checkpoint.dir:
+        return []
+    directory = Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
+    _check_writable(directory)
+    check_directory(directory)
+    if not cfg.checkpoint.resume:
+        return check_fresh_start(cfg)
+    steps = _scan(directory)[0]
+    if steps:
+        where = directory / str(steps[-1])
+        check_compatible(read_meta(where), cfg, str(where))
+    return []
+
+
+__all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "check_checkpoint_dir",
+           "check_fresh_start",
            "checkpoint_config", "checkpoint_tokenizer",
            "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "stored_shapes", "to_canonical_state",
            "to_stage_state"]

@@ -114,7 +114,8 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
     feed = Feed(cfg)                                         # opens and checks the data
     preflight.check_memory(cfg)                              # the estimate against a device
-    replaced = CK.check_fresh_start(cfg)                     # never drops checkpoints unasked
+    replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
+                                                             # checkpoints unasked
 
     mesh = make_mesh(cfg.parallel.mesh_shape,
                      allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
@@ -338,6 +339,7 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
     use_compile_cache(cfg.run.compile_cache)               # a dry run fills the cache
     Feed(cfg)
     est = preflight.check_memory(cfg)
+    CK.check_checkpoint_dir(cfg)
     mesh = make_mesh(cfg.parallel.mesh_shape,
                      allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
     tx, _ = make_optimizer(cfg)
