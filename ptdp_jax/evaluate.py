@@ -44,8 +44,10 @@ def _masked_layers(cfg, sh, layers_p, x_bsh, n):
     return x_bsh
 
 
-def make_eval_fn(cfg, mesh):
-    """(stage-layout params, batch (B, s+1)) -> mean token loss (float32), jit-able."""
+def make_eval_fn(cfg, mesh, hidden: bool = False):
+    """(stage-layout params, batch (B, s+1)) -> mean token loss (float32), jit-able.
+    hidden: (stage-layout params, tokens (B, n)) -> the last layer's output (B, n, h) on
+    every stage (what make_logits_fn puts the head on)."""
     mc, p, v = cfg.model, cfg.parallel.pipe, cfg.parallel.virtual_stages
     manual = manual_axes(mesh)
     sh = Sharder.for_config(cfg, mesh).inside(manual)
@@ -60,20 +62,23 @@ def make_eval_fn(cfg, mesh):
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
     data_spec = P("data") if "data" in manual else P()
 
-    def loss_ring(w, tokens):
+    def ring(w, inputs):
         """p > 1: one microbatch through the ring of stages (ZB-V: down and back up the V);
-        its loss sum on the last chunk's stage."""
+        (the last layer's output, whether this stage holds it: the last chunk's stage)."""
         stage = jax.lax.axis_index("pipe")
         here = jnp.asarray(per_stage)[stage]                    # (v,) layer counts
-        x = M.embed(mc, sh, w["embed"], tokens[:, :-1])          # used on stage 0 only
+        x = M.embed(mc, sh, w["embed"], inputs)                 # used on stage 0 only
         for c in range(p * v):
             j = place[c][1]                                     # every stage: its chunk j
             x = _masked_layers(mc, sh, jax.tree.map(lambda a: a[0, j], w["layers"]), x, here[j])
             if c < p * v - 1 and place[c + 1][0] != place[c][0]:
                 step = 1 if place[c + 1][0] == (place[c][0] + 1) % p else -1
                 x = jax.lax.ppermute(x, "pipe", [(i, (i + step) % p) for i in range(p)])
-        loss = M.head_loss(mc, sh, w["embed"], w["head"], x, tokens[:, 1:])
-        return jnp.where(stage == place[-1][0], loss, 0.0)
+        return x, stage == place[-1][0]
+
+    def loss_ring(w, tokens):
+        x, last = ring(w, tokens[:, :-1])
+        return jnp.where(last, M.head_loss(mc, sh, w["embed"], w["head"], x, tokens[:, 1:]), 0.0)
 
     def loss_flat(w, tokens):
         """p == 1: the whole model on one microbatch."""
@@ -93,10 +98,33 @@ def make_eval_fn(cfg, mesh):
                                 zero, mbs)
         return psum_over(total, manual, P()) / n_tokens
 
+    def local_hidden(params, tokens):
+        w = M.cast(jax.tree.map(lambda x: vary(x, manual), params), dtype)
+        if p == 1:
+            x = M.embed(mc, sh, w["embed"], tokens)
+            return psum_over(M.run_layers(mc, sh, M.to_canonical_layout(w["layers"], counts, 1),
+                                          x), manual, data_spec)
+        x, last = ring(w, tokens)
+        return psum_over(jnp.where(last, x, jnp.zeros_like(x)), manual, data_spec)
+
+    fn, out_spec = (local_hidden, data_spec) if hidden else (local, P())
     if not manual:
-        return local
-    return jax.shard_map(local, mesh=mesh, in_specs=(manual_specs, data_spec), out_specs=P(),
+        return fn
+    return jax.shard_map(fn, mesh=mesh, in_specs=(manual_specs, data_spec), out_specs=out_spec,
                          axis_names=set(manual))
+
+
+def make_logits_fn(cfg, mesh):
+    """(stage-layout params, tokens (B, n)) -> logits (B, n, padded vocab) in train.dtype,
+    jit-able: the layers as the evaluation runs them (a ring over 'pipe'), the head after."""
+    layers = make_eval_fn(cfg, mesh, hidden=True)
+    sh = Sharder.for_config(cfg, mesh)
+    dtype = M.DTYPES[cfg.train.dtype]
+
+    def fn(params, tokens):
+        w = M.cast(params, dtype)
+        return M.logits(cfg.model, sh, w["embed"], w["head"], layers(params, tokens))
+    return fn
 
 
 def evaluate(eval_fn, params, batches, num_batches: int) -> float:

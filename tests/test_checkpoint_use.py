@@ -115,3 +115,51 @@ def test_eval_picks_a_layout_that_fits_the_mesh(trained, capsys):
     with pytest.raises(ConfigError, match="model.num_layers=4 is not divisible"):
         EV.evaluate_checkpoint(ckpt, mesh="1,4,2", overrides={"parallel.schedule": "interleaved",
                                                          "parallel.virtual_stages": 2})
+
+
+def test_load_api_logits_and_generate(trained):
+    """ptdp_jax.load: the logits of the model on one device are those of its parameters; on
+    a mesh the training layout fits (2, 2, 2) and one it does not (1, 4, 2) they agree;
+    generate is the tokens ptdp-generate's function picks, on one device and on a mesh."""
+    import jax
+    import numpy as np
+
+    import ptdp_jax
+    from ptdp_jax.checkpoint import load_params
+    from ptdp_jax.generate import generate
+    from ptdp_jax.models import model as M
+    from ptdp_jax.sharding import Sharder
+    ckpt = trained / "ckpt"
+    cfg, params = load_params(ckpt)
+    mc = cfg.model
+    tokens = np.random.default_rng(0).integers(0, mc.vocab_size, (3, mc.seq_len))
+    sh, p = Sharder(), jax.tree.map(jax.numpy.asarray, params)
+    want = np.asarray(M.logits(mc, sh, p["embed"], p["head"], M.run_layers(
+        mc, sh, p["layers"], M.embed(mc, sh, p["embed"], tokens))))[..., :mc.vocab_size]
+    one = ptdp_jax.load(ckpt)
+    assert isinstance(one, ptdp_jax.Model) and one.step == 1 and one.mesh is None
+    np.testing.assert_allclose(one.logits(tokens), want, rtol=1e-5, atol=1e-5)
+    assert one.logits(tokens[0, :5]).shape == (1, 5, mc.vocab_size)
+    prompt = one.tokenizer.encode("Some text")
+    greedy = one.generate(prompt, 4)
+    assert greedy == generate(mc, params, prompt, 4)
+    for shape, schedule in [((2, 2, 2), "interleaved"), ((1, 4, 2), "1f1b")]:
+        model = ptdp_jax.load(ckpt, mesh_shape=shape)
+        assert model.layout.parallel.schedule == schedule, shape
+        np.testing.assert_allclose(model.logits(tokens), want, rtol=1e-4, atol=1e-4)
+        assert model.generate(prompt, 4) == greedy, shape
+    sampled = one.generate(prompt, 3, temperature=0.8, top_k=5, seed=1)
+    assert sampled == generate(mc, params, prompt, 3, temperature=0.8, top_k=5, seed=1)
+    with pytest.raises(ValueError, match="1 <= n <= model.seq_len=16"):
+        one.logits(np.zeros((1, 17), np.int32))
+
+
+def test_load_is_imported_on_first_use():
+    """`import ptdp_jax` does not import the loading API; `ptdp_jax.load` does."""
+    import subprocess
+    import sys
+    code = ("import sys, ptdp_jax; assert 'ptdp_jax.inference' not in sys.modules; "
+            "assert ptdp_jax.load.__module__ == 'ptdp_jax.inference'")
+    r = subprocess.run([sys.executable, "-c", code], cwd=H.REPO, capture_output=True,
+                       text=True, timeout=120, env=H.subprocess_env(JAX_PLATFORMS="cpu"))
+    assert r.returncode == 0, r.stderr
