@@ -141,14 +141,15 @@ def byte_tokenizer_json() -> str:
 def export_tokenizer(spec: str, out_dir: str | os.PathLike, model_max_length: int) -> None:
     """tokenizer.json (+ tokenizer_config.json, special_tokens_map.json) for `spec`:
     'byte' or the path of a BPE tokenizer.json."""
+    from ptdp_jax.data.tokenizer import load_tokenizer
     out = Path(out_dir)
     if spec == "byte":
         text = byte_tokenizer_json()
     else:
         text = Path(spec).read_text(encoding="utf-8")
     (out / "tokenizer.json").write_text(text, encoding="utf-8")
-    special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": EOS_TOKEN,
-               "pad_token": EOS_TOKEN}
+    eos = load_tokenizer(spec).eos_token
+    special = {"bos_token": eos, "eos_token": eos, "unk_token": eos, "pad_token": eos}
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
     conf = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
             "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
