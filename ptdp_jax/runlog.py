@@ -7,6 +7,7 @@ messages that go through the bar's own write so that they never run into it.
     runlog.step(step, out, seconds, val_loss=None)    # after each step (1-based)
     runlog.close()
 
+With run.wandb_project the lines of metrics.jsonl go to Weights & Biases too.
 The loss in metrics.jsonl and on screen is the mean over the steps since the previous
 line (train.log_every for the metrics; 10 steps, or the bar's refresh, on screen);
 steps whose update was skipped (non-finite) are left out of the mean. The validation
@@ -74,7 +75,9 @@ class RunLog:
         self.total = t.steps
         self.metrics = MX.MetricsLogger(cfg.run.dir, tensorboard=cfg.run.tensorboard,
                                         enabled=enabled, run_id=run_id,
-                                        resume_step=start if start > 0 else None)
+                                        resume_step=start if start > 0 else None,
+                                        wandb_project=cfg.run.wandb_project,
+                                        config=with_absolute_paths(cfg).to_dict())
         if enabled:
             run_dir = Path(cfg.run.dir)
             (run_dir / f"config-{run_id}.yaml").write_text(
