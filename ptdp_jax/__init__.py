@@ -2,6 +2,7 @@
 
     from ptdp_jax import train
     result = train("configs/demo.yaml", mesh_shape=(2, 2, 2))
+    model = ptdp_jax.load("ckpt/")          # a checkpoint: .logits(tokens), .generate(...)
 """
 from ptdp_jax.config import Config, ConfigError, load_config
 from ptdp_jax.validation import validate
@@ -9,5 +10,13 @@ from ptdp_jax.validation import validate
 from ptdp_jax.train import TrainResult, TrainingStopped, train
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "TrainResult", "TrainingStopped", "load_config", "train",
-           "validate"]
+__all__ = ["Config", "ConfigError", "Model", "TrainResult", "TrainingStopped", "load",
+           "load_config", "train", "validate"]
+
+
+def __getattr__(name):
+    """`load` and `Model` (ptdp_jax.inference) are imported on first use."""
+    if name in ("load", "Model"):
+        from ptdp_jax import inference
+        return getattr(inference, name)
+    raise AttributeError(f"module 'ptdp_jax' has no attribute {name!r}")

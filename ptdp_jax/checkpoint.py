@@ -15,8 +15,12 @@ On disk, ``<checkpoint.dir>/<step>/`` is one orbax step directory with two items
 - ``meta``: JSON (``ptdp_meta.json``): format tag, step, the data stream's
   position (consumed samples = step x global batch; batches are a pure function
   of (seed, step)), the RNG state (the seed; dropout keys are derived from
-  (seed, step, row)), the resolved config, the layout it was written with and the
-  canonical parameter shapes.
+  (seed, step, row)), the resolved config (data.path absolute), the layout it was
+  written with, the canonical parameter shapes and the tokenizer ('byte', or the
+  file of the next item).
+- ``tokenizer``: a copy of the training data's ``tokenizer.json`` (and a
+  ``tokenizer_config.json`` beside it), so that eval, generate and export find the
+  tokenizer when the data has moved.
 
 Orbax writes each step into ``<step>.orbax-checkpoint-tmp`` and renames it to
 ``<step>`` only after every file is written, so a save interrupted by a crash or
@@ -44,6 +48,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -52,14 +57,14 @@ import jax
 import orbax.checkpoint as ocp
 
 from ptdp_jax import ckpt_upgrade
-from ptdp_jax.config import Config
+from ptdp_jax.config import Config, with_absolute_paths
 from ptdp_jax.data import data_state
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.ckpt_format import (  # noqa: F401  (re-exported: the public checkpoint API)
-    FORMAT, META_FILE, META_ITEM, STATE_ITEM, VERSION, CheckpointError, _scan, _shape_tree,
-    _short, check_compatible, check_directory, checkpoint_config, config_from_dict,
-    damaged_message, load_checkpoint, load_params, quiet_closed_loop, read_meta,
-    resolve_step_dir, stored_shapes)
+    FORMAT, META_FILE, META_ITEM, STATE_ITEM, TOKENIZER_ITEM, VERSION, CheckpointError, _scan,
+    _shape_tree, _short, check_compatible, check_directory, checkpoint_config,
+    checkpoint_tokenizer, config_from_dict, damaged_message, load_checkpoint, load_params,
+    quiet_closed_loop, read_meta, resolve_step_dir, stored_shapes)
 from ptdp_jax.state import (  # noqa: F401  (re-exported: the public checkpoint API)
     canonical_abstract_state, canonical_shardings, make_optimizer, to_canonical_state,
     to_stage_state, with_shardings as _with_shardings)
@@ -114,6 +119,53 @@ class _MetaRestore(ocp.args.CheckpointArgs):
     item: Any = None
 
 
+class _FilesHandler(ocp.JsonCheckpointHandler):
+    """Text files ({name: text}) as one item, written by process 0 (the tokenizer)."""
+
+    def __init__(self):
+        super().__init__("tokenizer.json")
+
+    async def _save_fn(self, x, directory):
+        if jax.process_index() == 0:
+            for name, text in x.items():
+                (directory / name).write_text(text, encoding="utf-8")
+
+
+@ocp.args.register_with_handler(_FilesHandler, for_save=True)
+@dataclasses.dataclass
+class _FilesSave(ocp.args.CheckpointArgs):
+    item: dict
+
+
+@ocp.args.register_with_handler(_FilesHandler, for_restore=True)
+@dataclasses.dataclass
+class _FilesRestore(ocp.args.CheckpointArgs):
+    item: Any = None
+
+
+def run_tokenizer(cfg: Config) -> str | None:
+    """The tokenizer spec of a run's data ('byte' or a tokenizer.json); None if the data
+    does not tell."""
+    from ptdp_jax.data.sources import tokenizer_spec_of
+    try:
+        return tokenizer_spec_of(list(cfg.data.path))
+    except ValueError:
+        return None
+
+
+def tokenizer_files(spec: str | None) -> dict[str, str]:
+    """{name: text} kept in a checkpoint for tokenizer `spec`: nothing for 'byte' (the
+    metadata says it), a tokenizer.json with the tokenizer_config.json beside it if any."""
+    if spec is None or spec == "byte":
+        return {}
+    path = Path(spec)
+    files = {"tokenizer.json": path.read_text(encoding="utf-8")}
+    conf = path.with_name("tokenizer_config.json")
+    if path.name == "tokenizer.json" and conf.is_file():
+        files[conf.name] = conf.read_text(encoding="utf-8")
+    return files
+
+
 # ----------------------------------------------------------------------------- the manager
 
 class CheckpointManager:
@@ -140,6 +192,8 @@ class CheckpointManager:
         self._saved_any = False
         self._closed = False
         self._mngr = None
+        self.tokenizer = run_tokenizer(cfg)   # kept in each checkpoint (None: not known)
+        self._tokenizer_files = None
 
     @classmethod
     def from_config(cls, cfg: Config, shardings, run_id: str | None = None) -> "CheckpointManager":
@@ -155,7 +209,7 @@ class CheckpointManager:
             self._mngr = ocp.CheckpointManager(
                 self.directory, options=opts,
                 item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(),
-                               META_ITEM: _MetaHandler()})
+                               META_ITEM: _MetaHandler(), TOKENIZER_ITEM: _FilesHandler()})
         return self._mngr
 
     def due(self, step: int) -> bool:
@@ -203,9 +257,12 @@ class CheckpointManager:
 
     # -- save
     def _meta(self, step: int) -> dict:
-        cfg = self.cfg
+        cfg = with_absolute_paths(self.cfg)
         d, p, t = cfg.parallel.mesh_shape
         tree = cfg.to_dict()
+        tok = self.tokenizer
+        kept = tok if tok in (None, "byte") else {"file": f"{TOKENIZER_ITEM}/tokenizer.json",
+                                                  "source": tok}
         return {
             "format": FORMAT, "version": VERSION, "step": int(step),
             "data": dict(data_state(step, cfg.train.global_batch_size),
@@ -220,6 +277,7 @@ class CheckpointManager:
             "param_shapes": _shape_tree(cfg.model),
             "time": time.time(),
             **({"run_id": self.run_id} if self.run_id else {}),
+            **({"tokenizer": kept} if kept is not None else {}),
         }
 
     def _drop_stale(self, step: int) -> None:
@@ -251,10 +309,17 @@ class CheckpointManager:
         canonical = self._to_canonical(state)
         if self._failed is not None:
             raise self._failed
+        if self._tokenizer_files is None:
+            try:
+                self._tokenizer_files = tokenizer_files(self.tokenizer)
+            except OSError:                 # gone since the data was opened: keep none
+                self._tokenizer_files, self.tokenizer = {}, None
+        items = {STATE_ITEM: ocp.args.StandardSave(canonical),
+                 META_ITEM: _MetaSave(self._meta(step))}
+        if self._tokenizer_files:
+            items[TOKENIZER_ITEM] = _FilesSave(self._tokenizer_files)
         try:
-            self._manager().save(step, args=ocp.args.Composite(**{
-                STATE_ITEM: ocp.args.StandardSave(canonical),
-                META_ITEM: _MetaSave(self._meta(step))}), force=True)
+            self._manager().save(step, args=ocp.args.Composite(**items), force=True)
         except Exception as e:
             _reraise_lost_peer(e)
             self._failed = self._write_error(e)
@@ -354,7 +419,48 @@ def check_fresh_start(cfg: Config) -> list[int]:
     return steps
 
 
-__all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "check_fresh_start",
-           "checkpoint_config",
+def _check_writable(directory: Path) -> None:
+    """CheckpointError unless files can be made in `directory`, or (where it does not exist
+    yet) in its nearest existing ancestor, which must be a directory."""
+    probe = directory
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "exists and is not a directory" if probe == directory else \
+            f"cannot be made: {probe} is a file, not a directory"
+        raise CheckpointError(f"checkpoint.dir {directory} {what}")
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".ptdp-write-check-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        where = "" if probe == directory else f" (it does not exist yet; {probe} is where " \
+                                              f"it would be made)"
+        raise CheckpointError(f"checkpoint.dir {directory} is not writable{where}: "
+                              f"{e.strerror or e}") from None
+
+
+def check_checkpoint_dir(cfg: Config) -> list[int]:
+    """Before a run compiles: CheckpointError for a checkpoint.dir that cannot serve it (a
+    file, not writable, holding files of something else, or, when resuming, a newest
+    checkpoint that is unreadable or of another model); with checkpoint.resume=false,
+    check_fresh_start. Returns the steps this run will remove at its first save."""
+    if not cfg.checkpoint.dir:
+        return []
+    directory = Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
+    _check_writable(directory)
+    check_directory(directory)
+    if not cfg.checkpoint.resume:
+        return check_fresh_start(cfg)
+    steps = _scan(directory)[0]
+    if steps:
+        where = directory / str(steps[-1])
+        check_compatible(read_meta(where), cfg, str(where))
+    return []
+
+
+__all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "check_checkpoint_dir",
+           "check_fresh_start",
+           "checkpoint_config", "checkpoint_tokenizer",
            "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "stored_shapes", "to_canonical_state",
            "to_stage_state"]

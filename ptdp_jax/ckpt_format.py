@@ -28,6 +28,7 @@ VERSION = 2          # 2: GPT's q, k, v weights apart; 1 (fused QKV) is read too
 READABLE_VERSIONS = (1, 2)
 META_FILE = "ptdp_meta.json"
 STATE_ITEM, META_ITEM = "state", "meta"
+TOKENIZER_ITEM = "tokenizer"     # a copy of the training data's tokenizer.json (BPE data)
 _TMP_MARK = ".orbax-checkpoint-tmp"
 # Files orbax itself may keep at the top of a checkpoint directory.
 _ORBAX_ROOT_FILES = {"_ROOT_METADATA", "descriptor", "_CHECKPOINT_METADATA"}
@@ -257,6 +258,19 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[Config, dict, dict]:
     if meta["version"] == 1:
         state = ckpt_upgrade.from_v1(state)
     return cfg, state, meta
+
+
+def checkpoint_tokenizer(path: str | os.PathLike) -> tuple[str, str] | None:
+    """(spec for load_tokenizer, the name it had in training) of the tokenizer kept in a
+    checkpoint: 'byte', or the copy of a tokenizer.json in its step directory; None for a
+    checkpoint that keeps none (older ones, imports without a usable tokenizer)."""
+    step_dir = resolve_step_dir(path)
+    kept = read_meta(step_dir).get("tokenizer")
+    if kept == "byte":
+        return "byte", "byte"
+    if isinstance(kept, dict) and (step_dir / kept.get("file", "")).is_file():
+        return str(step_dir / kept["file"]), str(kept.get("source", kept["file"]))
+    return None
 
 
 def load_params(path: str | os.PathLike) -> tuple[Config, dict]:

@@ -291,6 +291,14 @@ def load_config(config: "str | os.PathLike | Config | None" = None,
     return cfg
 
 
+def with_absolute_paths(cfg: Config) -> Config:
+    """cfg with data.path absolute (relative paths: to the working directory), as a run
+    saves it (checkpoint, run.dir), so that the saved config names the same files from any
+    directory."""
+    paths = tuple(os.path.abspath(os.path.expanduser(p)) for p in cfg.data.path)
+    return cfg if paths == cfg.data.path else replace(cfg, data=replace(cfg.data, path=paths))
+
+
 def to_yaml(cfg: Config) -> str:
     """The whole resolved config as YAML (load_config of it gives cfg back)."""
     return yaml.safe_dump(json.loads(json.dumps(cfg.to_dict())), sort_keys=False)

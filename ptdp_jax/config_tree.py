@@ -214,6 +214,8 @@ class RunConfig:
     progress: bool = True
     tensorboard: bool = True
     compile_cache: bool | str = "auto"   # auto (true) | false (off) | DIR: compiled steps on disk
+    wandb_project: str = ""              # Weights & Biases project for metrics.jsonl's metrics (needs
+                                         # the wandb package; the run id is the W&B run's); empty: off
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,10 @@ def _masked_layers(cfg, sh, layers_p, x_bsh, n):
     return x_bsh
 
 
-def make_eval_fn(cfg, mesh):
-    """(stage-layout params, batch (B, s+1)) -> mean token loss (float32), jit-able."""
+def make_eval_fn(cfg, mesh, hidden: bool = False):
+    """(stage-layout params, batch (B, s+1)) -> mean token loss (float32), jit-able.
+    hidden: (stage-layout params, tokens (B, n)) -> the last layer's output (B, n, h) on
+    every stage (what make_logits_fn puts the head on)."""
     mc, p, v = cfg.model, cfg.parallel.pipe, cfg.parallel.virtual_stages
     manual = manual_axes(mesh)
     sh = Sharder.for_config(cfg, mesh).inside(manual)
@@ -60,20 +62,23 @@ def make_eval_fn(cfg, mesh):
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
     data_spec = P("data") if "data" in manual else P()
 
-    def loss_ring(w, tokens):
+    def ring(w, inputs):
         """p > 1: one microbatch through the ring of stages (ZB-V: down and back up the V);
-        its loss sum on the last chunk's stage."""
+        (the last layer's output, whether this stage holds it: the last chunk's stage)."""
         stage = jax.lax.axis_index("pipe")
         here = jnp.asarray(per_stage)[stage]                    # (v,) layer counts
-        x = M.embed(mc, sh, w["embed"], tokens[:, :-1])          # used on stage 0 only
+        x = M.embed(mc, sh, w["embed"], inputs)                 # used on stage 0 only
         for c in range(p * v):
             j = place[c][1]                                     # every stage: its chunk j
             x = _masked_layers(mc, sh, jax.tree.map(lambda a: a[0, j], w["layers"]), x, here[j])
             if c < p * v - 1 and place[c + 1][0] != place[c][0]:
                 step = 1 if place[c + 1][0] == (place[c][0] + 1) % p else -1
                 x = jax.lax.ppermute(x, "pipe", [(i, (i + step) % p) for i in range(p)])
-        loss = M.head_loss(mc, sh, w["embed"], w["head"], x, tokens[:, 1:])
-        return jnp.where(stage == place[-1][0], loss, 0.0)
+        return x, stage == place[-1][0]
+
+    def loss_ring(w, tokens):
+        x, last = ring(w, tokens[:, :-1])
+        return jnp.where(last, M.head_loss(mc, sh, w["embed"], w["head"], x, tokens[:, 1:]), 0.0)
 
     def loss_flat(w, tokens):
         """p == 1: the whole model on one microbatch."""
@@ -93,10 +98,33 @@ def make_eval_fn(cfg, mesh):
                                 zero, mbs)
         return psum_over(total, manual, P()) / n_tokens
 
+    def local_hidden(params, tokens):
+        w = M.cast(jax.tree.map(lambda x: vary(x, manual), params), dtype)
+        if p == 1:
+            x = M.embed(mc, sh, w["embed"], tokens)
+            return psum_over(M.run_layers(mc, sh, M.to_canonical_layout(w["layers"], counts, 1),
+                                          x), manual, data_spec)
+        x, last = ring(w, tokens)
+        return psum_over(jnp.where(last, x, jnp.zeros_like(x)), manual, data_spec)
+
+    fn, out_spec = (local_hidden, data_spec) if hidden else (local, P())
     if not manual:
-        return local
-    return jax.shard_map(local, mesh=mesh, in_specs=(manual_specs, data_spec), out_specs=P(),
+        return fn
+    return jax.shard_map(fn, mesh=mesh, in_specs=(manual_specs, data_spec), out_specs=out_spec,
                          axis_names=set(manual))
+
+
+def make_logits_fn(cfg, mesh):
+    """(stage-layout params, tokens (B, n)) -> logits (B, n, padded vocab) in train.dtype,
+    jit-able: the layers as the evaluation runs them (a ring over 'pipe'), the head after."""
+    layers = make_eval_fn(cfg, mesh, hidden=True)
+    sh = Sharder.for_config(cfg, mesh)
+    dtype = M.DTYPES[cfg.train.dtype]
+
+    def fn(params, tokens):
+        w = M.cast(params, dtype)
+        return M.logits(cfg.model, sh, w["embed"], w["head"], layers(params, tokens))
+    return fn
 
 
 def evaluate(eval_fn, params, batches, num_batches: int) -> float:
@@ -133,18 +161,62 @@ def main(argv=None) -> int:
     except CheckpointError as e:
         print(f"ptdp-eval: checkpoint error: {e}", file=sys.stderr)
         return ExitCode.CHECKPOINT
+    if out["layout"]:
+        print(f"ptdp-eval: evaluating with {out['layout']}", file=sys.stderr)
     print(f"step {out['step']}: val loss {out['loss']:.4f}, perplexity {out['perplexity']:.2f} "
           f"({out['batches']} batches of {out['batch_size']} x {out['seq_len']} tokens)")
     return ExitCode.OK
 
 
-def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
-    """{'step', 'loss', 'perplexity', 'batches', 'batch_size', 'seq_len'} of a checkpoint."""
+LAYOUT_KEYS = ("schedule", "virtual_stages", "stage_layers")
+
+
+def layout_for_mesh(cfg, mesh_shape, given=(), num_devices: int | None = None):
+    """cfg on `mesh_shape` for a forward pass (evaluation, generation): the training run's
+    layout where it validates there; else its parallel.* keys (and train.micro_batch_size,
+    where the batch does not divide) that are not `given` (dotted keys the user set) reset
+    to defaults that fit the mesh: schedule 1f1b, v = 1, layers split evenly (or balanced
+    where the pipe does not divide them). ConfigError where even those do not fit."""
     from dataclasses import replace
 
+    from ptdp_jax.config import ConfigError, ParallelConfig
+    from ptdp_jax.validation import validate
+    d, p, t = mesh_shape
+    on_mesh = replace(cfg, parallel=replace(cfg.parallel, data=d, pipe=p, tensor=t))
+    try:
+        return validate(on_mesh, num_devices)
+    except ConfigError:
+        pass
+    keep = {k.split(".", 1)[1] for k in given if k.startswith("parallel.")}
+    par = replace(ParallelConfig(data=d, pipe=p, tensor=t),
+                  **{k: getattr(cfg.parallel, k) for k in keep if k not in ("data", "pipe",
+                                                                          "tensor")})
+    if ("stage_layers" not in keep and cfg.model.num_layers % (p * par.virtual_stages)
+            and cfg.model.num_layers >= p * par.virtual_stages):
+        par = replace(par, stage_layers="auto")
+    tr = cfg.train
+    rows = tr.global_batch_size // d
+    if "train.micro_batch_size" not in given and tr.global_batch_size % (tr.micro_batch_size * d) \
+            and tr.global_batch_size % d == 0:
+        tr = replace(tr, micro_batch_size=max(m for m in range(1, min(rows, tr.micro_batch_size)
+                                                               + 1) if rows % m == 0))
+    return validate(replace(cfg, parallel=par, train=tr), num_devices)
+
+
+def describe_layout(cfg) -> str:
+    """'schedule interleaved, virtual_stages 2, micro 1': the keys layout_for_mesh may reset."""
+    p = cfg.parallel
+    return (f"schedule {p.schedule}, virtual_stages {p.virtual_stages}"
+            + (f", stage_layers {p.stage_layers}" if p.stage_layers else "")
+            + f", micro_batch_size {cfg.train.micro_batch_size}")
+
+
+def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
+    """{'step', 'loss', 'perplexity', 'batches', 'batch_size', 'seq_len', 'layout'} of a
+    checkpoint; 'layout' says the keys reset where the training layout does not fit the
+    mesh (layout_for_mesh), else is None."""
     from ptdp_jax.checkpoint import load_checkpoint
     from ptdp_jax.config import ConfigError, load_config, parse_mesh
-    from ptdp_jax.validation import validate
     from ptdp_jax.feed import Feed
     from ptdp_jax.sharding import make_mesh
     from ptdp_jax.state import stage_params, state_shardings, make_optimizer
@@ -154,13 +226,12 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     bad = sorted(k for k in overrides if k.startswith("model."))
     if bad:
         raise ConfigError(f"{', '.join(bad)}: the model settings come from the checkpoint")
-    cfg = load_config(ck_cfg, overrides)
-    d, p, t = parse_mesh(mesh) if mesh else (1, 1, 1)
-    cfg = replace(cfg, parallel=replace(cfg.parallel, data=d, pipe=p, tensor=t,
-                                        **({} if p > 1 or "parallel.schedule" in overrides else
-                                           {"schedule": "1f1b", "virtual_stages": 1,
-                                            "stage_layers": ()})))
-    validate(cfg, len(jax.devices()))
+    asked = load_config(ck_cfg, overrides)
+    shape = parse_mesh(mesh) if mesh else (1, 1, 1)
+    cfg = layout_for_mesh(asked, shape, overrides, len(jax.devices()))
+    reset = None if describe_layout(cfg) == describe_layout(asked) else \
+        f"{describe_layout(cfg)} (the training run's {describe_layout(asked)} does not fit " \
+        f"mesh {shape})"
     m = make_mesh(cfg.parallel.mesh_shape)
     shardings = state_shardings(cfg, m, make_optimizer(cfg)[0])["params"]
     params = jax.jit(lambda x: stage_params(cfg, x), out_shardings=shardings)(state["params"])
@@ -170,7 +241,7 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     loss = evaluate(eval_fn, params, feed.val_batch, cfg.train.eval_batches)
     return {"step": int(meta["step"]), "loss": loss, "perplexity": math.exp(min(loss, 700.0)),
             "batches": cfg.train.eval_batches, "batch_size": cfg.train.global_batch_size,
-            "seq_len": cfg.model.seq_len}
+            "seq_len": cfg.model.seq_len, "layout": reset}
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ otherwise) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` l
   ``num_key_value_heads``); no q/k permutation is needed since our rotary embedding
   already uses Hugging Face's rotate-half convention; untied ``lm_head``.
 
-With the weights comes the tokenizer of the training data (``tokenizer.json``,
+With the weights comes the tokenizer of the training data, the copy the checkpoint keeps
+(or, for older checkpoints, the data's own) (``tokenizer.json``,
 ``tokenizer_config.json``, ``special_tokens_map.json``), so that
 ``transformers.AutoTokenizer.from_pretrained(OUT_DIR)`` encodes text as training did:
 a BPE dataset's own tokenizer.json, or for the byte tokenizer a byte-level BPE without
@@ -37,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ptdp_jax.exits import ExitCode
-from ptdp_jax.checkpoint import CheckpointError, load_params
+from ptdp_jax.checkpoint import CheckpointError, checkpoint_tokenizer, load_params
 from ptdp_jax.data.tokenizer import EOS_TOKEN
 
 BYTE_EOS = 256          # the byte tokenizer's end-of-document id
@@ -140,14 +141,15 @@ def byte_tokenizer_json() -> str:
 def export_tokenizer(spec: str, out_dir: str | os.PathLike, model_max_length: int) -> None:
     """tokenizer.json (+ tokenizer_config.json, special_tokens_map.json) for `spec`:
     'byte' or the path of a BPE tokenizer.json."""
+    from ptdp_jax.data.tokenizer import load_tokenizer
     out = Path(out_dir)
     if spec == "byte":
         text = byte_tokenizer_json()
     else:
         text = Path(spec).read_text(encoding="utf-8")
     (out / "tokenizer.json").write_text(text, encoding="utf-8")
-    special = {"bos_token": EOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": EOS_TOKEN,
-               "pad_token": EOS_TOKEN}
+    eos = load_tokenizer(spec).eos_token
+    special = {"bos_token": eos, "eos_token": eos, "unk_token": eos, "pad_token": eos}
     (out / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
     conf = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
             "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
@@ -223,7 +225,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
     if not overwrite:
         check_out_dir(out_dir)                      # before the checkpoint is read
     cfg, params = load_params(checkpoint)
-    spec, _ = model_tokenizer(list(cfg.data.path), cfg.model.vocab_size, tokenizer)
+    spec, _ = model_tokenizer(list(cfg.data.path), cfg.model.vocab_size, tokenizer,
+                              checkpoint_tokenizer(checkpoint))
     return export_params(cfg.model, params, out_dir, dtype, tokenizer=spec)
 
 

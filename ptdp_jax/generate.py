@@ -103,7 +103,7 @@ def greedy_generate(model_cfg, params, prompt_ids: list[int], num_tokens: int) -
 
 
 def main(argv=None) -> int:
-    from ptdp_jax.checkpoint import CheckpointError, load_params
+    from ptdp_jax.checkpoint import CheckpointError, checkpoint_tokenizer, load_params
     from ptdp_jax.data.sources import model_tokenizer
     from ptdp_jax.exits import ExitCode
 
@@ -130,7 +130,8 @@ def main(argv=None) -> int:
         return ExitCode.CONFIG
     try:
         cfg, params = load_params(args.checkpoint)
-        _, tok = model_tokenizer(list(cfg.data.path), cfg.model.vocab_size, args.tokenizer)
+        _, tok = model_tokenizer(list(cfg.data.path), cfg.model.vocab_size, args.tokenizer,
+                                 checkpoint_tokenizer(args.checkpoint))
     except CheckpointError as e:
         print(f"ptdp-generate: checkpoint error: {e}", file=sys.stderr)
         return ExitCode.CHECKPOINT

@@ -1,10 +1,11 @@
 """`ptdp-import-hf HF_DIR CHECKPOINT_DIR [key=value ...]`: a Hugging Face GPT-2 or
 LLaMA directory (config.json + *.safetensors) as a ptdp_jax checkpoint at step 0.
 
-The inverse of ptdp_jax.export. Training then starts from those weights:
+The inverse of ptdp_jax.export. Beside the checkpoint it writes CHECKPOINT_DIR.yaml (the
+model.* settings and checkpoint.dir), so that training continues from it with one command:
 
-    ptdp-import-hf ./gpt2-small ckpt/
-    ptdp-train --mesh 2,2,2 checkpoint.dir=ckpt/ train.lr=1e-4 <the model.* settings it printed>
+    ptdp-import-hf ./gpt2-small ckpt/            # writes ckpt/0 and ckpt.yaml
+    ptdp-train ckpt.yaml --mesh 2,2,2 train.lr=1e-4 data.path=[data/mycorpus]
 
 The checkpoint holds the parameters (vocabulary padded to a multiple of 128 with
 zero rows), a fresh optimizer state, step 0, and the config: the model settings
@@ -12,13 +13,13 @@ read from config.json. Overrides: model.dropout, model.attention and model.init_
 are taken; model.seq_len may be shortened (GPT: the position table is cut); any other
 model.* key must agree with config.json, and train.*, data.*, parallel.*, ... belong
 to ptdp-train (which does not read them from the checkpoint): each of those is a
-ConfigError naming it, and nothing is written. Supported: GPT2LMHeadModel with gelu_new
+ConfigError naming it, and nothing is written (nor if CHECKPOINT_DIR.yaml exists). Supported: GPT2LMHeadModel with gelu_new
 and tied embeddings; LlamaForCausalLM, with grouped-query attention
 (num_key_value_heads), without rope scaling or biases. Anything else is a ValueError
 naming the setting.
 
     ptdp-import-hf ./llama ckpt/ model.dropout=0.1
-    ptdp-train configs/my-llama.yaml checkpoint.dir=ckpt/ train.lr=1e-4
+    ptdp-train ckpt.yaml train.lr=1e-4
 """
 from __future__ import annotations
 
@@ -211,8 +212,24 @@ def import_config(model: dict, overrides: dict, params: dict):
     return cfg, params
 
 
-def write_checkpoint(cfg, params, directory: str | os.PathLike) -> Path:
-    """A step-0 checkpoint of canonical `params` (fresh optimizer state) in `directory`."""
+def hf_tokenizer(hf_dir: str | os.PathLike, vocab_size: int) -> str | None:
+    """The source's tokenizer.json where ptdp_jax can use it (an end-of-document token,
+    no more ids than the model), else None."""
+    from ptdp_jax.data.tokenizer import load_tokenizer
+    path = Path(hf_dir) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        tok = load_tokenizer(str(path))
+    except Exception:               # tokenizers raises plain Exceptions for a file it rejects
+        return None
+    return str(path.resolve()) if tok.vocab_size <= vocab_size else None
+
+
+def write_checkpoint(cfg, params, directory: str | os.PathLike,
+                     tokenizer: str | None = None) -> Path:
+    """A step-0 checkpoint of canonical `params` (fresh optimizer state) in `directory`,
+    keeping `tokenizer` (a tokenizer.json, or None)."""
     import jax
     import jax.numpy as jnp
     from dataclasses import replace
@@ -227,6 +244,7 @@ def write_checkpoint(cfg, params, directory: str | os.PathLike) -> Path:
     tx, _ = make_optimizer(cfg)
     shardings = state_shardings(cfg, make_mesh((1, 1, 1)), tx)
     manager = CheckpointManager(cfg, shardings)
+    manager.tokenizer = tokenizer
     if manager.steps():
         raise ValueError(f"{directory} already holds checkpoints (steps {manager.steps()}); "
                          f"import into a new or empty directory")
@@ -237,27 +255,66 @@ def write_checkpoint(cfg, params, directory: str | os.PathLike) -> Path:
     return Path(directory) / "0"
 
 
+def config_path(checkpoint_dir: str | os.PathLike) -> Path:
+    """The YAML file written beside an imported checkpoint: CHECKPOINT_DIR.yaml."""
+    d = Path(os.path.expanduser(checkpoint_dir)).absolute()
+    return d.with_name(d.name + ".yaml")
+
+
+def write_config(model: dict, overrides: dict, checkpoint_dir, hf_dir) -> Path:
+    """CHECKPOINT_DIR.yaml: the model.* settings of the import and the absolute
+    checkpoint.dir; `ptdp-train` of it resumes from the imported step 0."""
+    import yaml
+    settings = {k.split(".", 1)[1]: v for k, v in {**model, **overrides}.items()
+                if k.startswith("model.")}
+    tree = {"model": settings,
+            "checkpoint": {"dir": str(Path(os.path.expanduser(checkpoint_dir)).absolute())}}
+    path = config_path(checkpoint_dir)
+    path.write_text(f"# ptdp-import-hf {hf_dir}: the model of this checkpoint; add train.*, "
+                    f"data.* and --mesh\n" + yaml.safe_dump(tree, sort_keys=False))
+    return path
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory where it lies below it, else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="ptdp-import-hf",
         description="Turn a Hugging Face GPT-2 or LLaMA directory into a ptdp_jax checkpoint "
-                    "at step 0 (train from it with checkpoint.dir=CHECKPOINT_DIR).")
+                    "at step 0 and CHECKPOINT_DIR.yaml (train from it with ptdp-train "
+                    "CHECKPOINT_DIR.yaml).")
     ap.add_argument("hf_dir", help="directory with config.json and *.safetensors")
     ap.add_argument("checkpoint_dir", help="a new or empty checkpoint.dir")
     ap.add_argument("overrides", nargs="*", metavar="key=value",
                     help="model.dropout, model.attention, model.init_std, a shorter "
                          "model.seq_len (anything else is refused)")
     args = ap.parse_args(argv)
+    yaml_path = config_path(args.checkpoint_dir)
     try:
+        if yaml_path.exists():
+            raise ValueError(f"{yaml_path} exists; ptdp-import-hf writes the model's config "
+                             f"there: move it away, or import into another directory")
+        overrides = parse_cli_overrides(args.overrides)
         model, params = import_hf(args.hf_dir)
-        cfg, params = import_config(model, parse_cli_overrides(args.overrides), params)
-        step_dir = write_checkpoint(cfg, params, args.checkpoint_dir)
+        cfg, params = import_config(model, overrides, params)
+        step_dir = write_checkpoint(cfg, params, args.checkpoint_dir,
+                                    hf_tokenizer(args.hf_dir, cfg.model.vocab_size))
     except (ValueError, ConfigError) as e:
         print(f"ptdp-import-hf: {e}", file=sys.stderr)
         return ExitCode.CONFIG
-    settings = {**model, **parse_cli_overrides(args.overrides)}
-    print(f"wrote {step_dir}; train from it with checkpoint.dir={args.checkpoint_dir} "
-          + " ".join(f"{k}={v}" for k, v in settings.items()))
+    write_config(model, overrides, args.checkpoint_dir, args.hf_dir)
+    tok = Path(args.hf_dir) / "tokenizer.json"
+    prepare = f" --tokenizer {args.hf_dir}" if tok.is_file() else ""
+    print(f"wrote {step_dir} and {yaml_path} (the model.* settings and checkpoint.dir); "
+          f"continue training from it with\n  ptdp-train {_shown(yaml_path)}\nadding "
+          f"data.path=PREFIX (a token file of this vocabulary: ptdp-prepare-data FILES --out "
+          f"PREFIX{prepare}), --mesh d,p,t and train.* settings as needed")
     return ExitCode.OK
 
 

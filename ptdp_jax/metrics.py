@@ -180,11 +180,24 @@ def _scalar(value: Any):
         return str(value)
 
 
+def check_wandb(project: str) -> None:
+    """Before a run: ConfigError if run.wandb_project is set and wandb cannot be imported."""
+    if not project:
+        return
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        from ptdp_jax.config import ConfigError
+        raise ConfigError(f"run.wandb_project={project!r} needs the wandb package (pip install "
+                          f"wandb); leave run.wandb_project empty to log without it") from None
+
+
 class MetricsLogger:
     """Appends one JSON line per log call to run_dir/metrics.jsonl (flushed each
     line) and writes the numeric values as TensorBoard scalars (tensorboardX) in
-    run_dir. enabled=False (non-zero processes of a multi-host run) makes every
-    method a no-op and creates nothing.
+    run_dir, and to Weights & Biases with `wandb_project` (a W&B run whose id is the run
+    id, so a resumed run goes on in it; `config` is its config). enabled=False (non-zero
+    processes of a multi-host run) makes every method a no-op and creates nothing.
 
     Several runs may share a run_dir: the file is never truncated, and each line
     carries the run's id (``"run"``). A run resumed from a checkpoint of step k keeps
@@ -197,13 +210,15 @@ class MetricsLogger:
 
     def __init__(self, run_dir: "str | os.PathLike", tensorboard: bool = True,
                  enabled: bool = True, run_id: str | None = None,
-                 resume_step: int | None = None):
+                 resume_step: int | None = None, wandb_project: str = "",
+                 config: Mapping[str, Any] | None = None):
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.run_id = run_id
         self.path = self.run_dir / "metrics.jsonl"
         self._file = None
         self._writer = None
+        self._wandb = None
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -221,6 +236,11 @@ class MetricsLogger:
                 self._writer = SummaryWriter(
                     logdir=str(self.run_dir),
                     **({"purge_step": resume_step + 1} if resume_step is not None else {}))
+        if wandb_project:
+            import wandb
+            self._wandb = wandb.init(project=wandb_project, id=run_id, name=run_id,
+                                     resume="allow", dir=str(self.run_dir),
+                                     config=dict(config or {}))
 
     def _drop_after(self, step: int) -> None:
         """Remove this run's lines of steps > step (written after its last checkpoint)."""
@@ -256,6 +276,10 @@ class MetricsLogger:
                     continue
                 self._writer.add_scalar(k, v, int(step))
             self._writer.flush()
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if k not in ("step", "run")
+                             and isinstance(v, (int, float)) and not isinstance(v, bool)},
+                            step=int(step))
 
     def close(self) -> None:
         if self._file is not None:
@@ -264,6 +288,9 @@ class MetricsLogger:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
     def __enter__(self) -> "MetricsLogger":
         return self

@@ -7,6 +7,7 @@ messages that go through the bar's own write so that they never run into it.
     runlog.step(step, out, seconds, val_loss=None)    # after each step (1-based)
     runlog.close()
 
+With run.wandb_project the lines of metrics.jsonl go to Weights & Biases too.
 The loss in metrics.jsonl and on screen is the mean over the steps since the previous
 line (train.log_every for the metrics; 10 steps, or the bar's refresh, on screen);
 steps whose update was skipped (non-finite) are left out of the mean. The validation
@@ -24,7 +25,7 @@ import jax
 import numpy as np
 
 from ptdp_jax import metrics as MX
-from ptdp_jax.config import Config, to_yaml
+from ptdp_jax.config import Config, to_yaml, with_absolute_paths
 
 
 def new_run_id() -> str:
@@ -74,11 +75,13 @@ class RunLog:
         self.total = t.steps
         self.metrics = MX.MetricsLogger(cfg.run.dir, tensorboard=cfg.run.tensorboard,
                                         enabled=enabled, run_id=run_id,
-                                        resume_step=start if start > 0 else None)
+                                        resume_step=start if start > 0 else None,
+                                        wandb_project=cfg.run.wandb_project,
+                                        config=with_absolute_paths(cfg).to_dict())
         if enabled:
             run_dir = Path(cfg.run.dir)
             (run_dir / f"config-{run_id}.yaml").write_text(
-                f"# ptdp_jax run {run_id}: the resolved config\n" + to_yaml(cfg))
+                f"# ptdp_jax run {run_id}: the resolved config\n" + to_yaml(with_absolute_paths(cfg)))
         self.n_dev = math.prod(cfg.parallel.mesh_shape)
         self.flops = MX.model_flops_per_iteration(cfg, recompute=False)
         self.peak = MX.peak_flops_per_device(jax.devices()[0])

@@ -33,6 +33,7 @@ from ptdp_jax.cross_process import to_host
 from ptdp_jax.distributed import maybe_initialize
 from ptdp_jax.evaluate import evaluate
 from ptdp_jax.feed import Feed
+from ptdp_jax.metrics import check_wandb
 from ptdp_jax.runlog import RunLog, new_run_id
 from ptdp_jax.sharding import make_mesh
 from ptdp_jax.state import canonical_params, make_optimizer
@@ -112,9 +113,11 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     is_main = jax.process_index() == 0
     log = log if is_main else _quiet
     cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
+    check_wandb(cfg.run.wandb_project)                       # installed, if asked for
     feed = Feed(cfg)                                         # opens and checks the data
     preflight.check_memory(cfg)                              # the estimate against a device
-    replaced = CK.check_fresh_start(cfg)                     # never drops checkpoints unasked
+    replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
+                                                             # checkpoints unasked
 
     mesh = make_mesh(cfg.parallel.mesh_shape,
                      allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
@@ -338,6 +341,7 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
     use_compile_cache(cfg.run.compile_cache)               # a dry run fills the cache
     Feed(cfg)
     est = preflight.check_memory(cfg)
+    CK.check_checkpoint_dir(cfg)
     mesh = make_mesh(cfg.parallel.mesh_shape,
                      allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
     tx, _ = make_optimizer(cfg)

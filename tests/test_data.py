@@ -1,6 +1,7 @@
 """Tests of the numpy data pipeline (tokenizers, prepare, token datasets, blended stream)."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -230,3 +231,71 @@ def test_cli(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "missing.jsonl"), "--out", str(out)])
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_prepare_parquet_and_arrow(tmp_path, capsys, monkeypatch):
+    """Parquet and Arrow files (a folder as Dataset.save_to_disk leaves it: an IPC stream and
+    JSON beside it) give one document a row of --text-key's column, null rows skipped; a
+    missing column names the ones there; without pyarrow the error names the package."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    docs = [f"{DOCS[i % 4]} #{i}" for i in range(9)]
+    table = pa.table({"id": list(range(6)), "content": docs[:5] + [None]})
+    pq.write_table(table, tmp_path / "a.parquet")
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "dataset_info.json").write_text("{}")
+    with pa.OSFile(str(saved / "data-00000-of-00001.arrow"), "wb") as f:
+        part = pa.table({"content": docs[5:], "id": list(range(4))})
+        with pa.ipc.new_stream(f, part.schema) as w:
+            w.write_table(part)
+    with pa.OSFile(str(tmp_path / "b.arrow"), "wb") as f:        # the IPC file format too
+        with pa.ipc.new_file(f, part.schema) as w:
+            w.write_table(part)
+    out = tmp_path / "ds"
+    assert main([str(tmp_path / "a.parquet"), str(saved), str(tmp_path / "b.arrow"),
+                 "--out", str(out), "--text-key", "content"]) == 0
+    assert "13 documents" in capsys.readouterr().out
+    ds, tok = TokenDataset(out), ByteTokenizer()
+    want = docs + docs[5:]
+    np.testing.assert_array_equal(ds.tokens, np.concatenate([tok.encode(d) + [256] for d in want]))
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "a.parquet"), "--out", str(tmp_path / "x")])
+    assert "no column 'text' (columns: id, content); name the text column with --text-key" \
+        in capsys.readouterr().err
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow", None)
+    with pytest.raises(ValueError, match="needs the pyarrow package: pip install pyarrow"):
+        prepare_dataset([tmp_path / "a.parquet"], tmp_path / "y", text_key="content")
+
+
+def test_tokenizer_folder(tmp_path, capsys):
+    """--tokenizer DIR reads DIR/tokenizer.json; its end of document is <|endoftext|>, else
+    the eos_token of DIR/tokenizer_config.json (LLaMA's </s>); the spec kept is the file's."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    gpt = tmp_path / "gpt"
+    BPETokenizer.train(DOCS * 5, vocab_size=300).save(gpt / "tokenizer.json")
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.train_from_iterator(DOCS * 5, trainers.BpeTrainer(
+        vocab_size=290, special_tokens=["<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    t.save(str(llama / "tokenizer.json"))
+    (llama / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": {"content": "</s>", "special": True}}))
+    (tmp_path / "a.txt").write_text(DOCS[0])
+    for folder, eos in ((gpt, "<|endoftext|>"), (llama, "</s>")):
+        tok = load_tokenizer(folder)
+        assert tok.eos_token == eos and tok.eos_id == tok._tok.token_to_id(eos)
+        assert main([str(tmp_path / "a.txt"), "--out", str(tmp_path / folder.name),
+                     "--tokenizer", str(folder)]) == 0
+        ds = TokenDataset(tmp_path / folder.name)
+        assert ds.tokenizer_spec == str(folder / "tokenizer.json") and ds.eos_id == tok.eos_id
+        assert load_tokenizer(ds.tokenizer_spec).eos_id == tok.eos_id
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="holds no tokenizer.json"):
+        load_tokenizer(tmp_path)
+    (llama / "tokenizer_config.json").unlink()
+    with pytest.raises(ValueError, match=re.escape("has no '<|endoftext|>' special token")):
+        load_tokenizer(llama)

@@ -148,7 +148,7 @@ def test_import_round_trip(tmp_path, arch, extra, capsys):
         assert model["model.num_kv_heads"] == 2
     dest = tmp_path / "imported"
     assert HI.main([str(tmp_path / "hf"), str(dest), "model.dropout=0.1"]) == 0
-    assert "model.hidden_size=32" in capsys.readouterr().out
+    assert "hidden_size: 32" in (tmp_path / "imported.yaml").read_text()
     assert HI.main([str(tmp_path / "hf"), str(dest)]) == 2            # not into a used dir
     c2, state, meta = CK.load_checkpoint(dest)
     assert meta["step"] == 0 and c2.model.dropout == 0.1
@@ -164,6 +164,38 @@ def test_import_round_trip(tmp_path, arch, extra, capsys):
     got = CK.to_canonical_state(run_cfg, m.tx, jax.device_get(restored))["params"]
     for a, b in zip(jax.tree.leaves(jax.device_get(got)), jax.tree.leaves(imported)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_import_writes_the_config_that_continues_training(tmp_path, data_cache, capsys,
+                                                        monkeypatch):
+    """ptdp-import-hf writes CHECKPOINT_DIR.yaml beside the checkpoint and prints the one
+    command that trains on from it (no model.* keys to copy); a second import with that
+    file in place is refused before anything is written."""
+    from ptdp_jax import hf_import as HI
+    from ptdp_jax.train import train
+    _checkpoint(tmp_path, "llama", mesh=(1, 1, 1), **GQA)
+    EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    monkeypatch.chdir(tmp_path)
+    assert HI.main(["hf", "imported", "model.dropout=0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "\n  ptdp-train imported.yaml\n" in out and "--tokenizer hf" in out
+    import yaml
+    tree = yaml.safe_load((tmp_path / "imported.yaml").read_text())
+    assert tree["checkpoint"] == {"dir": str(tmp_path / "imported")}
+    assert tree["model"]["num_kv_heads"] == 2 and tree["model"]["dropout"] == 0.1
+    monkeypatch.chdir(tmp_path / "hf")                  # the file works from anywhere
+    ov = {k: v for k, v in H.tiny(tmp_path, data_cache).items()
+          if not k.startswith(("model.", "checkpoint."))}
+    log = H.Log()
+    res = train(tmp_path / "imported.yaml", mesh_shape=(1, 1, 1),
+                overrides={**ov, "train.steps": 1}, log=log, return_params=False)
+    assert res.start_step == 0 and len(res.losses) == 1
+    assert f"resumed from {tmp_path / 'imported'} at step 0" in log.text
+    assert HI.main([str(tmp_path / "hf"), str(tmp_path / "other")]) == 0   # a new name: fine
+    (tmp_path / "again.yaml").write_text("mine")
+    assert HI.main([str(tmp_path / "hf"), str(tmp_path / "again")]) == 2
+    assert "again.yaml exists" in capsys.readouterr().err
+    assert not (tmp_path / "again").exists() and (tmp_path / "again.yaml").read_text() == "mine"
 
 
 # ----------------------------------------------------------------------------- refusals

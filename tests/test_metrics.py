@@ -186,3 +186,55 @@ def test_logger_without_tensorboardx_still_writes_jsonl(tmp_path, monkeypatch):
     logger.close()
     assert '"loss": 2.5' in (tmp_path / "metrics.jsonl").read_text()
     assert not list(tmp_path.glob("events.out.tfevents.*"))
+
+
+class _FakeWandb:
+    """A stand-in for the wandb package: records init, log and finish."""
+
+    def __init__(self):
+        import types
+        self.module = types.ModuleType("wandb")
+        self.module.init = self.init
+        self.inits, self.logged, self.finished = [], [], 0
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return self
+
+    def log(self, data, step=None):
+        self.logged.append((step, dict(data)))
+
+    def finish(self):
+        self.finished += 1
+
+
+def test_wandb_gets_the_metrics_of_metrics_jsonl(tmp_path, data_cache, monkeypatch):
+    """run.wandb_project: a W&B run named by the run id gets every line of metrics.jsonl
+    (its numbers, at its step) and the resolved config, and is finished at the end; unset,
+    wandb is not touched; set without the package, the run is refused before compiling."""
+    import sys
+    import helpers_ckpt as H
+    from ptdp_jax.config import ConfigError
+    from ptdp_jax.train import train
+    fake = _FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake.module)
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 3, "model.num_layers": 1,
+                                         "train.eval_every": 2, "checkpoint.dir": "",
+                                         "run.wandb_project": "ptdp-test"})
+    res = train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log(), return_params=False)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    [init] = fake.inits
+    assert init["project"] == "ptdp-test" and init["id"] == res.run_id == lines[0]["run"]
+    assert init["resume"] == "allow" and init["config"]["model"]["num_layers"] == 1
+    assert [s for s, _ in fake.logged] == [r["step"] for r in lines] == [1, 2, 3]
+    for (_, data), rec in zip(fake.logged, lines):
+        assert data == {k: v for k, v in rec.items() if k not in ("step", "run")}
+    assert "val_loss" in fake.logged[1][1] and fake.finished == 1
+    train(mesh_shape=(1, 1, 1), overrides={**ov, "run.wandb_project": ""}, log=H.Log(),
+          return_params=False)
+    assert len(fake.inits) == 1
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    monkeypatch.setattr(sys.modules["ptdp_jax.train"], "compile_all", None)   # never reached
+    with pytest.raises(ConfigError, match=r"run.wandb_project='ptdp-test' needs the wandb "
+                                          r"package \(pip install wandb\)"):
+        train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())

@@ -207,3 +207,47 @@ def test_rendezvous_brings_processes_together():
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("", port))
+
+
+# ----------------------------------------------------------------------------- checkpoint.dir
+
+@pytest.mark.parametrize("case", ["a-file", "under-a-file", "not-writable", "other-model"])
+def test_checkpoint_dir_problems_are_found_before_compiling(tmp_path, data_cache, monkeypatch,
+                                                            capsys, case):
+    """A checkpoint.dir that is a file, lies under a file, cannot be written, or holds a
+    checkpoint of another model (resuming): exit 6 with one line naming it, before the
+    step is compiled."""
+    import os
+    from pathlib import Path
+    from ptdp_jax.ckpt_format import FORMAT, VERSION, _shape_tree
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled before the checkpoint.dir check")
+    monkeypatch.setattr(sys.modules["ptdp_jax.train"], "compile_all", no_compile)
+    ckpt = tmp_path / "ckpt"
+    if case == "a-file":
+        ckpt.write_text("x")
+        words = f"checkpoint.dir {ckpt} exists and is not a directory"
+    elif case == "under-a-file":
+        (tmp_path / "f").write_text("x")
+        ckpt = tmp_path / "f" / "ckpt"
+        words = f"{tmp_path / 'f'} is a file, not a directory"
+    elif case == "not-writable":
+        if os.geteuid() == 0:                     # root writes through any file mode
+            ckpt = Path("/sys/ptdp_jax_test_ckpt")
+        else:
+            ckpt.mkdir()
+            ckpt.chmod(0o500)
+        words = f"checkpoint.dir {ckpt} is not writable"
+    else:
+        ov = H.tiny(tmp_path, data_cache, **{"model.num_layers": 2})
+        other = resolve_config(None, None, {**ov, "model.hidden_size": 64})
+        meta = {"format": FORMAT, "version": VERSION, "step": 3, "config": other.to_dict(),
+                "param_shapes": _shape_tree(other.model)}
+        (ckpt / "3" / "meta").mkdir(parents=True)
+        (ckpt / "3" / "meta" / "ptdp_meta.json").write_text(json.dumps(meta))
+        words = "is of a different model: model.hidden_size: checkpoint 64, config 32;"
+    ov = H.tiny(tmp_path, data_cache, **{"checkpoint.dir": str(ckpt), "model.num_layers": 2})
+    rc, _, err = _cli(capsys, "--mesh", "1,1,1", *[f"{k}={v}" for k, v in ov.items()])
+    assert rc == ExitCode.CHECKPOINT and words in err, err
+    assert err.count("\n") == 1

@@ -9,12 +9,15 @@ A prepared dataset ``PREFIX`` is three files (Megatron's indexed dataset, simpli
                      vocab_size, eos_id, tokenizer spec, sources
 
 Inputs: a ``.txt`` file is ONE document; a ``.jsonl`` file holds one document
-per line in field ``text_key`` (blank lines are skipped).  Files are written
-under temporary names and renamed; the metadata is written last, so a dataset
-whose ``.json`` exists is complete.
+per line in field ``text_key`` (blank lines are skipped); a ``.parquet`` or ``.arrow``
+file (Arrow IPC, what Hugging Face ``datasets`` writes) one document a row in column
+``text_key`` (read through pyarrow, an optional dependency; null rows are skipped); a
+folder, its ``.parquet`` and ``.arrow`` files (``Dataset.save_to_disk``'s folder).
+Files are written under temporary names and renamed; the metadata is written last, so
+a dataset whose ``.json`` exists is complete.
 
 Command line: ``ptdp-prepare-data INPUT [INPUT ...] --out PREFIX
-[--tokenizer byte|bpe|PATH.json] [--vocab-size N] [--text-key text] [--overwrite]``
+[--tokenizer byte|bpe|PATH.json|HF_DIR] [--vocab-size N] [--text-key text] [--overwrite]``
 (an existing dataset at PREFIX is refused without ``--overwrite``).
 """
 
@@ -42,24 +45,108 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
 
 
-def check_inputs(inputs: Iterable[str | os.PathLike]) -> list[Path]:
-    """Input paths, checked: each exists and is a ``.txt`` or ``.jsonl`` file."""
-    paths = [Path(p) for p in inputs]
+SUFFIXES = (".txt", ".jsonl", ".parquet", ".arrow")
+ARROW_SUFFIXES = (".parquet", ".arrow")
+
+
+def check_inputs(inputs: Iterable[str | os.PathLike], text_key: str | None = None) -> list[Path]:
+    """Input files, checked: each a ``.txt``, ``.jsonl``, ``.parquet`` or ``.arrow`` file;
+    a folder stands for its ``.parquet`` and ``.arrow`` files, in name order. With
+    `text_key`, each Parquet/Arrow file must have that column."""
+    paths = []
+    for p in map(Path, inputs):
+        if p.is_dir():
+            files = sorted(f for f in p.iterdir() if f.suffix in ARROW_SUFFIXES)
+            if not files:
+                raise ValueError(f"{p}: a folder with no .parquet or .arrow files (of a "
+                                 f"DatasetDict saved to disk, give one split's folder, such "
+                                 f"as {p / 'train'})")
+            paths += files
+            continue
+        if not p.is_file():
+            raise FileNotFoundError(f"input file not found: {p}")
+        if p.suffix not in SUFFIXES:
+            raise ValueError(f"{p}: unsupported input type {p.suffix!r} (expected "
+                             f"{', '.join(SUFFIXES)} or a folder of .parquet/.arrow files)")
+        paths.append(p)
     if not paths:
         raise ValueError("no input files given")
     for p in paths:
-        if not p.is_file():
-            raise FileNotFoundError(f"input file not found: {p}")
-        if p.suffix not in (".txt", ".jsonl"):
-            raise ValueError(f"{p}: unsupported input type {p.suffix!r} (expected .txt or .jsonl)")
+        if p.suffix in ARROW_SUFFIXES and text_key is not None:
+            names = _arrow_schema(p).names
+            if text_key not in names:
+                raise ValueError(f"{p}: no column {text_key!r} (columns: {', '.join(names)}); "
+                                 f"name the text column with --text-key")
     return paths
 
 
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.ipc
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise ValueError("reading .parquet and .arrow files needs the pyarrow package: "
+                         "pip install pyarrow") from None
+    return pyarrow
+
+
+def _arrow_schema(path: Path):
+    pa = _pyarrow()
+    try:
+        if path.suffix == ".parquet":
+            return pa.parquet.read_schema(path)
+        with pa.memory_map(str(path)) as source:
+            try:
+                return pa.ipc.open_stream(source).schema
+            except pa.ArrowInvalid:
+                source.seek(0)
+                return pa.ipc.open_file(source).schema
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ValueError(f"{path}: cannot read it as {path.suffix[1:]}: {e}") from None
+
+
+def _arrow_batches(path: Path):
+    """The record batches of a .parquet file or an Arrow IPC file (stream or file format)."""
+    pa = _pyarrow()
+    if path.suffix == ".parquet":
+        yield from pa.parquet.ParquetFile(path).iter_batches(batch_size=1024)
+        return
+    with pa.memory_map(str(path)) as source:
+        try:
+            yield from pa.ipc.open_stream(source)
+        except pa.ArrowInvalid:
+            source.seek(0)
+            reader = pa.ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
+
+
+def _arrow_documents(path: Path, text_key: str) -> Iterator[str]:
+    pa = _pyarrow()
+    try:
+        for batch in _arrow_batches(path):
+            names = batch.schema.names
+            if text_key not in names:
+                raise ValueError(f"{path}: no column {text_key!r} (columns: "
+                                 f"{', '.join(names)}); name the text column with --text-key")
+            column = batch.column(names.index(text_key))
+            if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+                raise ValueError(f"{path}: column {text_key!r} is {column.type}, not text")
+            yield from (t for t in column.to_pylist() if t is not None)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ValueError(f"{path}: cannot read it as {path.suffix[1:]}: {e}") from None
+
+
 def iter_documents(path: str | os.PathLike, text_key: str = "text") -> Iterator[str]:
-    """Documents of one input file (``.txt``: the whole file; ``.jsonl``: one per line)."""
+    """Documents of one input file (``.txt``: the whole file; ``.jsonl``: one per line;
+    ``.parquet`` / ``.arrow``: one per row of column ``text_key``)."""
     path = Path(path)
     if path.suffix == ".txt":
         yield path.read_text(encoding="utf-8")
+        return
+    if path.suffix in ARROW_SUFFIXES:
+        yield from _arrow_documents(path, text_key)
         return
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -144,15 +231,17 @@ def write_token_dataset(documents: Iterable[str], out_prefix: str | os.PathLike,
 def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer: str = "byte",
                     text_key: str = "text", bpe_vocab_size: int | None = None,
                     overwrite: bool = False) -> Path:
-    """Tokenize ``inputs`` (.txt / .jsonl files) into the dataset ``out_prefix``.
+    """Tokenize ``inputs`` (.txt, .jsonl, .parquet, .arrow files, folders of the last two)
+    into the dataset ``out_prefix``.
 
-    ``tokenizer`` is ``'byte'``, a path to a ``tokenizer.json``, or ``'bpe'``
+    ``tokenizer`` is ``'byte'``, a path to a ``tokenizer.json`` (or a Hugging Face
+    tokenizer folder holding one), or ``'bpe'``
     together with ``bpe_vocab_size``: then a byte-level BPE is trained on the
     inputs and saved as ``out_prefix.tokenizer.json`` (recorded in the metadata
     relative to the dataset's folder).  Returns ``out_prefix`` as a Path.
     An existing dataset at ``out_prefix`` is a FileExistsError unless ``overwrite``.
     """
-    paths = check_inputs(inputs)
+    paths = check_inputs(inputs, text_key)
     prefix = Path(out_prefix)
     ours = (".bin", ".idx.npy", ".json") + ((".tokenizer.json",) if tokenizer == "bpe" else ())
     old = [f"{prefix}{s}" for s in ours if os.path.exists(f"{prefix}{s}")]
@@ -205,15 +294,19 @@ def main(argv: list[str] | None = None) -> int:
     """``ptdp-prepare-data``: tokenize text files into a token dataset."""
     parser = argparse.ArgumentParser(
         prog="ptdp-prepare-data",
-        description="Tokenize .txt (one document per file) and .jsonl (one document per line) "
-                    "files into PREFIX.bin / PREFIX.idx.npy / PREFIX.json.")
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help=".txt or .jsonl files")
+        description="Tokenize .txt (one document per file), .jsonl (one document per line) "
+                    "and .parquet / .arrow files (one document per row; Hugging Face datasets' "
+                    "files, read with pyarrow) into PREFIX.bin / PREFIX.idx.npy / PREFIX.json.")
+    parser.add_argument("inputs", nargs="+", metavar="INPUT",
+                        help=".txt, .jsonl, .parquet or .arrow files, or folders of the last two")
     parser.add_argument("--out", required=True, metavar="PREFIX", help="output path prefix")
     parser.add_argument("--tokenizer", default="byte",
-                        help="'byte' (default), 'bpe' (train one; needs --vocab-size) "
-                             "or the path of a tokenizer.json")
+                        help="'byte' (default), 'bpe' (train one; needs --vocab-size), "
+                             "the path of a tokenizer.json, or a Hugging Face tokenizer folder "
+                             "(holding tokenizer.json)")
     parser.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size")
-    parser.add_argument("--text-key", default="text", help="JSONL field holding the text")
+    parser.add_argument("--text-key", default="text",
+                        help="the JSONL field or Parquet/Arrow column holding the text")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a dataset already at PREFIX (refused otherwise)")
     args = parser.parse_args(argv)

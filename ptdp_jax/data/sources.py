@@ -75,27 +75,35 @@ def check_same_tokenizer(names: list[str], datasets: list[TokenDataset]) -> None
                 f"one tokenizer (re-run ptdp-prepare-data with the same --tokenizer)")
 
 
-def model_tokenizer(paths, model_vocab_size: int, spec: str | None = None):
+def model_tokenizer(paths, model_vocab_size: int, spec: str | None = None,
+                    kept: tuple[str, str] | None = None):
     """(spec, tokenizer) to encode and decode for a model trained on ``paths``: ``spec``
-    if given, else that of the data. ValueError if it has more ids than the model, or
-    (where the data still tells its own) a vocabulary of another size than the data's:
-    such a tokenizer would turn the model's ids into other text, or drop them."""
+    if given, else the one a checkpoint keeps (``kept``: its spec and the name it had in
+    training; ckpt_format.checkpoint_tokenizer), else that of the data. ValueError if it
+    has more ids than the model, or (where the checkpoint or the data still tells its
+    own) a vocabulary of another size than that one: such a tokenizer would turn the
+    model's ids into other text, or drop them."""
     from .tokenizer import load_tokenizer
-    try:
-        data_spec = tokenizer_spec_of(paths)
+    if kept is not None:
+        data_spec, data_name = kept
         data_tok = load_tokenizer(data_spec)
-    except (ValueError, FileNotFoundError):
-        if spec is None:
-            raise
-        data_spec = data_tok = None
+        data = "the training data, kept in the checkpoint"
+    else:
+        try:
+            data_spec = data_name = tokenizer_spec_of(paths)
+            data_tok = load_tokenizer(data_spec)
+        except (ValueError, FileNotFoundError):
+            if spec is None:
+                raise
+            data_spec = data_name = data_tok = None
+        data = f"data.path[0] = {str(paths[0])!r}" if paths else "the embedded corpus"
     tok = data_tok if spec is None else load_tokenizer(spec)
     if data_tok is not None and tok.vocab_size != data_tok.vocab_size:
-        data = f"data.path[0] = {str(paths[0])!r}" if paths else "the embedded corpus"
         raise ValueError(f"tokenizer {spec!r} has {tok.vocab_size} ids but the model was "
-                         f"trained with {data_spec!r} ({data_tok.vocab_size} ids, the "
+                         f"trained with {data_name!r} ({data_tok.vocab_size} ids, the "
                          f"tokenizer of {data}); drop --tokenizer to use that one")
     if tok.vocab_size > model_vocab_size:
-        raise ValueError(f"tokenizer {spec or data_spec!r} has {tok.vocab_size} ids but the "
+        raise ValueError(f"tokenizer {spec or data_name!r} has {tok.vocab_size} ids but the "
                          f"model's vocabulary is {model_vocab_size}")
     return spec or data_spec, tok
 

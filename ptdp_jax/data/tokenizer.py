@@ -5,12 +5,14 @@ trainer's sample printing:
 
 * ``encode(text) -> list[int]`` and ``decode(ids) -> str``
 * ``vocab_size`` (number of ids, including the end-of-document token)
-* ``eos_id`` (the end-of-document id appended after every document)
+* ``eos_id`` (the end-of-document id appended after every document) and ``eos_token``
 * ``spec`` (a string that :func:`load_tokenizer` turns back into the tokenizer)
 
 ``ByteTokenizer`` maps UTF-8 bytes to ids 0..255 and uses id 256 as ``eos``.
-``BPETokenizer`` wraps a HuggingFace ``tokenizers`` byte-level BPE whose
-``<|endoftext|>`` special token is the ``eos`` (as in GPT-2).
+``BPETokenizer`` wraps a HuggingFace ``tokenizers`` tokenizer.json whose
+``<|endoftext|>`` special token is the ``eos`` (as in GPT-2), or else the ``eos_token``
+of a ``tokenizer_config.json`` beside it (a Hugging Face tokenizer folder: LLaMA's
+``</s>``). A folder holding ``tokenizer.json`` names that file.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class ByteTokenizer:
 
     vocab_size = 257
     eos_id = 256
+    eos_token = EOS_TOKEN
     spec = "byte"
 
     def encode(self, text: str) -> list[int]:
@@ -49,13 +52,16 @@ class BPETokenizer:
     (or loaded) tokenizer round-trips through :func:`load_tokenizer`.
     """
 
-    def __init__(self, tokenizer, path: str | os.PathLike | None = None):
+    def __init__(self, tokenizer, path: str | os.PathLike | None = None,
+                 eos_token: str = EOS_TOKEN):
         self._tok = tokenizer
         self.path = None if path is None else Path(path).resolve()
-        eos = tokenizer.token_to_id(EOS_TOKEN)
+        eos = tokenizer.token_to_id(eos_token)
         if eos is None:
-            raise ValueError(f"BPE tokenizer {path or ''} has no {EOS_TOKEN!r} special token")
-        self.eos_id = int(eos)
+            raise ValueError(f"BPE tokenizer {path or ''} has no {eos_token!r} special token "
+                             f"(the end of a document: {EOS_TOKEN!r}, or the eos_token of a "
+                             f"tokenizer_config.json beside it)")
+        self.eos_id, self.eos_token = int(eos), eos_token
         self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=True))
 
     @classmethod
@@ -91,12 +97,15 @@ class BPETokenizer:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "BPETokenizer":
-        """Load a ``tokenizer.json`` written by :meth:`save` (or by HF tokenizers)."""
+        """Load a ``tokenizer.json`` written by :meth:`save` (or by HF tokenizers); its eos
+        is ``<|endoftext|>``, else the eos_token of a tokenizer_config.json beside it."""
         from tokenizers import Tokenizer
 
         if not os.path.isfile(path):
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-        return cls(Tokenizer.from_file(str(path)), path)
+        tok = Tokenizer.from_file(str(path))
+        eos = EOS_TOKEN if tok.token_to_id(EOS_TOKEN) is not None else _config_eos(path)
+        return cls(tok, path, eos or EOS_TOKEN)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``tokenizer.json`` to ``path``; afterwards ``spec`` is that path."""
@@ -128,6 +137,18 @@ class BPETokenizer:
         return f"BPETokenizer(vocab_size={self.vocab_size}, path={self.path})"
 
 
+def _config_eos(path: str | os.PathLike) -> str | None:
+    """The eos_token of the tokenizer_config.json beside a tokenizer.json, if any."""
+    import json
+    conf = Path(path).with_name("tokenizer_config.json")
+    try:
+        eos = json.loads(conf.read_text(encoding="utf-8")).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return None
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    return eos if isinstance(eos, str) else None
+
+
 def _as_file_list(obj) -> list[str] | None:
     """The file list ``obj`` names, or None when it is an iterable of texts."""
     if isinstance(obj, os.PathLike):
@@ -142,13 +163,20 @@ def _as_file_list(obj) -> list[str] | None:
 
 
 def load_tokenizer(spec: str | os.PathLike) -> ByteTokenizer | BPETokenizer:
-    """Tokenizer named by ``spec``: ``'byte'`` or a path to a ``tokenizer.json``."""
+    """Tokenizer named by ``spec``: ``'byte'``, a path to a ``tokenizer.json``, or a
+    folder holding one (a Hugging Face tokenizer folder)."""
     s = os.fspath(spec)
     if s == "byte":
         return ByteTokenizer()
+    if os.path.isdir(s):
+        if not os.path.isfile(os.path.join(s, "tokenizer.json")):
+            raise ValueError(f"tokenizer folder {s!r} holds no tokenizer.json (only the fast "
+                             f"tokenizers' tokenizer.json is read)")
+        return BPETokenizer.from_file(os.path.join(s, "tokenizer.json"))
     if s.endswith(".json") or os.path.isfile(s):
         return BPETokenizer.from_file(s)
     if s == "bpe":
         raise ValueError("tokenizer 'bpe' must be trained first (give a vocab size) "
                          "or named by the path of its tokenizer.json")
-    raise ValueError(f"unknown tokenizer {s!r}: expected 'byte' or a path to a tokenizer.json")
+    raise ValueError(f"unknown tokenizer {s!r}: expected 'byte', a path to a tokenizer.json "
+                     f"or a folder holding one")
