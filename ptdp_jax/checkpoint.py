@@ -5,7 +5,7 @@
     ckpt.save(step, state)                  # returns once the arrays are copied off the devices
     ckpt.close()                            # waits for the writes in flight
 
-On disk, ``<checkpoint.dir>/<step>/`` is one orbax step directory with two items:
+On disk, ``<checkpoint.dir>/<step>/`` is one orbax step directory with these items:
 
 - ``state``: the train state in the *canonical* layout: parameters and the AdamW
   moments (mu, nu) with layers on one leading axis of length L, the optimizer's
@@ -48,7 +48,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -61,10 +60,11 @@ from ptdp_jax.config import Config, with_absolute_paths
 from ptdp_jax.data import data_state
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.ckpt_format import (  # noqa: F401  (re-exported: the public checkpoint API)
-    FORMAT, META_FILE, META_ITEM, STATE_ITEM, TOKENIZER_ITEM, VERSION, CheckpointError, _scan,
-    _shape_tree, _short, check_compatible, check_directory, checkpoint_config,
-    checkpoint_tokenizer, config_from_dict, damaged_message, load_checkpoint, load_params,
-    quiet_closed_loop, read_meta, resolve_step_dir, stored_shapes)
+    FORMAT, META_FILE, META_ITEM, STATE_ITEM, TOKENIZER_ITEM, VERSION, CheckpointError,
+    _check_writable, _FilesHandler, _FilesSave, _scan, _shape_tree, _short, check_compatible,
+    check_directory, checkpoint_config, checkpoint_tokenizer, config_from_dict, damaged_message,
+    load_checkpoint, load_params, quiet_closed_loop, read_meta, resolve_step_dir, run_tokenizer,
+    stored_shapes, tokenizer_files)
 from ptdp_jax.state import (  # noqa: F401  (re-exported: the public checkpoint API)
     canonical_abstract_state, canonical_shardings, make_optimizer, to_canonical_state,
     to_stage_state, with_shardings as _with_shardings)
@@ -117,53 +117,6 @@ class _MetaSave(ocp.args.CheckpointArgs):
 @dataclasses.dataclass
 class _MetaRestore(ocp.args.CheckpointArgs):
     item: Any = None
-
-
-class _FilesHandler(ocp.JsonCheckpointHandler):
-    """Text files ({name: text}) as one item, written by process 0 (the tokenizer)."""
-
-    def __init__(self):
-        super().__init__("tokenizer.json")
-
-    async def _save_fn(self, x, directory):
-        if jax.process_index() == 0:
-            for name, text in x.items():
-                (directory / name).write_text(text, encoding="utf-8")
-
-
-@ocp.args.register_with_handler(_FilesHandler, for_save=True)
-@dataclasses.dataclass
-class _FilesSave(ocp.args.CheckpointArgs):
-    item: dict
-
-
-@ocp.args.register_with_handler(_FilesHandler, for_restore=True)
-@dataclasses.dataclass
-class _FilesRestore(ocp.args.CheckpointArgs):
-    item: Any = None
-
-
-def run_tokenizer(cfg: Config) -> str | None:
-    """The tokenizer spec of a run's data ('byte' or a tokenizer.json); None if the data
-    does not tell."""
-    from ptdp_jax.data.sources import tokenizer_spec_of
-    try:
-        return tokenizer_spec_of(list(cfg.data.path))
-    except ValueError:
-        return None
-
-
-def tokenizer_files(spec: str | None) -> dict[str, str]:
-    """{name: text} kept in a checkpoint for tokenizer `spec`: nothing for 'byte' (the
-    metadata says it), a tokenizer.json with the tokenizer_config.json beside it if any."""
-    if spec is None or spec == "byte":
-        return {}
-    path = Path(spec)
-    files = {"tokenizer.json": path.read_text(encoding="utf-8")}
-    conf = path.with_name("tokenizer_config.json")
-    if path.name == "tokenizer.json" and conf.is_file():
-        files[conf.name] = conf.read_text(encoding="utf-8")
-    return files
 
 
 # ----------------------------------------------------------------------------- the manager
@@ -417,27 +370,6 @@ def check_fresh_start(cfg: Config) -> list[int]:
     if steps and not cfg.checkpoint.overwrite:
         raise CheckpointError(_fresh_start_message(directory, steps))
     return steps
-
-
-def _check_writable(directory: Path) -> None:
-    """CheckpointError unless files can be made in `directory`, or (where it does not exist
-    yet) in its nearest existing ancestor, which must be a directory."""
-    probe = directory
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        what = "exists and is not a directory" if probe == directory else \
-            f"cannot be made: {probe} is a file, not a directory"
-        raise CheckpointError(f"checkpoint.dir {directory} {what}")
-    try:
-        fd, name = tempfile.mkstemp(dir=probe, prefix=".ptdp-write-check-")
-        os.close(fd)
-        os.unlink(name)
-    except OSError as e:
-        where = "" if probe == directory else f" (it does not exist yet; {probe} is where " \
-                                              f"it would be made)"
-        raise CheckpointError(f"checkpoint.dir {directory} is not writable{where}: "
-                              f"{e.strerror or e}") from None
 
 
 def check_checkpoint_dir(cfg: Config) -> list[int]:

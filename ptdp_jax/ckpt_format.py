@@ -1,13 +1,15 @@
-"""The on-disk format of checkpoints: metadata, compatibility checks, directory scans,
-and loading a checkpoint onto the host (export, inspection). The canonical (mesh- and
-schedule-independent) layout of the train state is ptdp_jax.state's; the manager that
-writes and restores checkpoints is ptdp_jax.checkpoint."""
+"""The on-disk format of checkpoints: metadata, the tokenizer item, compatibility checks,
+directory scans and checks, and loading a checkpoint onto the host (export, inspection).
+The canonical (mesh- and schedule-independent) layout of the train state is
+ptdp_jax.state's; the manager that writes and restores checkpoints is ptdp_jax.checkpoint."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -218,6 +220,78 @@ def quiet_closed_loop() -> None:
         previous(u)
     sys.unraisablehook = hook
     _QUIET_LOOP = True
+
+
+# ----------------------------------------------------------------------------- the tokenizer item
+
+class _FilesHandler(ocp.JsonCheckpointHandler):
+    """Text files ({name: text}) as one item, written by process 0 (the tokenizer)."""
+
+    def __init__(self):
+        super().__init__("tokenizer.json")
+
+    async def _save_fn(self, x, directory):
+        if jax.process_index() == 0:
+            for name, text in x.items():
+                (directory / name).write_text(text, encoding="utf-8")
+
+
+@ocp.args.register_with_handler(_FilesHandler, for_save=True)
+@dataclasses.dataclass
+class _FilesSave(ocp.args.CheckpointArgs):
+    item: dict
+
+
+@ocp.args.register_with_handler(_FilesHandler, for_restore=True)
+@dataclasses.dataclass
+class _FilesRestore(ocp.args.CheckpointArgs):
+    item: Any = None
+
+
+def run_tokenizer(cfg: Config) -> str | None:
+    """The tokenizer spec of a run's data ('byte' or a tokenizer.json); None if the data
+    does not tell."""
+    from ptdp_jax.data.sources import tokenizer_spec_of
+    try:
+        return tokenizer_spec_of(list(cfg.data.path))
+    except ValueError:
+        return None
+
+
+def tokenizer_files(spec: str | None) -> dict[str, str]:
+    """{name: text} kept in a checkpoint for tokenizer `spec`: nothing for 'byte' (the
+    metadata says it), a tokenizer.json with the tokenizer_config.json beside it if any."""
+    if spec is None or spec == "byte":
+        return {}
+    path = Path(spec)
+    files = {"tokenizer.json": path.read_text(encoding="utf-8")}
+    conf = path.with_name("tokenizer_config.json")
+    if path.name == "tokenizer.json" and conf.is_file():
+        files[conf.name] = conf.read_text(encoding="utf-8")
+    return files
+
+
+# ----------------------------------------------------------------------------- writable
+
+def _check_writable(directory: Path) -> None:
+    """CheckpointError unless files can be made in `directory`, or (where it does not exist
+    yet) in its nearest existing ancestor, which must be a directory."""
+    probe = directory
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        what = "exists and is not a directory" if probe == directory else \
+            f"cannot be made: {probe} is a file, not a directory"
+        raise CheckpointError(f"checkpoint.dir {directory} {what}")
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".ptdp-write-check-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        where = "" if probe == directory else f" (it does not exist yet; {probe} is where " \
+                                              f"it would be made)"
+        raise CheckpointError(f"checkpoint.dir {directory} is not writable{where}: "
+                              f"{e.strerror or e}") from None
 
 
 # ----------------------------------------------------------------------------- loading on the host
