@@ -53,8 +53,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from ptdp_jax import distributed
     rc, why = _main(args)
-    # Multi-process: tell the other processes (a failed one exits at once, so they stop too).
-    distributed.finish(rc == 0, why, exit_code=rc or None)
+    # Multi-process: tell the other processes and leave (a failed one at once, so they stop
+    # too; a clean one in order, so that no process prints gRPC errors on the way out).
+    distributed.finish(rc == 0, why, exit_code=rc)
     return rc
 
 

@@ -40,6 +40,10 @@ ended a loaded process in CI before the watchdog could name the lost peer) is th
 process 0 (which runs the coordination service) dies, the others are stopped by
 JAX at once with its own message ("... the leader task was preempted/died ...").
 A restart of all processes resumes from the last complete checkpoint.
+
+End (`finish`, from ``ptdp-train``): a clean run passes jax.distributed's shutdown barrier on
+every process, then the others exit and process 0, which runs the coordination service,
+exits last without stopping it, so that no process prints gRPC errors on the way out.
 """
 from __future__ import annotations
 
@@ -59,6 +63,7 @@ EXIT_PEER_LOST = ExitCode.PEER_LOST                # a peer process died or fail
 EXIT_DISTRIBUTED_INIT = ExitCode.DISTRIBUTED_INIT  # jax.distributed could not be started
 DEFAULT_HEARTBEAT_TIMEOUT = 60.0
 DEFAULT_INIT_TIMEOUT = 300
+EXIT_GRACE = 1.0                  # s: process 0 outlives the other processes at a clean end
 
 
 @dataclass(frozen=True)
@@ -294,11 +299,46 @@ def host_mesh_devices(shape: tuple[int, int, int], allow_cross_host_tensor: bool
 # ----------------------------------------------------------------------------- the end of a run
 
 def finish(ok: bool, why: str = "", exit_code: int | None = None) -> None:
-    """Tell the other processes this one is done or failed (see watchdog.Watchdog.finish); with
-    exit_code on failure, leave now (skipping jax.distributed's shutdown barrier)."""
+    """Tell the other processes this one is done or failed (see watchdog.Watchdog.finish). With
+    exit_code, leave now: on failure at once (skipping jax.distributed's shutdown barrier), on
+    success in order (`_exit_in_order`). Returns only in a single-process run."""
     w = _state["watchdog"]
-    if w is None:
+    if _state["setup"] is None:
         return
-    w.finish(ok, why)
-    if not ok and exit_code is not None:
-        os._exit(exit_code)
+    if w is not None:
+        w.finish(ok, why)
+    if exit_code is None:
+        return
+    if ok:
+        _exit_in_order(exit_code)
+    os._exit(exit_code)
+
+
+def _exit_in_order(code: int) -> None:
+    """End a clean multi-process run without JAX's exit handler. There, process 0 stops the
+    coordination service while every process's backend still watches the others through it
+    (jaxlib >= 0.11 on GPU; the backend outlives clear_backends once its memories were
+    touched), which prints gRPC "WatchTasksAsync failed ... CANCELLED" errors. Here every
+    process passes jax.distributed's shutdown barrier, the others leave at once, and process
+    0, which runs the service, leaves last without stopping it."""
+    import logging
+    import sys
+    import time
+
+    from jax._src.distributed import global_state as gs
+    if _state["watchdog"] is not None:
+        _state["watchdog"].stop()           # no key-value calls past this point
+    try:
+        if gs.preemption_sync_manager is not None:
+            gs.preemption_sync_manager.shutdown()     # before the client, as JAX does
+            gs.preemption_sync_manager = None
+        if gs.client is not None:
+            gs.client.shutdown()            # the barrier: every process has finished
+    except Exception:                       # a peer already gone: nothing left to wait for
+        pass
+    if _state["setup"].process_id == 0:
+        time.sleep(EXIT_GRACE)              # the others are gone before the service goes
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -13,8 +13,16 @@ kernel kill it or the allocator fail minutes later.
 
 Either refusal is a MemoryCheckError (a ConfigError: exit code 2) that names both numbers
 and the settings that fit (smaller micro-batches, more recomputation, with d > 1 the state
-split over 'data' by parallel.zero, another layout of the same devices) or the number of devices the model needs. train.skip_memory_check=true
-runs anyway (e.g. when the device reports less than it will have).
+split over 'data' by parallel.zero, another layout of the same devices) or the number of
+devices the model needs. train.skip_memory_check=true runs anyway (e.g. when the device
+reports less than it will have).
+
+On CPU the estimate is approximate: XLA's attention there keeps s x s scores that it leaves
+out. There a refusal names only the settings that clearly fit, without a change of layout: the
+estimate plus those scores (before compiling: CPU_SCORE_BUFFERS of them; after: what the
+estimate missed for this run, scaled by each setting's scores), so that a setting named is
+not refused again by XLA's check (more recomputation and smaller micro-batches kept fewer of
+them in every run measured).
 """
 from __future__ import annotations
 
@@ -25,6 +33,10 @@ from ptdp_jax.config import ConfigError
 from ptdp_jax.validation import validate
 
 GiB = 1024 ** 3
+# One micro-batch's s x s attention scores (float32) that XLA keeps on CPU beyond the estimate,
+# at most, by train.recompute: 2.9, 1.9 and 0.9 of them measured (demo.yaml at seq_len 4096,
+# micro-batches of 2; fewer with micro-batches of 1; 2026-11-28, 8 CPU devices)
+CPU_SCORE_BUFFERS = {"none": 3, "selective": 2, "full": 1}
 
 
 class MemoryCheckError(ConfigError):
@@ -34,6 +46,17 @@ class MemoryCheckError(ConfigError):
 def _device_memory() -> int | None:
     from ptdp_jax.memory import device_memory_bytes
     return device_memory_bytes()
+
+
+def _on_cpu() -> bool:
+    import jax
+    return jax.local_devices()[0].platform == "cpu"
+
+
+def _score_bytes(cfg) -> int:
+    """One micro-batch's s x s attention scores on a device, float32."""
+    m, t = cfg.model, cfg.parallel.tensor
+    return cfg.train.micro_batch_size * -(-m.num_heads // t) * m.seq_len ** 2 * 4
 
 
 def _device_words() -> str:
@@ -54,8 +77,9 @@ def _with(cfg, **keys):
     return replace(cfg, **{s: replace(getattr(cfg, s), **kv) for s, kv in sections.items()})
 
 
-def _candidates(cfg, n_devices: int):
-    """(description, overrides) of changes that lower memory per device, lightest first."""
+def _candidates(cfg, n_devices: int, layouts: bool = True):
+    """(description, overrides) of changes that lower memory per device, lightest first;
+    with layouts=False none that changes parallel.data, pipe or tensor."""
     t, par = cfg.train, cfg.parallel
     out = []
     lighter = {"none": ["selective", "full"], "selective": ["full"], "full": []}[t.recompute]
@@ -74,7 +98,7 @@ def _candidates(cfg, n_devices: int):
         if lighter:
             out.append({"train.micro_batch_size": b, "train.recompute": "full"})
     n_now = par.data * par.pipe * par.tensor
-    for n in sorted({n_now, n_devices}):
+    for n in sorted({n_now, n_devices}) if layouts else ():
         for tp in (1, 2, 4, 8):
             for pp in (1, 2, 4, 8, 16, 32, 64):
                 if n % (tp * pp) or (tp, pp) == (par.tensor, par.pipe):
@@ -92,12 +116,13 @@ def _candidates(cfg, n_devices: int):
     return out
 
 
-def _fits(cfg, have: int, n_devices: int, limit: int = 4) -> list[str]:
-    """Up to `limit` changes under which the estimate fits, each with its estimate; a
-    change is left out when a part of it (the same keys) already fits on its own."""
+def _fits(cfg, have: int, n_devices: int, limit: int = 4, extra=None) -> list[str]:
+    """Up to `limit` changes under which the estimate (plus extra(cfg) bytes, if given: then
+    no change of layout) fits, each with that number; a change is left out when a part of it
+    (the same keys) already fits on its own."""
     from ptdp_jax.memory import estimate_memory
     found, taken = [], []
-    for over in _candidates(cfg, n_devices):
+    for over in _candidates(cfg, n_devices, layouts=extra is None):
         keys = {k for k in over if k.split(".")[0] == "train" or k == "parallel.zero"} | \
             ({"layout"} if any(k.startswith("parallel.") and k != "parallel.zero"
                                for k in over) else set())
@@ -107,7 +132,7 @@ def _fits(cfg, have: int, n_devices: int, limit: int = 4) -> list[str]:
             c = validate(_with(cfg, **over), n_devices)
         except (ConfigError, ValueError, ZeroDivisionError):
             continue
-        total = estimate_memory(c).total
+        total = estimate_memory(c).total + (extra(c) if extra else 0)
         if total > have:
             continue
         taken.append(keys)
@@ -129,22 +154,44 @@ def _devices_needed(cfg, have: int) -> int:
     return max(2, math.ceil((one.params + one.grads + one.optimizer) / have))
 
 
-def _refusal(cfg, what: str, need: int, have: int, detail: str = "") -> MemoryCheckError:
+def _refusal(cfg, what: str, need: int, have: int, detail: str = "",
+             missed: int | None = None) -> MemoryCheckError:
+    """The refusal; `missed`: what the estimate left out of XLA's number for this run."""
     import jax
     n_devices = len(jax.devices())
-    fits = _fits(cfg, have, n_devices)
     words = _device_words().format(have=f"{have / GiB:.2f} GiB")
     msg = f"{what} needs {need / GiB:.2f} GiB per device{detail}, but {words}."
-    if fits:
-        msg += " Settings that fit (by the estimate): " + "; ".join(fits) + "."
+    if _on_cpu():
+        if missed is None:
+            extra, plus = (lambda c: CPU_SCORE_BUFFERS[c.train.recompute] * _score_bytes(c),
+                           "3, 2 or 1 micro-batch's scores with recompute none, selective or "
+                           "full")
+        else:
+            unit = _score_bytes(cfg)
+            extra, plus = (lambda c: missed * _score_bytes(c) / unit,
+                           f"the {missed / GiB:.2f} GiB it missed here, scaled to each")
+        msg += (" On CPU the estimate is approximate: XLA's attention there keeps s x s "
+                "scores that it leaves out.")
+        fits = _fits(cfg, have, n_devices, extra=extra)
+        if fits:
+            msg += f" Settings that clearly fit (the estimate plus {plus}): " + "; ".join(fits)
+        else:
+            msg += (f" No smaller micro-batch or more recomputation clearly fits (the estimate "
+                    f"plus {plus})")
     else:
+        fits = _fits(cfg, have, n_devices)
+        if fits:
+            msg += " Settings that fit (by the estimate): " + "; ".join(fits)
+        else:
+            msg += (f" No smaller micro-batch, more recomputation or other layout of the "
+                    f"{n_devices} devices here fits by the estimate")
+    if not fits:
         needed = _devices_needed(cfg, have)
-        msg += (f" No smaller micro-batch, more recomputation or other layout of the "
-                f"{n_devices} devices here fits by the estimate")
-        msg += (f": the model state alone (parameters, gradients, AdamW) fills {needed} devices "
-                f"of this size; spread it over more (parallel.data x pipe x tensor, more "
-                f"processes or hosts)." if needed > n_devices else ".")
-    return MemoryCheckError(msg + " train.skip_memory_check=true runs it anyway.")
+        if needed > n_devices:
+            msg += (f": the model state alone (parameters, gradients, AdamW) fills {needed} "
+                    f"devices of this size; spread it over more (parallel.data x pipe x tensor, "
+                    f"more processes or hosts)")
+    return MemoryCheckError(msg + ". train.skip_memory_check=true runs it anyway.")
 
 
 def check_memory(cfg, log=print):
@@ -185,5 +232,8 @@ def check_compiled(cfg, executable) -> int | None:
     if have is None or need is None:
         return need
     if need > have:
-        raise _refusal(cfg, "the compiled train step (XLA's memory analysis)", need, have)
+        from ptdp_jax.memory import estimate_memory
+        missed = max(0, need - estimate_memory(cfg).total)
+        raise _refusal(cfg, "the compiled train step (XLA's memory analysis)", need, have,
+                       missed=missed)
     return need

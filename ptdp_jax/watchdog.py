@@ -155,6 +155,12 @@ class Watchdog:
             if self.me == 0:                    # let the others read it before the service goes
                 time.sleep(min(5.0, 3 * self.interval + 0.5))
 
+    def stop(self) -> None:
+        """Stop beating and wait for the thread: no key-value calls once this returns."""
+        self._stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5 * self.interval + 1)
+
     def _at_exit(self):
         if self._marked:
             return
