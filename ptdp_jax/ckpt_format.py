@@ -46,8 +46,9 @@ class CheckpointError(ValueError):
 # ----------------------------------------------------------------------------- config in meta
 
 def config_from_dict(tree: dict) -> Config:
-    """A Config from the dict stored in a checkpoint (unknown keys are an error)."""
-    return load_config(None, flatten(tree))
+    """A Config from the dict stored in a checkpoint (unknown keys are an error; keys of
+    earlier versions load with one warning, config.migrate: never refused, the run is made)."""
+    return load_config(None, flatten(tree), strict=False)
 
 
 def read_meta(step_dir: str | os.PathLike) -> dict:
