@@ -168,7 +168,7 @@ def flash_attention_bytes_per_token(cfg) -> float:
     (t > 1 with pipelining or data parallelism: `layers.keeps_residuals`). 0 where the
     attention is XLA's (float32, tuning.attention=xla)."""
     m, par = cfg.model, cfg.parallel
-    if m.attention == "xla" or cfg.compute_dtype == "float32":
+    if cfg.tuning.attention == "xla" or cfg.compute_dtype == "float32":
         return 0.0
     return (2.0 * m.hidden_size + 4.0 * m.num_heads) / par.tensor
 

@@ -26,26 +26,28 @@ class Run:
 
 
 def for_devices(cfg: Config, explicit, command_line, devices, log=print,
-                local_devices: int | None = None) -> Run:
+                local_devices: int | None = None, gpu=None) -> Run:
     """cfg resolved for `devices` (jax devices, all processes') and validated. explicit: the
     dotted keys the file or the command line set (config.load_with_keys); command_line: those
-    of the command line (--mesh included). The layout line goes to `log`."""
+    of the command line (--mesh included). The layout line goes to `log`. gpu: the planner's
+    GPU kind (None: jax's first local device's, plan.hardware.detect_gpu_kind)."""
     on = devices[0].platform
     local = local_devices if local_devices is not None else len(devices)
     cfg = replace(cfg, train=replace(cfg.train, dtype=D.dtype(cfg.train.dtype, on)))
     source = D.layout_source(cfg, set(explicit), set(command_line), len(devices), on)
-    run = Run(cfg) if source == "written" else _planned(cfg, source, set(explicit),
-                                                         set(command_line), len(devices), local)
+    run = Run(cfg) if source == "written" else _planned(
+        cfg, source, set(explicit), set(command_line), len(devices), local, gpu)
     validate(run.config, len(devices))
     run = replace(run, config=_with_recompute(run.config))
     if on == "gpu" and source == "written":
-        run = _predicted(run, local, "layout as written")
+        run = _predicted(run, local, "layout as written", gpu)
     if run.note:
         log(run.note)
     return run
 
 
-def _planned(cfg, source: str, explicit: set, command_line: set, n: int, local: int) -> Run:
+def _planned(cfg, source: str, explicit: set, command_line: set, n: int, local: int,
+             gpu=None) -> Run:
     """The planner's best layout, keeping the keys decisions.planner_fixed says."""
     from ptdp_jax.plan import LAYOUT_KEYS
     from ptdp_jax.plan.search import best_layout
@@ -53,19 +55,20 @@ def _planned(cfg, source: str, explicit: set, command_line: set, n: int, local: 
     fixed = {k: _value(cfg, k) for k in LAYOUT_KEYS if k in keep and _value(cfg, k) != "auto"}
     if set(D.MESH_KEYS) <= keep:
         n = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor   # the mesh is given
-    best = best_layout(cfg, n, min(n, local), fixed=fixed)
+    best = best_layout(cfg, n, min(n, local), gpu, fixed=fixed)
     chosen = load_config(cfg, {**best.overrides(), **fixed})
     why = "the planner filled in the layout keys nothing set" if source == "fill" else \
         f"{source}: the planner's layout for {n} devices"
     return Run(chosen, *_line(chosen, why, best.estimate, best.memory))
 
 
-def _predicted(run: Run, local: int, why: str) -> Run:
+def _predicted(run: Run, local: int, why: str, gpu=None) -> Run:
     """run with the planner's prediction of its layout (GPUs of a kind it knows)."""
     from ptdp_jax.plan.estimate import estimate_step
-    from ptdp_jax.plan.hardware import detect_gpu_kind
+    from ptdp_jax.plan.hardware import detect_gpu_kind, gpu_kind
     try:
-        est = estimate_step(run.config, detect_gpu_kind(), local)
+        kind = detect_gpu_kind() if gpu is None else gpu_kind(gpu) if isinstance(gpu, str) else gpu
+        est = estimate_step(run.config, kind, local)
     except Exception:            # the line is for the user: a layout the model misses still runs
         return run
     return replace(run, **dict(zip(("note", "predicted_step_s", "memory_gib"),

@@ -17,9 +17,9 @@ H200_BEFORE_S36 = with_overrides(gpu_kind("h200"), {"memory_bound_bytes_per_s": 
 
 def config(name, **overrides):
     """A config as the measured rows of tests/test_plan_measured.py ran it: the MLP activation
-    recomputed (train.keep_ffn_activation=false, as before 2026-11-27), the default here."""
+    recomputed (tuning.keep_ffn_activation=false, as before 2026-11-27), the default here."""
     path = None if name is None else str(ROOT / "configs" / f"{name}.yaml")
-    keys = {"train.keep_ffn_activation": False}
+    keys = {"tuning.keep_ffn_activation": False}
     return load_config(path, {**keys, **{k.replace("__", "."): v for k, v in overrides.items()}})
 
 

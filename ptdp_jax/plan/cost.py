@@ -163,7 +163,7 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     # passes: static_stash_copy_share); without pipelining the producers write them in place
     # the MLP activation's output kept by selective (tuning.keep_ffn_activation) is written by its
     # own fusion, in place: no copy passes (-1.8 to -2.7% a step, 2x H200, 2026-11-27)
-    bare = replace(cfg, train=replace(tr, keep_ffn_activation=False))
+    bare = replace(cfg, tuning=replace(cfg.tuning, keep_ffn_activation=False))
     stash = layer_activation_bytes_per_token(bare) * T if p > 1 else 0.0
     stash *= gpu.static_stash_copy_share if cfg.static_stash_on else 1.0
     copy_fwd = _memory_seconds(gpu.stash_copy_passes_fwd * stash, gpu)
