@@ -139,8 +139,8 @@ def warn_old_keys(notes: list[str], what: str) -> None:
     """One warning for a config's keys of earlier versions."""
     if notes:
         import warnings
-        warnings.warn(ConfigWarning(f"{what} names keys of an earlier version: "
-                                    + "; ".join(notes)), stacklevel=3)
+        warnings.warn(ConfigWarning(f"{what}: keys of an earlier version: " + "; ".join(notes)),
+                      stacklevel=4)
 
 
 # ----------------------------------------------------------------------------- overrides
@@ -377,22 +377,24 @@ def _data_vocab_size(paths) -> int | None:
 
 
 def load_config(config: "str | os.PathLike | Config | None" = None,
-                overrides: Mapping[str, Any] | None = None, *, strict: bool = True) -> Config:
+                overrides: Mapping[str, Any] | None = None, *, strict: bool = True,
+                origin: str = "") -> Config:
     """Defaults, then a YAML file (or a Config), then dotted overrides. A model.vocab_size
     that neither the file nor the overrides set follows data.path's tokenizer (a value
     set too small for the data stays an error, raised when the data is opened). Keys of
-    earlier versions: `migrate` (one ConfigWarning); strict=False for a saved config."""
-    return load_with_keys(config, overrides, strict=strict)[0]
+    earlier versions: `migrate` (one ConfigWarning, naming `origin` if given); strict=False
+    for a saved config."""
+    return load_with_keys(config, overrides, strict=strict, origin=origin)[0]
 
 
 def load_with_keys(config: "str | os.PathLike | Config | None" = None,
-                   overrides: Mapping[str, Any] | None = None, *,
-                   strict: bool = True) -> tuple[Config, frozenset[str]]:
+                   overrides: Mapping[str, Any] | None = None, *, strict: bool = True,
+                   origin: str = "") -> tuple[Config, frozenset[str]]:
     """(load_config's Config, the dotted keys that the file or the overrides set; every key
     when `config` is a Config)."""
     overrides, notes = migrate(dict(overrides or {}), strict)
     if isinstance(config, Config):
-        warn_old_keys(notes, "the overrides")
+        warn_old_keys(notes, origin or "the overrides")
         return _apply(config, overrides), frozenset(all_keys())
     cfg, flat = Config(), {}
     if config is not None:
@@ -401,7 +403,8 @@ def load_with_keys(config: "str | os.PathLike | Config | None" = None,
         flat, file_notes = migrate(flat, strict, where)
         notes = file_notes + notes
         cfg = _apply(cfg, flat, where)
-    warn_old_keys(notes, f"config file {str(config)!r}" if config is not None else "the config")
+    warn_old_keys(notes, origin or (f"config file {str(config)!r}" if config is not None
+                                    else "the overrides"))
     cfg = _apply(cfg, overrides)
     if "model.vocab_size" not in flat and "model.vocab_size" not in overrides:
         vocab = _data_vocab_size(cfg.data.path)

@@ -47,7 +47,7 @@ def test_parity_without_it(arch, mesh, extra):
                                               ("full", "full")])
 def test_auto_keeps_it_only_under_selective(recompute, policy):
     cfg = tiny_config("gpt", (1, 1, 1), **{"train.recompute": recompute})
-    assert cfg.tuning.keep_ffn_activation == "auto" and cfg.train.remat == policy
+    assert cfg.tuning.keep_ffn_activation == "auto" and cfg.remat == policy
 
 
 def _saved(arch: str, keep: bool) -> str:
@@ -56,7 +56,7 @@ def _saved(arch: str, keep: bool) -> str:
     mc = cfg.model
     lp = jax.tree.map(lambda a: a[0], M.init_params(mc, 0)["layers"])
     x = jnp.ones((1, mc.seq_len, mc.hidden_size), jnp.float32)
-    f = M.layer_fn(mc, Sharder(), cfg.train.remat)
+    f = M.layer_fn(mc, Sharder(), cfg.remat)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         jax.ad_checkpoint.print_saved_residuals(lambda lp_, x_: f(lp_, x_, 0, None), lp, x)
@@ -83,7 +83,7 @@ def test_memory_and_planner_count_it():
     sel = tiny_config("gpt", (1, 1, 1), **DROP)
     keep = tiny_config("gpt", (1, 1, 1), **KEEP)
     f = sel.model.ffn
-    scale = 4 // 2 if sel.train.dtype == "float32" else 1
+    scale = 4 // 2 if sel.compute_dtype == "float32" else 1
     assert layer_activation_bytes_per_token(keep) - layer_activation_bytes_per_token(sel) \
         == pytest.approx(2.0 * f * scale)
     h100 = gpu_kind("h100")

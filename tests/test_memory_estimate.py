@@ -7,6 +7,7 @@ import pytest
 
 from ptdp_jax import memory
 from ptdp_jax.config import load_config
+from plan_cases import BENCH_RAN
 from ptdp_jax.memory import (GiB, MemoryEstimate, device_memory_bytes, estimate_memory,
                              params_per_device)
 
@@ -109,7 +110,8 @@ def cfg_of(path, mesh, overrides):
     """Rows measured before 2026-11-27 (late morning) recomputed the MLP activation under
     selective."""
     d, p, t = mesh
-    return load_config(path, {"tuning.keep_ffn_activation": False, **overrides,
+    ran = BENCH_RAN if path == B13 else {}
+    return load_config(path, {"tuning.keep_ffn_activation": False, **ran, **overrides,
                               "parallel.data": d, "parallel.pipe": p, "parallel.tensor": t})
 
 
