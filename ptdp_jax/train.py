@@ -114,24 +114,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     log = log if is_main else _quiet
     run = _for_devices(loaded, log)                          # dtype, layout, recompute
     cfg = run.config
-    check_fp8_devices(cfg, jax.devices())
-    cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
-    check_wandb(cfg.run.wandb_project)                       # installed, if asked for
-    feed = Feed(cfg)                                         # opens and checks the data
-    preflight.check_memory(cfg)                              # the estimate against a device
-    replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
-                                                             # checkpoints unasked
-
-    mesh = make_mesh(cfg.parallel.mesh_shape,
-                     allow_cross_host_tensor=cfg.tuning.allow_cross_host_tensor)
-    feed.use_mesh(mesh)
-    tx, lr = make_optimizer(cfg)
-    compiled = compile_all(cfg, mesh, tx)
-    t0 = time.perf_counter()
-    log("ptdp_jax: compiling the train step ...")           # minutes for deep pipelines
-    train_step = _compile_step(cfg, compiled, tx)            # and XLA's own memory analysis
-    log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s"
-        + (f" (compilation cache: {cache})" if cache else ""))
+    feed, compiled, train_step, lr, replaced = _prepare(cfg, log)
     state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
     runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
     stopper = Stopper(cfg)                 # from here a signal ends the run cleanly
@@ -198,6 +181,29 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
 
 
 # ----------------------------------------------------------------------------- the pieces
+
+def _prepare(cfg, log):
+    """What can refuse the run before its first step, then the compile: (feed, compiled,
+    the compiled train step, the lr schedule, the checkpoints this run will replace)."""
+    check_fp8_devices(cfg, jax.devices())
+    cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
+    check_wandb(cfg.run.wandb_project)                       # installed, if asked for
+    feed = Feed(cfg)                                         # opens and checks the data
+    preflight.check_memory(cfg)                              # the estimate against a device
+    replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
+                                                             # checkpoints unasked
+    mesh = make_mesh(cfg.parallel.mesh_shape,
+                     allow_cross_host_tensor=cfg.tuning.allow_cross_host_tensor)
+    feed.use_mesh(mesh)
+    tx, lr = make_optimizer(cfg)
+    compiled = compile_all(cfg, mesh, tx)
+    t0 = time.perf_counter()
+    log("ptdp_jax: compiling the train step ...")           # minutes for deep pipelines
+    train_step = _compile_step(cfg, compiled, tx)            # and XLA's own memory analysis
+    log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s"
+        + (f" (compilation cache: {cache})" if cache else ""))
+    return feed, compiled, train_step, lr, replaced
+
 
 def _compile_step(cfg, compiled, tx):
     """The train step compiled ahead of its first call (the compile training needs anyway),
