@@ -3,6 +3,9 @@
     cfg = load_config("configs/demo.yaml", overrides={"train.steps": 10})
     cfg.model.hidden_size, cfg.parallel.mesh_shape, cfg.num_microbatches
 
+Keys of earlier versions load through `migrate` (MOVED, GONE, FIXED): one ConfigWarning a
+config says what replaced them; a value that can no longer be honoured is a ConfigError.
+
 Every constraint is checked by `validation.validate(cfg, num_devices)` before anything is
 compiled; a violation raises `ConfigError` (a ValueError) naming the key and the numbers.
 """

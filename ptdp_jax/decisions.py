@@ -226,7 +226,7 @@ def layout_source(cfg, explicit: set, command_line: set, num_devices: int, on: s
     if on != "gpu":
         return "written"
     if not explicit & set(MESH_KEYS):
-        return f"the config sets no mesh (parallel.data, pipe, tensor)"
+        return "the config sets no mesh (parallel.data, pipe, tensor)"
     need = p.data * p.pipe * p.tensor
     if command_line & set(MESH_KEYS):
         return "fill" if set(FILL_KEYS) - explicit else "written"

@@ -175,8 +175,9 @@ FREE_MODEL_KEYS = ("model.dropout", "model.init_std")
 def import_config(model: dict, overrides: dict, params: dict):
     """(Config, params) of an import: the model settings of config.json with the
     overrides that can be honoured (see the module doc); ConfigError for the others."""
-    from ptdp_jax.config import _apply, Config
+    from ptdp_jax.config import _apply, Config, migrate
     source = load_config(None, model)
+    overrides = migrate(overrides)[0]            # keys of earlier versions: their new names
     refused = []
     for key, value in overrides.items():
         section = key.split(".", 1)[0]

@@ -156,8 +156,10 @@ def data_axis(spec: P) -> int | None:
 
 
 def tp_overlap_on(cfg, mesh) -> bool:
-    """The tensor ring on the devices of `mesh` (decisions.tp_comm_overlap_devices)."""
-    return D.tp_comm_overlap_devices(cfg, _gpu_groups_in_one_process(mesh, 2))
+    """The tensor ring on the devices of `mesh` (decisions.tp_comm_overlap_devices); the mesh
+    is looked at only where the config asks for the ring."""
+    return D.tp_comm_overlap(cfg) and D.tp_comm_overlap_devices(
+        cfg, _gpu_groups_in_one_process(mesh, 2))
 
 
 def _gpu_groups_in_one_process(mesh, axis: int) -> bool:
