@@ -85,7 +85,6 @@ FIXED = {
                                            "(ptdp-generate for others)"),
 }
 BETAS = ("train.beta1", "train.beta2")
-OLD_KEYS = (*MOVED, *GONE, *FIXED, *BETAS, "checkpoint.overwrite")
 
 
 def _same(value, now) -> bool:

@@ -156,8 +156,8 @@ class RunConfig:
 class TuningConfig:
     """Expert settings: each overrides one rule of `ptdp_jax/decisions.py` (the rule and the
     measurement behind it are that function's docstring), for a machine where the rule is
-    wrong. `auto` follows the rule; the results are the same bit for bit either way except
-    where a line says otherwise."""
+    wrong. `auto` follows the rule. None of them changes what is computed, only how (the loss
+    and gradients agree to rounding) or whether a run is refused."""
     attention: str = "auto"              # auto (cuDNN's flash attention on GPUs in 16-bit, XLA's
                                          # elsewhere: decisions.attention) | xla | cudnn
     static_stash: bool | str = "auto"    # pipelines: a switch branch per (op, stash slot), residuals
