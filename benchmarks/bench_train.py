@@ -6,8 +6,10 @@
 Prints one JSON line per run: median (and mean) step time (after the compile step and
 `--skip` more), tokens/s, model TFLOP/s per device (the paper's formula, no
 recomputation counted), MFU against the device's peak, peak device memory,
-and the first-step (compile) time. The figures are those of the config as it ran: with
-parallel.layout=auto, the planner's layout (layout keys given here are kept, as in ptdp-train)."""
+and the first-step (compile) time. The config runs as ptdp-train runs it (train(): no layout
+keys, or only --mesh, and the planner picks or fills in the layout on GPUs); the figures and
+the layout printed are those that ran, with where the layout came from and the planner's
+prediction of it."""
 from __future__ import annotations
 
 import argparse
@@ -34,13 +36,13 @@ def main(argv=None):
     from ptdp_jax.train import train
 
     ov = parse_cli_overrides(a.overrides)
-    ov.update({"train.steps": a.steps, "run.progress": False, "run.tensorboard": False,
-               "train.eval_every": 0, "train.sample_tokens": 0, "checkpoint.dir": ""})
+    ov.update({"train.steps": a.steps, "train.eval_every": 0, "train.sample_tokens": 0,
+               "checkpoint.dir": ""})
     mesh = tuple(int(x) for x in a.mesh.split(",")) if a.mesh else None
     t0 = time.time()
     res = train(a.config, mesh_shape=mesh, overrides=ov, log=lambda *x, **k: None)
     wall = time.time() - t0
-    cfg = res.config                 # as it ran: parallel.layout=auto resolved to the planner's
+    cfg = res.config                 # as it ran: dtype, layout and recompute resolved
     times = res.step_times[1 + a.skip:] or res.step_times
     dt = statistics.median(times)
     n = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor
@@ -53,7 +55,11 @@ def main(argv=None):
         "mesh": list(cfg.parallel.mesh_shape), "schedule": cfg.parallel.schedule,
         "v": cfg.parallel.virtual_stages, "m": cfg.num_microbatches,
         "micro_batch": cfg.train.micro_batch_size, "global_batch": cfg.train.global_batch_size,
-        "recompute": cfg.train.recompute, "dtype": cfg.train.dtype,
+        "recompute": cfg.train.recompute, "dtype": cfg.train.dtype, "zero": cfg.parallel.zero,
+        "sequence_parallel": cfg.parallel.sequence_parallel,
+        "scatter_gather": cfg.parallel.scatter_gather,
+        "grad_reduce_dtype": cfg.parallel.grad_reduce_dtype, "layout": res.layout,
+        "predicted_step_s": res.predicted_step_s,
         "step_time_s": round(dt, 4), "step_time_min_s": round(min(times), 4),
         "step_time_mean_s": round(statistics.fmean(times), 4),
         "tokens_per_s": round(cfg.train.global_batch_size * cfg.model.seq_len / dt, 1),

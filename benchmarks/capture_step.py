@@ -84,7 +84,7 @@ def main(argv=None):
     from ptdp_jax.step import compile_all
     from ptdp_jax.train import resolve_config
 
-    from ptdp_jax.step import PERMUTE_PEER_MODE
+    from ptdp_jax.decisions import PERMUTE_PEER_MODE
     if a.combine_mib:
         _override_options(_combine_options(*(int(x) for x in a.combine_mib.split(","))))
     if a.permute_mode:                   # nccl: XLA's default mode (NCCL's kernels)

@@ -5,7 +5,7 @@ planner's predicted step and peak memory against the measured ones, in a Markdow
     PYTHONPATH=. python benchmarks/plan_vs_measured.py benchmarks/records/*.jsonl
 
 The GPU kind is read from each case's device name (H100 or H200); the layout from its config,
-mesh and overrides. Cases that are not train steps are left out; a case run under XLA flags
+mesh and overrides, and the recompute, micro batch, schedule and v it ran with where recorded. Cases that are not train steps are left out; a case run under XLA flags
 (its tag says so; record.jsonl does not) is predicted as without them.
 """
 from __future__ import annotations
@@ -31,7 +31,11 @@ def predict(case: dict, gpus_per_host: int = 8) -> tuple[float, float]:
     from ptdp_jax.memory import GiB
     from ptdp_jax.plan.estimate import estimate_step
     from ptdp_jax.plan.hardware import gpu_kind
-    cfg = load_config(case["config"], parse_cli_overrides(case["overrides"]))
+    ran = {"train.recompute": case.get("recompute"), "train.micro_batch_size": case.get("micro_batch"),
+           "parallel.schedule": case.get("schedule"), "parallel.virtual_stages": case.get("v"),
+           "train.dtype": case.get("dtype")}               # the layout as it ran, where recorded
+    cfg = load_config(case["config"], {**parse_cli_overrides(case["overrides"]),
+                                       **{k: v for k, v in ran.items() if v is not None}})
     d, p, t = case["mesh"]
     cfg = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, data=d, pipe=p,
                                                                 tensor=t))

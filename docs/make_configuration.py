@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import inspect
 import io
 import sys
 import tokenize
@@ -22,6 +23,7 @@ SOURCE = ROOT / "ptdp_jax" / "config_tree.py"
 OUT = ROOT / "docs" / "configuration.md"
 sys.path.insert(0, str(ROOT))
 
+from ptdp_jax.config import FIXED, GONE, MOVED  # noqa: E402
 from ptdp_jax.config_tree import Config  # noqa: E402
 
 HEADER = """# Configuration reference
@@ -31,10 +33,36 @@ do not edit by hand (`tests/test_docs.py` fails when this page is stale).
 
 Defaults live in code; a YAML file (`configs/*.yaml`) overrides some of them, and dotted
 `key=value` overrides (`ptdp-train CONFIG key=value ...`, `train(..., overrides={...})`) come
-last. `ptdp-train CONFIG --print-config` prints the resolved tree. An unknown key is refused
+last. `ptdp-train CONFIG --print-config` prints the whole tree. An unknown key is refused
 with a suggestion (`unknown config key 'train.stesp' (did you mean 'train.steps'?)`).
 Defaults are written as YAML values (`null` is Python's `None`).
+
+The sections up to `run` are what a user sets; `auto` values are resolved for the devices at
+hand before anything compiles (`ptdp_jax/decisions.py`, one rule each). `tuning` holds the
+expert settings: overrides of those rules for a machine where one is wrong. Keys of earlier
+versions still load, with one warning (the table at the end).
 """
+
+OLD_HEADER = """
+## Keys of earlier versions
+
+A YAML file, an override or a checkpoint's saved config that names one of these loads with one
+warning. A moved key carries its value; a fixed one refuses another value (a `ConfigError`
+naming it), except in a checkpoint's saved config (its run was made).
+
+| key | now |
+|---|---|
+"""
+
+
+def old_keys() -> str:
+    rows = [(k, f"`{v}`") for k, v in MOVED.items()]
+    rows += [(k, why) for k, why in GONE.items()]
+    rows += [(k, f"fixed: {why}") for k, (_, why) in FIXED.items()]
+    rows += [("train.beta1", "`train.adam_betas` (its first value)"),
+             ("train.beta2", "`train.adam_betas` (its second value)"),
+             ("checkpoint.overwrite", "`checkpoint.resume=overwrite`")]
+    return OLD_HEADER + "".join(f"| `{k}` | {cell(v)} |\n" for k, v in sorted(rows))
 
 
 def comments_by_field(source: str) -> dict[tuple[str, str], str]:
@@ -98,7 +126,7 @@ def render() -> str:
     parts = [HEADER]
     for section in dataclasses.fields(Config):
         cls = section.default_factory
-        doc = (cls.__doc__ or "").strip()
+        doc = inspect.cleandoc(cls.__doc__ or "")
         parts.append(f"\n## `{section.name}`\n")
         if doc and not doc.startswith(cls.__name__ + "("):     # a dataclass's generated doc
             parts.append(f"\n{doc}\n")
@@ -108,6 +136,7 @@ def render() -> str:
             parts.append(f"| `{section.name}.{f.name}` | `{cell(str(f.type))}` | "
                          f"`{cell(yaml_value(default))}` | "
                          f"{cell(notes.get((cls.__name__, f.name), ''))} |\n")
+    parts.append(old_keys())
     return "".join(parts)
 
 

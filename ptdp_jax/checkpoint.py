@@ -235,10 +235,10 @@ class CheckpointManager:
 
     def _drop_stale(self, step: int) -> None:
         """A run that did not resume owns the directory from its first save on: checkpoints
-        left by an earlier run are removed, but only with checkpoint.overwrite=true
+        left by an earlier run are removed, but only with checkpoint.resume=overwrite
         (check_fresh_start refuses the run before that)."""
         old_steps = self.steps()
-        if old_steps and not self.cfg.checkpoint.overwrite:
+        if old_steps and not self.cfg.checkpoint.overwrites:
             raise CheckpointError(_fresh_start_message(self.directory, old_steps))
         for old in old_steps:
             where = self.directory / str(old)
@@ -354,20 +354,20 @@ def _fresh_start_message(directory, steps) -> str:
     shown = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
     return (f"checkpoint.dir {directory} holds checkpoints of an earlier run (steps {shown}) and "
             f"this run starts fresh (checkpoint.resume=false, --no-resume); they are kept: "
-            f"use another checkpoint.dir, resume from them (drop --no-resume), or add "
-            f"checkpoint.overwrite=true to remove them at this run's first save")
+            f"use another checkpoint.dir, resume from them (drop --no-resume), or set "
+            f"checkpoint.resume=overwrite to remove them at this run's first save")
 
 
 def check_fresh_start(cfg: Config) -> list[int]:
     """Before a run: with checkpoint.resume=false and a checkpoint.dir that holds
-    checkpoints, CheckpointError unless checkpoint.overwrite=true. Returns the steps
+    checkpoints, CheckpointError unless checkpoint.resume=overwrite. Returns the steps
     that this run will remove at its first save ([] if none)."""
-    if not cfg.checkpoint.dir or cfg.checkpoint.resume:
+    if not cfg.checkpoint.dir or cfg.checkpoint.resumes:
         return []
     directory = Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
     check_directory(directory)
     steps = _scan(directory)[0]
-    if steps and not cfg.checkpoint.overwrite:
+    if steps and not cfg.checkpoint.overwrites:
         raise CheckpointError(_fresh_start_message(directory, steps))
     return steps
 
@@ -375,14 +375,14 @@ def check_fresh_start(cfg: Config) -> list[int]:
 def check_checkpoint_dir(cfg: Config) -> list[int]:
     """Before a run compiles: CheckpointError for a checkpoint.dir that cannot serve it (a
     file, not writable, holding files of something else, or, when resuming, a newest
-    checkpoint that is unreadable or of another model); with checkpoint.resume=false,
-    check_fresh_start. Returns the steps this run will remove at its first save."""
+    checkpoint that is unreadable or of another model); with checkpoint.resume false or
+    overwrite, check_fresh_start. Returns the steps this run will remove at its first save."""
     if not cfg.checkpoint.dir:
         return []
     directory = Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
     _check_writable(directory)
     check_directory(directory)
-    if not cfg.checkpoint.resume:
+    if not cfg.checkpoint.resumes:
         return check_fresh_start(cfg)
     steps = _scan(directory)[0]
     if steps:

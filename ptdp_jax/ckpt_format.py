@@ -5,6 +5,7 @@ ptdp_jax.state's; the manager that writes and restores checkpoints is ptdp_jax.c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -46,8 +47,16 @@ class CheckpointError(ValueError):
 # ----------------------------------------------------------------------------- config in meta
 
 def config_from_dict(tree: dict) -> Config:
-    """A Config from the dict stored in a checkpoint (unknown keys are an error)."""
-    return load_config(None, flatten(tree))
+    """A Config from the dict stored in a checkpoint (unknown keys are an error; keys of
+    earlier versions load with one warning, config.migrate: never refused, the run is made)."""
+    return _config_from_json(json.dumps(tree, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=32)
+def _config_from_json(text: str) -> Config:
+    """One load (and one warning) per saved config, however often a run reads it."""
+    return load_config(None, flatten(json.loads(text)), strict=False,
+                       origin="a checkpoint's saved config")
 
 
 def read_meta(step_dir: str | os.PathLike) -> dict:

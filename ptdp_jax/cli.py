@@ -24,8 +24,8 @@ def parse_args(argv=None):
     ap.add_argument("--resume", dest="resume", action="store_true", default=None,
                     help="resume from the newest checkpoint in checkpoint.dir (the default)")
     ap.add_argument("--no-resume", dest="resume", action="store_false",
-                    help="start fresh; refused if checkpoint.dir holds checkpoints, unless "
-                         "checkpoint.overwrite=true (then they are removed at the first save)")
+                    help="start fresh; refused if checkpoint.dir holds checkpoints (with "
+                         "checkpoint.resume=overwrite they are removed at the first save)")
     ap.add_argument("--print-config", action="store_true",
                     help="print the resolved config as YAML and exit")
     ap.add_argument("--dry-run", action="store_true",

@@ -14,17 +14,16 @@ JAX opens the directory at the cache's first use in the process and keeps it (a 
 is ignored), so train() and dry_run() set it before they compile anything."""
 from __future__ import annotations
 
-import os
-
 import jax
+
+from ptdp_jax import decisions as D
 
 
 DEFAULT_MAX_BYTES = 8 * 2 ** 30      # the default directory's bound (JAX evicts the oldest)
 
 
 def default_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "ptdp_jax", "xla")
+    return D.compile_cache_dir("auto", None)
 
 
 def _can_evict() -> bool:
@@ -39,18 +38,14 @@ def _can_evict() -> bool:
 
 def use_compile_cache(setting: bool | str) -> str | None:
     """Point JAX's persistent compilation cache at `setting` (auto / true, off / false, or a
-    directory); returns the directory, or None for off."""
-    if setting is False or setting == "off":
+    directory: decisions.compile_cache_dir); returns the directory, or None for off."""
+    path = D.compile_cache_dir(setting, jax.config.jax_compilation_cache_dir)
+    if path is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
-    if setting is True or setting == "auto":
-        path = jax.config.jax_compilation_cache_dir
-        if not path:                        # ours: bounded, least recently used out first
-            path = default_dir()
-            if jax.config.jax_compilation_cache_max_size == -1 and _can_evict():
-                jax.config.update("jax_compilation_cache_max_size", DEFAULT_MAX_BYTES)
-    else:
-        path = os.path.abspath(os.path.expanduser(setting))
+    if path == default_dir() and jax.config.jax_compilation_cache_max_size == -1 \
+            and _can_evict():               # ours: bounded, least recently used out first
+        jax.config.update("jax_compilation_cache_max_size", DEFAULT_MAX_BYTES)
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", path)
     return path

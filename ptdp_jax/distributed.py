@@ -28,7 +28,7 @@ process): 'tensor' stays inside a process's devices, 'data' fills the rest of a
 host first, then 'pipe' (Megatron's order: tensor, data, pipeline); whatever is
 left of 'data' and 'pipe' crosses hosts. A 'tensor' that does not divide the
 devices of one process is a ConfigError unless
-``parallel.allow_cross_host_tensor=true`` (then a warning).
+``tuning.allow_cross_host_tensor=true`` (then a warning).
 
 Failure (`ptdp_jax.watchdog.Watchdog`): each process writes a heartbeat into the coordination
 service's key-value store every second and reads everyone else's. A process
@@ -284,10 +284,10 @@ def host_mesh_devices(shape: tuple[int, int, int], allow_cross_host_tensor: bool
                f"{local} (tensor parallelism all-reduces inside every layer and belongs on one "
                f"host's fast interconnect)")
         if not allow_cross_host_tensor:
-            raise ConfigError(msg + "; set parallel.allow_cross_host_tensor=true to run it "
+            raise ConfigError(msg + "; set tuning.allow_cross_host_tensor=true to run it "
                                     "anyway")
         if jax.process_index() == 0:
-            warnings.warn(msg + "; running anyway (parallel.allow_cross_host_tensor=true)",
+            warnings.warn(msg + "; running anyway (tuning.allow_cross_host_tensor=true)",
                           stacklevel=3)
         ordered = sorted(devs, key=lambda x: (x.process_index, x.id))
         return np.asarray(ordered, dtype=object).reshape(d, p, t)

@@ -51,7 +51,7 @@ def make_eval_fn(cfg, mesh, hidden: bool = False):
     mc, p, v = cfg.model, cfg.parallel.pipe, cfg.parallel.virtual_stages
     manual = manual_axes(mesh)
     sh = Sharder.for_config(cfg, mesh).inside(manual)
-    dtype = M.DTYPES[cfg.train.dtype]
+    dtype = M.DTYPES[cfg.compute_dtype]
     counts, place = chunk_layers(cfg), chunk_placement(cfg)
     chunk_at = {ij: c for c, ij in enumerate(place)}
     # per_stage[i, j]: layers of virtual chunk j on stage i (global chunk j * p + i; ZB-V: V)
@@ -119,7 +119,7 @@ def make_logits_fn(cfg, mesh):
     jit-able: the layers as the evaluation runs them (a ring over 'pipe'), the head after."""
     layers = make_eval_fn(cfg, mesh, hidden=True)
     sh = Sharder.for_config(cfg, mesh)
-    dtype = M.DTYPES[cfg.train.dtype]
+    dtype = M.DTYPES[cfg.compute_dtype]
 
     def fn(params, tokens):
         w = M.cast(params, dtype)

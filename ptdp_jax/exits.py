@@ -14,8 +14,8 @@ class ExitCode(enum.IntEnum):
     OK = 0                  # done (also after SIGTERM / Ctrl-C / train.stop_*: checkpoint written)
     ERROR = 1               # anything else (a bug, an unexpected failure: with a traceback)
     CONFIG = 2              # a bad config, argument or input file, or a run that cannot fit in
-                            # memory (train.skip_memory_check); nothing was started
-    STOPPED = 3             # stopped after train.max_bad_steps non-finite steps in a row
+                            # memory (tuning.skip_memory_check); nothing was started
+    STOPPED = 3             # stopped after 5 non-finite steps in a row (each skipped)
     PEER_LOST = 4           # multi-process: another process died or failed, this one stopped
     DISTRIBUTED_INIT = 5    # multi-process: jax.distributed could not start (peers missing)
     CHECKPOINT = 6          # a checkpoint could not be read or written

@@ -7,12 +7,11 @@ the key otherwise; then hands out the global batch of a step as one array sharde
 """
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ptdp_jax import decisions as D
 from ptdp_jax.config import Config, ConfigError
 from ptdp_jax.data import (BlendedStream, batch_for_step, check_same_tokenizer, open_datasets,
                            validate_data_config)
@@ -27,7 +26,7 @@ def open_streams(cfg: Config):
     try:
         weights = validate_data_config(paths, list(cfg.data.weights) or None, s,
                                        cfg.data.val_fraction)
-        datasets = open_datasets(paths, os.path.expanduser(cfg.data.cache_dir))
+        datasets = open_datasets(paths, D.cache_dir())
         check_same_tokenizer(names, datasets)
         for name, ds in zip(names, datasets):
             if ds.vocab_size > cfg.model.vocab_size:

@@ -9,7 +9,7 @@ model.* settings and checkpoint.dir), so that training continues from it with on
 
 The checkpoint holds the parameters (vocabulary padded to a multiple of 128 with
 zero rows), a fresh optimizer state, step 0, and the config: the model settings
-read from config.json. Overrides: model.dropout, model.attention and model.init_std
+read from config.json. Overrides: model.dropout and model.init_std
 are taken; model.seq_len may be shortened (GPT: the position table is cut); any other
 model.* key must agree with config.json, and train.*, data.*, parallel.*, ... belong
 to ptdp-train (which does not read them from the checkpoint): each of those is a
@@ -169,14 +169,15 @@ def import_hf(hf_dir: str | os.PathLike) -> tuple[dict, dict]:
     return model, params
 
 
-FREE_MODEL_KEYS = ("model.dropout", "model.attention", "model.init_std")
+FREE_MODEL_KEYS = ("model.dropout", "model.init_std")
 
 
 def import_config(model: dict, overrides: dict, params: dict):
     """(Config, params) of an import: the model settings of config.json with the
     overrides that can be honoured (see the module doc); ConfigError for the others."""
-    from ptdp_jax.config import _apply, Config
+    from ptdp_jax.config import _apply, Config, migrate
     source = load_config(None, model)
+    overrides = migrate(overrides)[0]            # keys of earlier versions: their new names
     refused = []
     for key, value in overrides.items():
         section = key.split(".", 1)[0]
@@ -292,7 +293,7 @@ def main(argv=None) -> int:
     ap.add_argument("hf_dir", help="directory with config.json and *.safetensors")
     ap.add_argument("checkpoint_dir", help="a new or empty checkpoint.dir")
     ap.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="model.dropout, model.attention, model.init_std, a shorter "
+                    help="model.dropout, model.init_std, a shorter "
                          "model.seq_len (anything else is refused)")
     args = ap.parse_args(argv)
     yaml_path = config_path(args.checkpoint_dir)

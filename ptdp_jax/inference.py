@@ -172,8 +172,8 @@ def load(ckpt_dir: str | os.PathLike, mesh_shape=None, *, dtype: str = "float32"
                   train=replace(cfg.train, global_batch_size=shape[0] * shape[1],
                                 micro_batch_size=1,
                                 dtype=dtype, fp8=False),
-                  parallel=replace(cfg.parallel, sequence_parallel=False,
-                                   tp_comm_overlap=False, scatter_gather=False))
+                  parallel=replace(cfg.parallel, sequence_parallel=False, scatter_gather=False),
+                  tuning=replace(cfg.tuning, tp_comm_overlap=False))
     layout = layout_for_mesh(fwd, shape, (), len(jax.devices()))
     mesh = make_mesh(shape)
     shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), stage_param_specs(layout))

@@ -34,10 +34,10 @@ The model (bytes per device; the most loaded device of the layout):
   (tests/test_sequence_parallel.py). Exception, on GPU: without pipelining and without
   recomputation XLA keeps the two gathered GEMM inputs (the norms' outputs, 2 x 2 h bytes)
   whole for the weight gradients, so 4 h (1 - 1/t) bytes are added back
-  (`SP_GATHERED_BYTES_PER_H`), except where the tensor ring (`parallel.tp_comm_overlap`)
+  (`SP_GATHERED_BYTES_PER_H`), except where the tensor ring (`tuning.tp_comm_overlap`)
   gathers them again in the backward (its blocks are not kept);
   times the layers of the largest model chunk times the stash slots of the schedule
-  (`Schedule.num_stash_slots`, + the executor's trash slot unless parallel.static_stash;
+  (`Schedule.num_stash_slots`, + the executor's trash slot unless tuning.static_stash;
   one microbatch without pipelining),
   plus, for zero-bubble tables, the W stash (each GEMM's input and output gradient kept from
   B to W, `wstash_bytes`),
@@ -142,8 +142,8 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
     """Residuals one layer keeps for its backward, bytes per token of a microbatch (one device)."""
     m, t = cfg.model, cfg.parallel.tensor
     h, f = m.hidden_size, m.ffn
-    mode = recompute or cfg.train.recompute
-    scale = (4 if cfg.train.dtype == "float32" else 2) / 2      # 16-bit is the unit
+    mode = recompute or cfg.recompute
+    scale = (4 if cfg.compute_dtype == "float32" else 2) / 2      # 16-bit is the unit
     sp = t if _sequence_parallel(cfg) else 1                   # divides the replicated part
     if mode == "full":
         return 2.0 * h / sp * scale
@@ -151,7 +151,7 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
         kv = getattr(m, "kv_heads", None) or m.num_heads     # grouped-query K and V
         qkv = h + 2 * h * kv // m.num_heads
         sharded = qkv + (2 * f if m.arch == "llama" else f)
-        sharded += f if cfg.train.keeps_ffn_activation else 0      # the activation's output
+        sharded += f if cfg.keeps_ffn_activation else 0      # the activation's output
         return 2.0 * (3 * h / sp + sharded / t) * scale + flash_attention_bytes_per_token(cfg)
     if mode == "none":
         per_h = NONE_BYTES_PER_H_AT_T1 if cfg.parallel.pipe > 1 else NONE_BYTES_PER_H_NO_PIPE
@@ -166,9 +166,9 @@ def flash_attention_bytes_per_token(cfg) -> float:
     layer: its output (h / t values in the compute dtype) and softmax statistics (n / t
     float32), `models.model.FLASH_ATTENTION_FWD`, also where it runs in the per-device region
     (t > 1 with pipelining or data parallelism: `layers.keeps_residuals`). 0 where the
-    attention is XLA's (float32, model.attention=xla)."""
+    attention is XLA's (float32, tuning.attention=xla)."""
     m, par = cfg.model, cfg.parallel
-    if m.attention == "xla" or cfg.train.dtype == "float32":
+    if cfg.tuning.attention == "xla" or cfg.compute_dtype == "float32":
         return 0.0
     return (2.0 * m.hidden_size + 4.0 * m.num_heads) / par.tensor
 
@@ -181,14 +181,14 @@ def _sequence_parallel(cfg) -> bool:
 def stash_slots(cfg) -> int:
     """Microbatch-chunk residual sets held at once on the busiest stage: the schedule's
     in-flight bound, plus the executor's trash slot for a dynamically indexed stash
-    (parallel.static_stash=false); 1 without pipelining."""
+    (tuning.static_stash=false); 1 without pipelining."""
     par = cfg.parallel
     if par.pipe == 1:
         return 1
     from ptdp_jax.pipeline.balance import chunk_layers
     return _stash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
-                        min(chunk_layers(cfg)) >= 2, par.stash_chunk_pools) + (
-                            0 if par.static_stash_on else 1)
+                        min(chunk_layers(cfg)) >= 2, cfg.stash_chunk_pools) + (
+                            0 if cfg.static_stash_on else 1)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -208,11 +208,11 @@ def wstash_bytes(cfg) -> float:
     par = cfg.parallel
     if par.pipe == 1 or par.schedule not in ZERO_BUBBLE:
         return 0.0
-    dtype_bytes = 4 if cfg.train.dtype == "float32" else 2
+    dtype_bytes = 4 if cfg.compute_dtype == "float32" else 2
     per_layer = sum(M * (K + N) for M, K, N in layer_gemms(cfg)) * dtype_bytes
     slots = (_wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
-                           par.stash_chunk_pools)
-             + (0 if par.static_stash_on else 1))       # indexed: and the trash slot
+                           cfg.stash_chunk_pools)
+             + (0 if cfg.static_stash_on else 1))       # indexed: and the trash slot
     return slots * max(chunk_layers(cfg)) * per_layer
 
 
@@ -283,7 +283,7 @@ def estimate_memory(cfg) -> MemoryEstimate:
     held = params_per_device(cfg, state=True) if zero_stage(cfg) else used
     params, grads, optimizer = state_bytes(cfg, used, sum(held.values()))
     workspace = WORKSPACE_BYTES
-    if cfg.train.recompute == "full":     # one layer's full residuals while it is recomputed
+    if cfg.recompute == "full":     # one layer's full residuals while it is recomputed
         tokens = cfg.train.micro_batch_size * cfg.model.seq_len
         workspace += layer_activation_bytes_per_token(cfg, "none") * tokens
     return MemoryEstimate(

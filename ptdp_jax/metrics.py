@@ -231,7 +231,7 @@ class MetricsLogger:
             except ImportError:
                 import warnings
                 warnings.warn("tensorboardX is not installed: no TensorBoard events are written "
-                              f"(metrics still go to {self.path}); run.tensorboard=false silences this")
+                              f"(metrics still go to {self.path})")
             else:
                 self._writer = SummaryWriter(
                     logdir=str(self.run_dir),

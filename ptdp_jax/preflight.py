@@ -14,7 +14,7 @@ kernel kill it or the allocator fail minutes later.
 Either refusal is a MemoryCheckError (a ConfigError: exit code 2) that names both numbers
 and the settings that fit (smaller micro-batches, more recomputation, with d > 1 the state
 split over 'data' by parallel.zero, another layout of the same devices) or the number of
-devices the model needs. train.skip_memory_check=true runs anyway (e.g. when the device
+devices the model needs. tuning.skip_memory_check=true runs anyway (e.g. when the device
 reports less than it will have).
 
 On CPU the estimate is approximate: XLA's attention there keeps s x s scores that it leaves
@@ -82,13 +82,13 @@ def _candidates(cfg, n_devices: int, layouts: bool = True):
     with layouts=False none that changes parallel.data, pipe or tensor."""
     t, par = cfg.train, cfg.parallel
     out = []
-    lighter = {"none": ["selective", "full"], "selective": ["full"], "full": []}[t.recompute]
-    if t.recompute == "selective" and t.keeps_ffn_activation:
-        out.append({"train.keep_ffn_activation": False})
+    lighter = {"none": ["selective", "full"], "selective": ["full"], "full": []}[cfg.recompute]
+    if cfg.recompute == "selective" and cfg.keeps_ffn_activation:
+        out.append({"tuning.keep_ffn_activation": False})
     for r in lighter:
         out.append({"train.recompute": r})
-        if r == "selective" and t.keeps_ffn_activation:
-            out.append({"train.recompute": r, "train.keep_ffn_activation": False})
+        if r == "selective" and cfg.keeps_ffn_activation:
+            out.append({"train.recompute": r, "tuning.keep_ffn_activation": False})
     if par.data > 1:                 # the state split over the data-parallel replicas
         out += [{"parallel.zero": z} for z in (1, 2, 3) if z > par.zero]
     mbs = [b for b in range(t.micro_batch_size - 1, 0, -1)
@@ -123,7 +123,8 @@ def _fits(cfg, have: int, n_devices: int, limit: int = 4, extra=None) -> list[st
     from ptdp_jax.memory import estimate_memory
     found, taken = [], []
     for over in _candidates(cfg, n_devices, layouts=extra is None):
-        keys = {k for k in over if k.split(".")[0] == "train" or k == "parallel.zero"} | \
+        keys = {k for k in over if k.split(".")[0] in ("train", "tuning")
+                or k == "parallel.zero"} | \
             ({"layout"} if any(k.startswith("parallel.") and k != "parallel.zero"
                                for k in over) else set())
         if any(t <= keys for t in taken):
@@ -163,7 +164,7 @@ def _refusal(cfg, what: str, need: int, have: int, detail: str = "",
     msg = f"{what} needs {need / GiB:.2f} GiB per device{detail}, but {words}."
     if _on_cpu():
         if missed is None:
-            extra, plus = (lambda c: CPU_SCORE_BUFFERS[c.train.recompute] * _score_bytes(c),
+            extra, plus = (lambda c: CPU_SCORE_BUFFERS[c.recompute] * _score_bytes(c),
                            "3, 2 or 1 micro-batch's scores with recompute none, selective or "
                            "full")
         else:
@@ -191,13 +192,13 @@ def _refusal(cfg, what: str, need: int, have: int, detail: str = "",
             msg += (f": the model state alone (parameters, gradients, AdamW) fills {needed} "
                     f"devices of this size; spread it over more (parallel.data x pipe x tensor, "
                     f"more processes or hosts)")
-    return MemoryCheckError(msg + ". train.skip_memory_check=true runs it anyway.")
+    return MemoryCheckError(msg + ". tuning.skip_memory_check=true runs it anyway.")
 
 
 def check_memory(cfg, log=print):
     """Before compiling: the estimate against the device (see the module doc); returns
     the MemoryEstimate (None when skipped or the device's memory is unknown)."""
-    if cfg.train.skip_memory_check:
+    if cfg.tuning.skip_memory_check:
         return None
     from ptdp_jax.memory import estimate_memory
     have = _device_memory()
@@ -226,7 +227,7 @@ def compiled_bytes(executable) -> int | None:
 def check_compiled(cfg, executable) -> int | None:
     """After compiling the train step, before running it: XLA's memory analysis against
     the device; returns the bytes (None when skipped or unknown)."""
-    if cfg.train.skip_memory_check:
+    if cfg.tuning.skip_memory_check:
         return None
     have, need = _device_memory(), compiled_bytes(executable)
     if have is None or need is None:

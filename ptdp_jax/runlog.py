@@ -1,5 +1,5 @@
-"""What a run tells its user: the progress bar (or, with run.progress=false, a line
-every 10 steps), metrics.jsonl and TensorBoard, the resolved config in run.dir, and
+"""What a run tells its user: the progress bar on a terminal (otherwise a line every 10 steps:
+decisions.progress_bar), metrics.jsonl and TensorBoard, the resolved config in run.dir, and
 messages that go through the bar's own write so that they never run into it.
 
     runlog = RunLog(cfg, log, start_step, run_id)
@@ -24,6 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from ptdp_jax import decisions as D
 from ptdp_jax import metrics as MX
 from ptdp_jax.config import Config, to_yaml, with_absolute_paths
 
@@ -73,7 +74,7 @@ class RunLog:
         self.cfg, self.log, self.start, self.run_id, self.enabled = cfg, log, start, run_id, enabled
         t = cfg.train
         self.total = t.steps
-        self.metrics = MX.MetricsLogger(cfg.run.dir, tensorboard=cfg.run.tensorboard,
+        self.metrics = MX.MetricsLogger(cfg.run.dir, tensorboard=D.tensorboard(),
                                         enabled=enabled, run_id=run_id,
                                         resume_step=start if start > 0 else None,
                                         wandb_project=cfg.run.wandb_project,
@@ -90,7 +91,7 @@ class RunLog:
         self.last_val: tuple[int, float] | None = None
         self.last_loss = float("nan")
         self.bar = None
-        if cfg.run.progress and enabled:
+        if D.progress_bar() and enabled:
             from tqdm.auto import tqdm
             self.bar = tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True)
 

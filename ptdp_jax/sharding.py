@@ -33,6 +33,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from ptdp_jax import decisions as D
+
 MESH_AXES = ("data", "pipe", "tensor")
 
 LOGICAL_RULES: dict[str, str | None] = {
@@ -154,18 +156,10 @@ def data_axis(spec: P) -> int | None:
 
 
 def tp_overlap_on(cfg, mesh) -> bool:
-    """parallel.tp_comm_overlap resolved for the devices of `mesh`. true / false as given; auto
-    (cfg.tp_comm_overlap_on) only on GPUs whose tensor groups each live in one process: there
-    XLA's peer mode runs the ring's permutes as copies between the GPUs' memories on their copy
-    engines, beside the GEMMs (1.3B (1,1,4) SP micro 16 -4.3%, (2,1,2) micro 8 -3.6%, 4x H100,
-    2026-11-28).
-    Across processes XLA falls back to NCCL's permutes, which wait for the GEMMs' SMs (+22%);
-    on CPU the ring only slows the step."""
-    if not cfg.tp_comm_overlap_on:
-        return False
-    if cfg.parallel.tp_comm_overlap is True:
-        return True
-    return _gpu_groups_in_one_process(mesh, 2)
+    """The tensor ring on the devices of `mesh` (decisions.tp_comm_overlap_devices); the mesh
+    is looked at only where the config asks for the ring."""
+    return D.tp_comm_overlap(cfg) and D.tp_comm_overlap_devices(
+        cfg, _gpu_groups_in_one_process(mesh, 2))
 
 
 def _gpu_groups_in_one_process(mesh, axis: int) -> bool:
@@ -177,20 +171,6 @@ def _gpu_groups_in_one_process(mesh, axis: int) -> bool:
     groups = devs.reshape(-1, devs.shape[-1])
     return (groups.flat[0].platform == "gpu"
             and all(len({d.process_index for d in group}) == 1 for group in groups))
-
-
-def zero_ring_on(cfg, mesh) -> bool:
-    """parallel.zero_ring resolved for the devices of `mesh` (ZeRO's rings, zero.ring_gather):
-    true / false as given (with parallel.zero >= 1 and data > 1); auto only on GPUs whose data
-    groups each live in one process, where XLA's peer mode runs the permutes as copies, and
-    not in a layer scan with tensor > 1 (Shardy's verifier refuses the replica index inside
-    the scan's per-device regions; validation refuses true there)."""
-    p = cfg.parallel
-    if not (p.zero and p.data > 1 and p.zero_ring):
-        return False
-    if cfg.scan_layers_on and p.tensor > 1:
-        return False
-    return p.zero_ring is True or _gpu_groups_in_one_process(mesh, 0)
 
 
 @dataclass(frozen=True)
@@ -206,17 +186,16 @@ class Sharder:
     sequence_parallel: bool = False
     in_layer_scan: bool = False
     rows: bool = False
-    tp_overlap: bool = False    # parallel.tp_comm_overlap (models/tp_overlap.py)
-    tp_direct: bool = True      # parallel.tp_overlap_sends == "direct" (the default)
+    tp_overlap: bool = False    # the tensor ring (models/tp_overlap.py, tp_overlap_on)
     fp8: bool = False           # train.fp8: the layers' GEMMs on FP8 operands (models/fp8.py)
+    attention: str = "auto"     # tuning.attention (decisions.attention)
 
     @classmethod
     def for_config(cls, cfg, mesh) -> "Sharder":
         sp = sequence_parallel_on(cfg.parallel)
         return cls(mesh, sequence_parallel=sp, rows=sequence_parallel_rows(cfg),
-                   tp_overlap=sp and tp_overlap_on(cfg, mesh),
-                   tp_direct=cfg.parallel.tp_overlap_sends == "direct",
-                   fp8=cfg.train.fp8)
+                   tp_overlap=sp and tp_overlap_on(cfg, mesh), fp8=cfg.train.fp8,
+                   attention=cfg.tuning.attention)
 
     def spec(self, names) -> P:
         return logical_to_spec(tuple(names), self.manual, self.sequence_parallel, self.rows)

@@ -81,7 +81,7 @@ def make_optimizer(cfg):
                   for g, grp in shapes.items()}
     tx = optax.chain(
         optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity(),
-        optax.adamw(schedule, b1=t.beta1, b2=t.beta2, weight_decay=t.weight_decay,
+        optax.adamw(schedule, b1=t.adam_betas[0], b2=t.adam_betas[1], weight_decay=t.weight_decay,
                     mask=decay_mask),
     )
     return tx, schedule

@@ -41,12 +41,12 @@ def state_bytes(cfg, used: dict[str, float], held: float) -> tuple[float, float,
     (`params_per_device(cfg, state=True)`, summed; read only where parallel.zero >= 1)."""
     from ptdp_jax.state import zero_stage
     n = sum(used.values())
-    copies = COMPUTE_COPY_BYTES_PER_PARAM if cfg.train.dtype == "bfloat16" else 0
+    copies = COMPUTE_COPY_BYTES_PER_PARAM if cfg.compute_dtype == "bfloat16" else 0
     zero = zero_stage(cfg)
     if not zero:
         return n * (MASTER_BYTES_PER_PARAM + copies), n * GRAD_BYTES_PER_PARAM, \
             n * ADAM_BYTES_PER_PARAM
-    compute = 2 if cfg.train.dtype == "bfloat16" else 4      # bytes of a gathered weight
+    compute = 2 if cfg.compute_dtype == "bfloat16" else 4      # bytes of a gathered weight
     master, adam = held * MASTER_BYTES_PER_PARAM, held * ADAM_BYTES_PER_PARAM
     if cfg.parallel.pipe > 1:
         # the stage's weights gathered once per step and upcast to float32 for the executor
@@ -76,7 +76,7 @@ def state_bytes(cfg, used: dict[str, float], held: float) -> tuple[float, float,
     # their gathers early, fitted: 7.5B selective, 41.6 GiB on 4x H200, 2026-11-26) four
     live = min(used["embed"] + used["head"] + (2 if cfg.scan_layers_on else 4) * layer, n)
     gathered = live
-    if cfg.train.recompute == "none" and not cfg.scan_layers_on:
+    if cfg.recompute == "none" and not cfg.scan_layers_on:
         # unrolled layers without recomputation: autodiff keeps every layer's gathered weight
         # for its backward (the input gradient's GEMM reads it), so all of them live at once
         gathered = n

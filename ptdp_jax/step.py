@@ -24,8 +24,8 @@ from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax import zero as Z
 from ptdp_jax.config import ConfigError
-from ptdp_jax.sharding import (Sharder, manual_axes, psum_over, tp_overlap_on, vary,
-                               zero_ring_on)
+from ptdp_jax import decisions as D
+from ptdp_jax.sharding import Sharder, manual_axes, psum_over, tp_overlap_on, vary
 from ptdp_jax.state import init_state, stage_state_specs, state_shardings, zero_stage
 
 
@@ -38,7 +38,7 @@ def row_keys(seed, step, row_ids):
 def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     """p == 1: scan over microbatches, float32 gradient accumulation, no communication."""
     m = cfg.num_microbatches
-    dtype = M.DTYPES[cfg.train.dtype]
+    dtype = M.DTYPES[cfg.compute_dtype]
     b = batch_rs1.shape[0] // m
     mbs = batch_rs1.reshape((m, b) + batch_rs1.shape[1:])
     keys = None if keys_r is None else keys_r.reshape((m, b) + keys_r.shape[1:])
@@ -48,7 +48,7 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     # the loop (M.unstack_layers); the GEMM weights as (compute copy made once a step, float32
     # master) pairs, so that their gradients come out of the GEMM in float32 and the sums
     # below take them inside the GEMM (cuBLAS beta = 1), as the pipeline executor's do
-    # (parallel.tp_comm_overlap's rings take plain weights)
+    # (tuning.tp_comm_overlap's rings take plain weights)
     split = (lambda t: t) if cfg.scan_layers_on else M.per_layer
     plain = cfg.scan_layers_on or sh.tp_overlap
     wrap = (lambda layers: layers) if plain else _master_grads(cfg, params, dtype)
@@ -56,7 +56,7 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     def loss_fn(prm, tokens_bs1, key_rows):
         prm = dict(prm, layers=wrap(prm["layers"]))
         return M.loss_sum(cfg.model, prm, tokens_bs1[:, :-1], tokens_bs1[:, 1:], sh,
-                          cfg.train.remat, dtype, key_rows, cfg.scan_layers_on)
+                          cfg.remat, dtype, key_rows, cfg.scan_layers_on)
 
     def body(acc, xs):
         tokens, key_rows = xs
@@ -91,12 +91,11 @@ def make_grad_fn(cfg, mesh):
     n_tokens = cfg.train.global_batch_size * cfg.model.seq_len
     use_dropout = cfg.model.dropout > 0
     zero = zero_stage(cfg)
-    # per parameter: its logical names and ZeRO dim (rings: parallel.zero_ring)
-    lay = Z.layouts(cfg, sh, pspecs, ring=zero_ring_on(cfg, mesh))
+    lay = Z.layouts(cfg, sh, pspecs)     # per parameter: its logical names and ZeRO dim
     reduce_dtype = M.DTYPES[cfg.parallel.grad_reduce_dtype]
     # ZeRO reduce-scatters inside the last backward (zero.microbatch_grads), or after it as a
-    # pipeline does (parallel.overlap_grad_reduce=false: the step of zero=0 with full weights)
-    in_backward = bool(zero) and cfg.parallel.overlap_grad_reduce_on
+    # pipeline does (decisions.overlap_grad_reduce: the step of zero=0 with full weights)
+    in_backward = bool(zero) and cfg.overlap_grad_reduce_on
 
     def local(params, batch, keys):
         keys = _wrap_keys(keys)
@@ -188,52 +187,15 @@ class Compiled:
     batch_sharding: object = None
 
 
-GATHER_COMBINE_BYTES = 512 * 2 ** 20    # XLA's all-gather combiner under zero 1 and 2
-SCATTER_COMBINE_BYTES = 128 * 2 ** 20   # and its reduce-scatter combiner (compiler_options)
-PERMUTE_PEER_MODE = "COLLECTIVES_PEER_MEMORY"   # XLA's collective-permute as copy-engine copies
-
-
 def compiler_options(cfg, mesh) -> dict:
-    """XLA options of the train step, on GPU:
-
-    - no dot merger: it would fuse the separate q, k, v GEMMs (and their weight gradients) back
-      into one with slices around it (1.3B (1,2,1) 0.370 -> 0.354 s, 2x H100, 2026-11-26);
-    - with parallel.static_stash, region-based copy insertion: without it the 1f1b switch copies
-      every stash buffer through every branch each tick;
-    - with zero 1 or 2 (tensor 1), gathers combined up to 512 MB and reduce-scatters up to 128 MB:
-      fewer, faster collectives; larger reduce-scatters would wait for the backward's end
-      ((4,1,1) zero 2: 0.1504 s at XLA's default, 0.1454 s at 128 MB, 4x H200, 2026-11-27);
-    - with tp_comm_overlap or zero_ring, peer mode for collective-permutes: within a process they
-      become copy-engine copies that run beside the GEMMs, where NCCL's kernels wait for SMs;
-    - with train.fp8, no Triton GEMMs: Triton's GEMM fusions take the FP8 operands as bf16,
-      cuBLASLt's FP8 GEMMs only come from XLA's GEMM rewriter (LLaMA-7B shape, 8 layers:
-      0.3318 s with Triton GEMMs, 0.2292 s without; bf16 0.3153 s; 1x H200, 2026-11-28)."""
-    if mesh.devices.flat[0].platform != "gpu":
-        return {}
-    options = {"xla_gpu_dot_merger_threshold_mb": 0}
-    if cfg.parallel.pipe > 1 and cfg.parallel.static_stash_on:
-        options["xla_gpu_copy_insertion_use_region_analysis"] = True
-    if cfg.parallel.zero in (1, 2) and cfg.parallel.tensor == 1:
-        options["xla_gpu_all_gather_combine_threshold_bytes"] = GATHER_COMBINE_BYTES
-        options["xla_gpu_reduce_scatter_combine_threshold_bytes"] = SCATTER_COMBINE_BYTES
-    if tp_overlap_on(cfg, mesh) or zero_ring_on(cfg, mesh):
-        options["xla_gpu_collective_permute_mode"] = PERMUTE_PEER_MODE
-    if cfg.train.fp8:
-        options["xla_gpu_enable_triton_gemm"] = False
-    return options
+    """XLA options of the train step on `mesh` (decisions.xla_options)."""
+    return D.xla_options(cfg, mesh.devices.flat[0].platform, tp_overlap_on(cfg, mesh))
 
 
 def nccl_environment(cfg, mesh, environ) -> dict[str, str]:
-    """The NCCL settings the step runs with, as environment variables not yet in `environ`.
-
-    parallel.nccl_channels (auto: 64 with tensor > 1) sets NCCL_MIN_NCHANNELS: tensor
-    parallelism's collectives run exposed, so their bandwidth is the step's (1.3B (1,1,4) SP
-    0.2065 -> 0.1989 s, 4x H200, 2026-11-27); data parallelism's run beside the compute and keep
-    NCCL's choice. A variable already set wins."""
-    channels = cfg.parallel.nccl_channels_value
-    if mesh.devices.flat[0].platform != "gpu" or not channels or "NCCL_MIN_NCHANNELS" in environ:
-        return {}
-    return {"NCCL_MIN_NCHANNELS": str(channels)}
+    """The NCCL settings the step runs with, as variables not yet in `environ`
+    (decisions.nccl_environment)."""
+    return D.nccl_environment(cfg, mesh.devices.flat[0].platform, environ)
 
 
 def compile_all(cfg, mesh, tx):

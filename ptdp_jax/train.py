@@ -9,7 +9,11 @@ The loop is a table of contents; each line is one call into its own module: the 
 (feed.py), the step (step.py), the log (runlog.py), the evaluation (evaluate.py), the
 checkpoint (checkpoint.py) and the stop conditions (stopping.py).
 
-The loop dispatches step n + 1 before it reads step n's metrics (train.dispatch_ahead), so the
+Before compiling, the config's `auto` values and its layout are resolved for the devices at
+hand (resolve.py; on GPUs a config without a mesh, or one written for more devices, runs the
+planner's layout, said in one line with its predicted step time and memory).
+
+The loop dispatches step n + 1 before it reads step n's metrics, so the
 host's work between steps (logging, the next batch, the dispatch itself) runs while the devices
 compute. It waits for a step before anything that needs its state: an evaluation, a checkpoint,
 a stop, the last step. A signal therefore ends the run after the step in flight, which may be
@@ -27,8 +31,10 @@ import jax
 from ptdp_jax import checkpoint as CK
 from ptdp_jax import preflight
 from ptdp_jax.compile_cache import use_compile_cache
-from ptdp_jax.config import Config, ConfigError, load_config
-from ptdp_jax.validation import check_fp8_devices, validate
+from ptdp_jax import decisions as D
+from ptdp_jax.config import Config, ConfigError, load_with_keys, migrate
+from ptdp_jax.resolve import for_devices
+from ptdp_jax.validation import check_fp8_devices
 from ptdp_jax.cross_process import to_host
 from ptdp_jax.distributed import maybe_initialize
 from ptdp_jax.evaluate import evaluate
@@ -58,41 +64,38 @@ class TrainResult:
     stopped_by_signal: bool = False
     stopped: str | None = None                   # why the run stopped before train.steps
     run_id: str = ""
+    layout: str = ""                             # where the layout came from (resolve.Run.note)
+    predicted_step_s: float | None = None        # the planner's prediction of it (GPUs)
 
 
 def resolve_config(config=None, mesh_shape=None, overrides: Mapping[str, Any] | None = None) -> Config:
-    cfg = load_config(config, overrides)
+    """The config as loaded, with mesh_shape (nothing resolved for the devices yet)."""
+    return _load(config, mesh_shape, overrides)[0]
+
+
+def _load(config, mesh_shape, overrides):
+    """(Config, the keys the file or the command line set, those of the command line: the
+    overrides and mesh_shape)."""
+    cfg, explicit = load_with_keys(config, overrides)
+    command_line = set(migrate(dict(overrides or {}), strict=False)[0])
     if mesh_shape is not None:
         if len(tuple(mesh_shape)) != 3 or any(int(a) < 1 for a in mesh_shape):
             raise ConfigError(f"mesh_shape must be three positive ints (data, pipe, tensor), "
                               f"got {tuple(mesh_shape)}")
         d, p, t = (int(a) for a in mesh_shape)
         cfg = replace(cfg, parallel=replace(cfg.parallel, data=d, pipe=p, tensor=t))
-    return cfg
+        command_line |= set(D.MESH_KEYS)
+    return cfg, set(explicit) | command_line, command_line
 
 
 def _quiet(*args, **kwargs):
     pass
 
 
-def auto_layout(cfg: Config, overrides: Mapping[str, Any] | None = None, mesh_shape=None,
-                log=print) -> Config:
-    """parallel.layout=auto: the planner's best layout for the devices at hand. Layout keys
-    given as overrides (or the mesh, with --mesh / mesh_shape) win; those of a YAML file are
-    searched over (it was written for some other number of GPUs)."""
-    if cfg.parallel.layout != "auto":
-        return cfg
-    from ptdp_jax.plan import LAYOUT_KEYS, choose_layout
-    explicit = {k for k in (overrides or {}) if k in LAYOUT_KEYS}
-    if mesh_shape is not None:
-        explicit |= {"parallel.data", "parallel.pipe", "parallel.tensor"}
-    fixed = {k: getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1]) for k in explicit}
-    n = len(jax.devices())
-    if {"parallel.data", "parallel.pipe", "parallel.tensor"} <= explicit:
-        n = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor    # the mesh is given
-    choice = choose_layout(cfg, n, min(n, jax.local_device_count()), fixed=fixed)
-    log(f"parallel.layout=auto: {choice}")
-    return load_config(cfg, choice)
+def _for_devices(loaded, log):
+    """The loaded config resolved for jax's devices (resolve.for_devices), validated."""
+    cfg, explicit, command_line = loaded
+    return for_devices(cfg, explicit, command_line, jax.devices(), log, jax.local_device_count())
 
 
 def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None = None,
@@ -105,39 +108,23 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     still started from PTDP_* variables or the cluster's environment.
     `return_params`: gather the final parameters into result.params (on process 0
     only; other processes get None); ptdp-train passes False."""
-    cfg = resolve_config(config, mesh_shape, overrides)
+    loaded = _load(config, mesh_shape, overrides)
     maybe_initialize(**dict(distributed or {}))
-    cfg = auto_layout(cfg, overrides, mesh_shape, log if jax.process_index() == 0 else _quiet)
-    validate(cfg, len(jax.devices()))
-    check_fp8_devices(cfg, jax.devices())
     is_main = jax.process_index() == 0
     log = log if is_main else _quiet
-    cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
-    check_wandb(cfg.run.wandb_project)                       # installed, if asked for
-    feed = Feed(cfg)                                         # opens and checks the data
-    preflight.check_memory(cfg)                              # the estimate against a device
-    replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
-                                                             # checkpoints unasked
-
-    mesh = make_mesh(cfg.parallel.mesh_shape,
-                     allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
-    feed.use_mesh(mesh)
-    tx, lr = make_optimizer(cfg)
-    compiled = compile_all(cfg, mesh, tx)
-    t0 = time.perf_counter()
-    log("ptdp_jax: compiling the train step ...")           # minutes for deep pipelines
-    train_step = _compile_step(cfg, compiled, tx)            # and XLA's own memory analysis
-    log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s"
-        + (f" (compilation cache: {cache})" if cache else ""))
+    run = _for_devices(loaded, log)                          # dtype, layout, recompute
+    cfg = run.config
+    feed, compiled, train_step, lr, replaced = _prepare(cfg, log)
     state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
     runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
     stopper = Stopper(cfg)                 # from here a signal ends the run cleanly
     runlog.header()
     if replaced:
-        runlog.message(f"checkpoint.overwrite=true: the earlier run's checkpoints in "
+        runlog.message(f"checkpoint.resume=overwrite: the earlier run's checkpoints in "
                        f"{ckpt.directory} (steps {', '.join(map(str, replaced))}) are removed at "
                        f"this run's first save")
-    result = TrainResult(losses=[], params=None, config=cfg, start_step=start, run_id=run_id)
+    result = TrainResult(losses=[], params=None, config=cfg, start_step=start, run_id=run_id,
+                         layout=run.note, predicted_step_s=run.predicted_step_s)
     end = cfg.train.steps
     nothing = _nothing_to_train(cfg, start, ckpt)
     if nothing:
@@ -169,7 +156,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
             why = stopper.check(step + 1)                                    # stop?
             save = ckpt is not None and (why or ckpt.due(step + 1))
             evaluate_now = _eval_due(cfg, step + 1)
-            if cfg.train.dispatch_ahead and not (why or save or evaluate_now or step + 1 == end):
+            if not (why or save or evaluate_now or step + 1 == end):
                 continue                          # nothing needs this step's state: dispatch on
             record(evaluate_now)                  # waits for the step
             if save:                                                         # checkpoint
@@ -195,6 +182,29 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
 
 # ----------------------------------------------------------------------------- the pieces
 
+def _prepare(cfg, log):
+    """What can refuse the run before its first step, then the compile: (feed, compiled,
+    the compiled train step, the lr schedule, the checkpoints this run will replace)."""
+    check_fp8_devices(cfg, jax.devices())
+    cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
+    check_wandb(cfg.run.wandb_project)                       # installed, if asked for
+    feed = Feed(cfg)                                         # opens and checks the data
+    preflight.check_memory(cfg)                              # the estimate against a device
+    replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
+                                                             # checkpoints unasked
+    mesh = make_mesh(cfg.parallel.mesh_shape,
+                     allow_cross_host_tensor=cfg.tuning.allow_cross_host_tensor)
+    feed.use_mesh(mesh)
+    tx, lr = make_optimizer(cfg)
+    compiled = compile_all(cfg, mesh, tx)
+    t0 = time.perf_counter()
+    log("ptdp_jax: compiling the train step ...")           # minutes for deep pipelines
+    train_step = _compile_step(cfg, compiled, tx)            # and XLA's own memory analysis
+    log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s"
+        + (f" (compilation cache: {cache})" if cache else ""))
+    return feed, compiled, train_step, lr, replaced
+
+
 def _compile_step(cfg, compiled, tx):
     """The train step compiled ahead of its first call (the compile training needs anyway),
     checked against device memory by XLA's memory analysis before it runs."""
@@ -212,7 +222,7 @@ def _restore_or_init(cfg, compiled, log):
     ckpt, state, start, run_id = None, None, 0, None
     if cfg.checkpoint.dir:
         ckpt = CK.CheckpointManager.from_config(cfg, compiled.shardings)
-        if cfg.checkpoint.resume:
+        if cfg.checkpoint.resumes:
             restored = ckpt.restore_latest()
             if restored is not None:
                 state, start = restored
@@ -283,10 +293,9 @@ def _account(result, out, seconds, runlog, step, cfg, ckpt):
     in_a_row = int(out["bad_steps"])
     runlog.message(f"step {step}: non-finite loss or gradient, update skipped ({in_a_row} in a "
                    f"row)")
-    if in_a_row >= cfg.train.max_bad_steps:
+    if in_a_row >= D.MAX_BAD_STEPS:
         raise TrainingStopped(
-            f"{cfg.train.max_bad_steps} non-finite steps in a row (train.max_bad_steps="
-            f"{cfg.train.max_bad_steps}) at step {step}; stopping"
+            f"{D.MAX_BAD_STEPS} non-finite steps in a row at step {step}; stopping"
             + (f"; last good checkpoint in {ckpt.directory}" if ckpt else ""))
 
 
@@ -300,9 +309,7 @@ def _finish(cfg, result, state, feed, runlog, return_params, is_main, log):
         del canonical
     if want_sample and is_main:
         result.sample = sample_text(cfg, result.params, feed.tokenizer_spec)
-        t = cfg.train
-        how = "greedy" if t.sample_temperature == 0 else \
-            f"temperature {t.sample_temperature:g}" + (f", top-k {t.sample_top_k}" if t.sample_top_k else "")
+        how = f"temperature {D.SAMPLE_TEMPERATURE:g}, top-k {D.SAMPLE_TOP_K}"
         log(f"--- sample ({how}) ---\n" + result.sample + "\n-----------------------")
     if not return_params:
         result.params = None
@@ -310,16 +317,14 @@ def _finish(cfg, result, state, feed, runlog, return_params, is_main, log):
 
 
 def sample_text(cfg: Config, params, tokenizer_spec: str) -> str:
-    """train.sample_prompt and train.sample_tokens tokens after it (temperature
-    train.sample_temperature, top-k train.sample_top_k; 0: greedy)."""
+    """train.sample_tokens tokens after decisions.SAMPLE_PROMPT, at its temperature and top-k."""
     from ptdp_jax.data.tokenizer import load_tokenizer
     from ptdp_jax.generate import generate
 
     tok = load_tokenizer(tokenizer_spec)
-    t = cfg.train
-    out = generate(cfg.model, params, tok.encode(t.sample_prompt), t.sample_tokens,
-                   temperature=t.sample_temperature, top_k=t.sample_top_k, seed=t.seed)
-    return t.sample_prompt + tok.decode(out)
+    out = generate(cfg.model, params, tok.encode(D.SAMPLE_PROMPT), cfg.train.sample_tokens,
+                   temperature=D.SAMPLE_TEMPERATURE, top_k=D.SAMPLE_TOP_K, seed=cfg.train.seed)
+    return D.SAMPLE_PROMPT + tok.decode(out)
 
 
 # ----------------------------------------------------------------------------- dry run
@@ -333,17 +338,16 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
     from ptdp_jax import metrics as MX
     from ptdp_jax.memory import device_memory_bytes
 
-    cfg = resolve_config(config, mesh_shape, overrides)
+    loaded = _load(config, mesh_shape, overrides)
     maybe_initialize(**dict(distributed or {}))
-    cfg = auto_layout(cfg, overrides, mesh_shape, log)
-    validate(cfg, len(jax.devices()))
+    cfg = _for_devices(loaded, log).config
     check_fp8_devices(cfg, jax.devices())
     use_compile_cache(cfg.run.compile_cache)               # a dry run fills the cache
     Feed(cfg)
     est = preflight.check_memory(cfg)
     CK.check_checkpoint_dir(cfg)
     mesh = make_mesh(cfg.parallel.mesh_shape,
-                     allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
+                     allow_cross_host_tensor=cfg.tuning.allow_cross_host_tensor)
     tx, _ = make_optimizer(cfg)
     compiled = compile_all(cfg, mesh, tx)
     t0 = time.perf_counter()
@@ -353,7 +357,7 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
     have = device_memory_bytes()
     n_dev = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor
     out = {"compile_s": seconds, "model_flops_per_step": MX.model_flops_per_iteration(cfg),
-           "model_flops_per_step_recompute": MX.model_flops_per_iteration(cfg, cfg.train.recompute),
+           "model_flops_per_step_recompute": MX.model_flops_per_iteration(cfg, cfg.recompute),
            "devices": n_dev, "device_bytes": have,
            "estimate_bytes": est.total if est is not None else None}
     if mem is not None:

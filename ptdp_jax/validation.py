@@ -1,43 +1,69 @@
 """Validation of a config tree: every constraint checked before anything compiles; a
-violation raises ConfigError naming the key and the numbers."""
+violation raises ConfigError naming the key and the numbers. `CHECKS` is the table: each check
+looks at one topic and raises at its first violation."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from ptdp_jax import decisions as D
 from ptdp_jax.config import CHOICES, Config, ConfigError
-from ptdp_jax.config_tree import NCCL_MAX_CHANNELS
+
+TRISTATE = (True, False, "auto")
+POSITIVE = ("model.num_layers", "model.hidden_size", "model.num_heads", "model.vocab_size",
+            "model.seq_len", "train.steps", "train.global_batch_size", "train.micro_batch_size",
+            "parallel.data", "parallel.pipe", "parallel.tensor", "parallel.virtual_stages",
+            "train.eval_batches", "checkpoint.keep")
+NON_NEGATIVE = ("train.warmup_steps", "train.eval_every", "train.sample_tokens",
+                "checkpoint.every", "train.weight_decay", "train.grad_clip", "model.dropout",
+                "train.stop_at_step", "train.stop_after_minutes")
 
 
-def validate(cfg: Config, num_devices: int | None = None) -> Config:
-    """Check every constraint; raise ConfigError naming the key and numbers."""
-    m, t, p = cfg.model, cfg.train, cfg.parallel
+def need(ok: bool, msg: str) -> None:
+    if not ok:
+        raise ConfigError(msg)
 
-    def need(ok: bool, msg: str):
-        if not ok:
-            raise ConfigError(msg)
 
+def _value(cfg, key: str):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _choices(cfg, n):
     for key, allowed in CHOICES.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        need(value in allowed, f"{key}={value!r} is not one of {list(allowed)}")
-    for key in ("model.num_layers", "model.hidden_size", "model.num_heads", "model.vocab_size",
-                "model.seq_len", "train.steps", "train.global_batch_size",
-                "train.micro_batch_size", "parallel.data", "parallel.pipe", "parallel.tensor",
-                "parallel.virtual_stages", "train.eval_batches", "train.max_bad_steps",
-                "checkpoint.keep"):
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        need(value >= 1, f"{key} must be positive, got {value}")
-    for key in ("train.warmup_steps", "train.eval_every", "train.sample_tokens", "checkpoint.every",
-                "train.weight_decay", "train.grad_clip", "model.dropout", "train.stop_at_step",
-                "train.stop_after_minutes", "train.sample_temperature", "train.sample_top_k"):
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        need(value >= 0, f"{key} must be >= 0, got {value}")
+        value = _value(cfg, key)
+        need(any(value is a or (type(value) is type(a) and value == a) for a in allowed),
+             f"{key}={value!r} is not one of {list(allowed)}")
+    for key in ("tuning.static_stash", "tuning.scan_layers", "tuning.keep_ffn_activation",
+                "tuning.overlap_grad_reduce", "tuning.tp_comm_overlap"):
+        value = _value(cfg, key)
+        need(value in TRISTATE, f"{key} must be true, false or auto, got {value!r}")
+    need(isinstance(cfg.train.fp8, bool), f"train.fp8 must be true or false, got {cfg.train.fp8!r}")
+
+
+def _ranges(cfg, n):
+    for key in POSITIVE:
+        need(_value(cfg, key) >= 1, f"{key} must be positive, got {_value(cfg, key)}")
+    for key in NON_NEGATIVE:
+        need(_value(cfg, key) >= 0, f"{key} must be >= 0, got {_value(cfg, key)}")
+    t, m = cfg.train, cfg.model
     need(t.lr > 0, f"train.lr must be positive, got {t.lr}")
     if t.decay_steps is not None:
         need(t.decay_steps >= 1, f"train.decay_steps must be positive, got {t.decay_steps}")
+    need(0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
+    need(0 < t.decay_fraction <= 1, f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
+    need(len(t.adam_betas) == 2 and all(0 <= b < 1 for b in t.adam_betas),
+         f"train.adam_betas must be two numbers in [0, 1) (beta1, beta2), got {list(t.adam_betas)}")
+    need(m.dropout < 1, f"model.dropout must be < 1, got {m.dropout}")
+    need(m.ffn >= 1, f"model.ffn_hidden_size must be positive, got {m.ffn}")
+    need(0 < cfg.data.val_fraction < 1,
+         f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
+    need(not isinstance(cfg.run.compile_cache, str) or cfg.run.compile_cache.strip() != "",
+         f"run.compile_cache must be auto, off or a directory, got {cfg.run.compile_cache!r}")
+
+
+def _heads(cfg, n):
+    m = cfg.model
     if m.num_kv_heads is not None:
         need(m.arch == "llama", f"model.num_kv_heads={m.num_kv_heads}: grouped-query attention "
                                 f"is for model.arch=llama (GPT has num_heads key/value heads)")
@@ -45,25 +71,24 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(m.num_heads % m.num_kv_heads == 0,
              f"model.num_heads={m.num_heads} is not divisible by model.num_kv_heads="
              f"{m.num_kv_heads} (each key/value head serves a whole group of query heads)")
-    need(0 <= t.min_lr_ratio <= 1, f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
-    need(0 < t.decay_fraction <= 1, f"train.decay_fraction must be in (0, 1], got {t.decay_fraction}")
-    need(m.dropout < 1, f"model.dropout must be < 1, got {m.dropout}")
-    need(m.ffn >= 1, f"model.ffn_hidden_size must be positive, got {m.ffn}")
-    need(0 < cfg.data.val_fraction < 1, f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")
-    need(not isinstance(cfg.run.compile_cache, str) or cfg.run.compile_cache.strip() != "",
-         f"run.compile_cache must be auto, off or a directory, got {cfg.run.compile_cache!r}")
-
-    d, pp, tp = p.mesh_shape
-    n = d * pp * tp
-    if num_devices is not None:
-        need(n <= num_devices, f"mesh (data, pipe, tensor) = ({d}, {pp}, {tp}) needs {n} devices, "
-                               f"only {num_devices} available (on a CPU, fake devices come from "
-                               f"XLA_FLAGS=--xla_force_host_platform_device_count={n})")
     need(m.hidden_size % m.num_heads == 0,
          f"model.hidden_size={m.hidden_size} is not divisible by model.num_heads={m.num_heads}")
     if m.arch == "llama":
         need(m.head_dim % 2 == 0, f"llama needs an even head dim, got "
                                   f"model.hidden_size/model.num_heads = {m.head_dim}")
+
+
+def _devices(cfg, num_devices):
+    d, pp, tp = cfg.parallel.mesh_shape
+    if num_devices is not None:
+        need(d * pp * tp <= num_devices,
+             f"mesh (data, pipe, tensor) = ({d}, {pp}, {tp}) needs {d * pp * tp} devices, only "
+             f"{num_devices} available (on a CPU, fake devices come from XLA_FLAGS="
+             f"--xla_force_host_platform_device_count={d * pp * tp})")
+
+
+def _tensor_split(cfg, n):
+    m, tp = cfg.model, cfg.parallel.tensor
     need(m.num_heads % tp == 0,
          f"model.num_heads={m.num_heads} is not divisible by parallel.tensor={tp}")
     need(m.kv_heads % tp == 0,
@@ -73,23 +98,32 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
     need(m.padded_vocab_size % tp == 0,
          f"padded vocabulary {m.padded_vocab_size} (model.vocab_size={m.vocab_size} rounded up to "
          f"a multiple of 128) is not divisible by parallel.tensor={tp}")
-    need(t.scan_layers in (True, False, "auto"),
-         f"train.scan_layers must be true, false or auto, got {t.scan_layers!r}")
-    need(p.static_stash in (True, False, "auto"),
-         f"parallel.static_stash must be true, false or auto, got {p.static_stash!r}")
-    ogr = p.overlap_grad_reduce
-    need(ogr is True or ogr is False or ogr == "auto",
-         f"parallel.overlap_grad_reduce must be true, false or auto, got {ogr!r}")
-    need(ogr is not True or (p.zero in (1, 2, 3) and pp == 1),
-         f"parallel.overlap_grad_reduce=true needs parallel.zero=1, 2 or 3 without pipelining, got "
-         f"parallel.zero={p.zero}, parallel.pipe={pp}: zero=0 all-reduces after the backward (its "
-         f"per-layer all-reduce runs slower) and a pipeline "
-         f"reduce-scatters after its last tick")
-    need(ogr is not False or p.zero not in (2, 3) or pp > 1,
-         f"parallel.overlap_grad_reduce=false with parallel.zero={p.zero} and parallel.pipe=1: "
+    if cfg.parallel.scatter_gather:
+        need(m.hidden_size % tp == 0, f"parallel.scatter_gather splits stage messages over "
+                                      f"parallel.tensor={tp}, which must divide "
+                                      f"model.hidden_size={m.hidden_size}")
+    if cfg.parallel.sequence_parallel and tp > 1:
+        need(m.seq_len % tp == 0, f"parallel.sequence_parallel splits the sequence over "
+                                  f"parallel.tensor={tp}, which must divide "
+                                  f"model.seq_len={m.seq_len}")
+
+
+def _grad_reduce(cfg, n):
+    p, ogr = cfg.parallel, cfg.tuning.overlap_grad_reduce
+    need(ogr is not True or (p.zero in (1, 2, 3) and p.pipe == 1),
+         f"tuning.overlap_grad_reduce=true needs parallel.zero=1, 2 or 3 without pipelining, got "
+         f"parallel.zero={p.zero}, parallel.pipe={p.pipe}: zero=0 all-reduces after the backward "
+         f"(its per-layer all-reduce runs slower) and a pipeline reduce-scatters after its last "
+         f"tick")
+    need(ogr is not False or p.zero not in (2, 3) or p.pipe > 1,
+         f"tuning.overlap_grad_reduce=false with parallel.zero={p.zero} and parallel.pipe=1: "
          f"ZeRO-{p.zero} reduce-scatters each layer's gradient in its backward, no full-size "
          f"gradient is kept to reduce later (parallel.zero=1 reduces after the backward)")
-    v = p.virtual_stages
+
+
+def _schedule(cfg, n):
+    p = cfg.parallel
+    v, pp = p.virtual_stages, p.pipe
     if p.schedule == "interleaved":
         need(v >= 2, f"parallel.schedule=interleaved needs parallel.virtual_stages >= 2, got {v}")
         need(pp >= 2, f"parallel.schedule=interleaved needs parallel.pipe >= 2 (without a "
@@ -98,118 +132,112 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
         need(v == 2, f"parallel.schedule=zb-v places two model chunks per stage in a V: it "
                      f"needs parallel.virtual_stages=2, got {v}")
         need(pp >= 2, f"parallel.schedule=zb-v needs parallel.pipe >= 2, got parallel.pipe={pp}")
-    elif p.schedule in ("1f1b-phased", "zb-phased") and v > 1:
+    elif p.schedule in D.PHASED and v > 1:
         need(pp >= 2, f"parallel.schedule={p.schedule} with parallel.virtual_stages={v} needs "
                       f"parallel.pipe >= 2, got parallel.pipe={pp}")
     else:
         need(v == 1, f"parallel.virtual_stages={v} needs parallel.schedule=interleaved, "
                      f"1f1b-phased, zb-phased or zb-v (got {p.schedule!r})")
-    sl = p.stage_layers
+
+
+def _stage_layers(cfg, n):
+    m, p = cfg.model, cfg.parallel
+    sl, chunks, pv = p.stage_layers, p.pipe * p.virtual_stages, f"{p.pipe} x {p.virtual_stages}"
     if isinstance(sl, str):
         need(sl == "auto", f"parallel.stage_layers={sl!r} is neither 'auto' nor a list of "
-                           f"{pp * v} layer counts")
-        need(m.num_layers >= pp * v, f"parallel.stage_layers=auto needs at least one layer per "
+                           f"{chunks} layer counts")
+        need(m.num_layers >= chunks, f"parallel.stage_layers=auto needs at least one layer per "
                                      f"model chunk: model.num_layers={m.num_layers} < parallel.pipe"
-                                     f" x parallel.virtual_stages = {pp} x {v} = {pp * v}")
+                                     f" x parallel.virtual_stages = {pv} = {chunks}")
     elif sl:
-        need(len(sl) == pp * v, f"parallel.stage_layers has {len(sl)} entries {list(sl)}; it needs "
-                                f"parallel.pipe x parallel.virtual_stages = {pp} x {v} = {pp * v}"
+        need(len(sl) == chunks, f"parallel.stage_layers has {len(sl)} entries {list(sl)}; it "
+                                f"needs parallel.pipe x parallel.virtual_stages = {pv} = {chunks}"
                                 f" (one per model chunk, in chunk order)")
-        need(all(n >= 1 for n in sl), f"parallel.stage_layers={list(sl)}: every chunk needs at "
+        need(all(k >= 1 for k in sl), f"parallel.stage_layers={list(sl)}: every chunk needs at "
                                       f"least one layer")
         need(sum(sl) == m.num_layers, f"parallel.stage_layers={list(sl)} sums to {sum(sl)}, not "
                                       f"model.num_layers={m.num_layers}")
     else:
-        need(m.num_layers % (pp * v) == 0,
+        need(m.num_layers % chunks == 0,
              f"model.num_layers={m.num_layers} is not divisible by parallel.pipe x "
-             f"parallel.virtual_stages = {pp} x {v} = {pp * v} (or set parallel.stage_layers to "
-             f"a list of {pp * v} counts, or to auto)")
-    need(t.global_batch_size % (t.micro_batch_size * d) == 0,
+             f"parallel.virtual_stages = {pv} = {chunks} (or set parallel.stage_layers to "
+             f"a list of {chunks} counts, or to auto)")
+
+
+def _batch(cfg, n):
+    t, p = cfg.train, cfg.parallel
+    need(t.global_batch_size % (t.micro_batch_size * p.data) == 0,
          f"train.global_batch_size={t.global_batch_size} is not divisible by "
-         f"train.micro_batch_size x parallel.data = {t.micro_batch_size} x {d} = "
-         f"{t.micro_batch_size * d}")
-    if p.schedule == "interleaved" or (p.schedule in ("1f1b-phased", "zb-phased") and v > 1):
-        mb = cfg.num_microbatches
-        need(mb % pp == 0, f"parallel.schedule={p.schedule} with parallel.virtual_stages={v} "
-                           f"needs the number of microbatches (train.global_batch_size / "
-                           f"(train.micro_batch_size x parallel.data) = {mb}) to be a multiple "
-                           f"of parallel.pipe={pp}")
-    if p.schedule == "zb-v" and v == 2 and pp >= 2:
+         f"train.micro_batch_size x parallel.data = {t.micro_batch_size} x {p.data} = "
+         f"{t.micro_batch_size * p.data}")
+    v, mb = p.virtual_stages, cfg.num_microbatches
+    if p.schedule == "interleaved" or (p.schedule in D.PHASED and v > 1):
+        need(mb % p.pipe == 0, f"parallel.schedule={p.schedule} with parallel.virtual_stages={v} "
+                               f"needs the number of microbatches (train.global_batch_size / "
+                               f"(train.micro_batch_size x parallel.data) = {mb}) to be a "
+                               f"multiple of parallel.pipe={p.pipe}")
+    if p.schedule == "zb-v" and v == 2 and p.pipe >= 2:
         from ptdp_jax.pipeline.schedule import build_schedule
         try:        # the list scheduler's table, before any compile (cached for the executor)
-            build_schedule("zb-v", pp, cfg.num_microbatches, 2)
+            build_schedule("zb-v", p.pipe, mb, 2)
         except RuntimeError as e:
-            need(False, f"parallel.schedule=zb-v has no table for parallel.pipe={pp} and "
-                        f"{cfg.num_microbatches} microbatches ({e}); try another number of "
-                        f"microbatches or parallel.schedule=zb-h1")
-    if p.scatter_gather:
-        need(m.hidden_size % tp == 0, f"parallel.scatter_gather splits stage messages over "
-                                      f"parallel.tensor={tp}, which must divide "
-                                      f"model.hidden_size={m.hidden_size}")
-    if p.sequence_parallel and tp > 1:
-        need(m.seq_len % tp == 0, f"parallel.sequence_parallel splits the sequence over "
-                                  f"parallel.tensor={tp}, which must divide "
-                                  f"model.seq_len={m.seq_len}")
-    need(t.keep_ffn_activation in (True, False, "auto"),
-         f"train.keep_ffn_activation must be true, false or auto, got {t.keep_ffn_activation!r}")
-    need(t.keep_ffn_activation is not True or t.recompute == "selective",
-         f"train.keep_ffn_activation keeps what selective recomputation would run again: it "
-         f"needs train.recompute=selective (got {t.recompute!r}; none keeps it already, full "
-         f"keeps only the layer inputs)")
-    need(p.nccl_channels == "auto" or (type(p.nccl_channels) is int
-                                       and 0 <= p.nccl_channels <= NCCL_MAX_CHANNELS),
-         f"parallel.nccl_channels must be auto or a number of channels from 0 (NCCL's own) "
-         f"to {NCCL_MAX_CHANNELS}, got {p.nccl_channels!r}")
-    need(p.overlap_p2p in (True, False, "auto"),
-         f"parallel.overlap_p2p must be true, false or auto, got {p.overlap_p2p!r}")
-    if p.overlap_p2p is True:
-        need(pp > 1 and p.schedule in ("1f1b-phased", "zb-phased"),
-             f"parallel.overlap_p2p overlaps the phased schedules' forward messages with their "
-             f"backward rows: it needs parallel.pipe > 1 and parallel.schedule 1f1b-phased or "
-             f"zb-phased (got pipe={pp}, schedule={p.schedule!r})")
-    need(p.zero_ring in (True, False, "auto"),
-         f"parallel.zero_ring must be true, false or auto, got {p.zero_ring!r}")
-    if p.zero_ring is True:
-        need(p.zero >= 1 and p.data > 1,
-             f"parallel.zero_ring runs ZeRO's gathers and reduce-scatters over 'data' as rings: "
-             f"it needs parallel.zero >= 1 and parallel.data > 1 (got zero={p.zero}, "
-             f"data={p.data})")
-        need(not (cfg.scan_layers_on and tp > 1),
-             f"parallel.zero_ring with parallel.tensor > 1 needs the layers unrolled (got "
-             f"train.scan_layers={t.scan_layers}, parallel.zero={p.zero}, tensor={tp}; auto "
-             f"scans with zero=3: set train.scan_layers=false)")
-    need(p.tp_overlap_sends in ("ring", "direct"),
-         f"parallel.tp_overlap_sends must be ring or direct, got {p.tp_overlap_sends!r}")
-    need(isinstance(t.fp8, bool), f"train.fp8 must be true or false, got {t.fp8!r}")
-    need(not (t.fp8 and p.tp_comm_overlap is True),
-         "train.fp8 with parallel.tp_comm_overlap=true: the overlap rings' blockwise GEMMs take "
-         "no FP8 operands; set parallel.tp_comm_overlap=auto (off with FP8) or false")
-    need(p.tp_comm_overlap in (True, False, "auto"),
-         f"parallel.tp_comm_overlap must be true, false or auto, got {p.tp_comm_overlap!r}")
-    if p.tp_comm_overlap is True:
-        need(p.sequence_parallel and tp > 1,
-             f"parallel.tp_comm_overlap decomposes sequence parallelism's collectives: it needs "
-             f"parallel.sequence_parallel=true and parallel.tensor > 1 (got "
-             f"sequence_parallel={p.sequence_parallel}, tensor={tp})")
-        need(pp == 1,
-             f"parallel.tp_comm_overlap runs without pipelining (got parallel.pipe={pp}): its "
-             f"permutes would sit in the pipeline's per-stage branches, where XLA's fast "
-             f"permutes (copies) give wrong results while another stage idles and NCCL's are "
-             f"slower than no ring (4x H200, 2026-11-28)")
-        need(not cfg.scan_layers_on,
-             f"parallel.tp_comm_overlap needs the layers unrolled (got train.scan_layers="
-             f"{t.scan_layers}, parallel.zero={p.zero}; auto scans with zero=3: set "
-             f"train.scan_layers=false)")
+            need(False, f"parallel.schedule=zb-v has no table for parallel.pipe={p.pipe} and "
+                        f"{mb} microbatches ({e}); try another number of microbatches or "
+                        f"parallel.schedule=zb-h1")
+
+
+def _recompute(cfg, n):
+    keep, r = cfg.tuning.keep_ffn_activation, cfg.train.recompute
+    need(keep is not True or r in ("selective", "auto"),
+         f"tuning.keep_ffn_activation keeps what selective recomputation would run again: it "
+         f"needs train.recompute=selective (got {r!r}; none keeps it already, full keeps only "
+         f"the layer inputs)")
+
+
+def _tp_comm_overlap(cfg, n):
+    t, p, tu = cfg.train, cfg.parallel, cfg.tuning
+    need(not (t.fp8 and tu.tp_comm_overlap is True),
+         "train.fp8 with tuning.tp_comm_overlap=true: the overlap rings' blockwise GEMMs take "
+         "no FP8 operands; set tuning.tp_comm_overlap=auto (off with FP8) or false")
+    if tu.tp_comm_overlap is not True:
+        return
+    need(p.sequence_parallel and p.tensor > 1,
+         f"tuning.tp_comm_overlap decomposes sequence parallelism's collectives: it needs "
+         f"parallel.sequence_parallel=true and parallel.tensor > 1 (got "
+         f"sequence_parallel={p.sequence_parallel}, tensor={p.tensor})")
+    need(p.pipe == 1,
+         f"tuning.tp_comm_overlap runs without pipelining (got parallel.pipe={p.pipe}): its "
+         f"permutes would sit in the pipeline's per-stage branches, where XLA's fast "
+         f"permutes (copies) give wrong results while another stage idles and NCCL's are "
+         f"slower than no ring (4x H200, 2026-11-28)")
+    need(not D.scan_layers(cfg),
+         f"tuning.tp_comm_overlap needs the layers unrolled (got tuning.scan_layers="
+         f"{tu.scan_layers}, parallel.zero={p.zero}; auto scans with zero=3: set "
+         f"tuning.scan_layers=false)")
+
+
+def _data(cfg, n):
     for path in cfg.data.path:
         prefix = Path(os.path.expanduser(path))
         need(prefix.with_name(prefix.name + ".bin").is_file() or prefix.is_file(),
              f"data.path {path!r}: no token file {prefix}.bin (make one with ptdp-prepare-data)")
-    if cfg.data.weights:
-        need(len(cfg.data.weights) == len(cfg.data.path),
-             f"data.weights has {len(cfg.data.weights)} entries but data.path has "
-             f"{len(cfg.data.path)}")
-        need(all(w >= 0 for w in cfg.data.weights) and sum(cfg.data.weights) > 0,
-             f"data.weights must be >= 0 with a positive sum, got {list(cfg.data.weights)}")
+    w = cfg.data.weights
+    if w:
+        need(len(w) == len(cfg.data.path),
+             f"data.weights has {len(w)} entries but data.path has {len(cfg.data.path)}")
+        need(all(x >= 0 for x in w) and sum(w) > 0,
+             f"data.weights must be >= 0 with a positive sum, got {list(w)}")
+
+
+CHECKS = (_choices, _ranges, _devices, _heads, _tensor_split, _grad_reduce, _schedule,
+          _stage_layers, _batch, _recompute, _tp_comm_overlap, _data)
+
+
+def validate(cfg: Config, num_devices: int | None = None) -> Config:
+    """Every check of CHECKS, in order; ConfigError at the first violation, naming the key and
+    the numbers. Returns cfg."""
+    for check in CHECKS:
+        check(cfg, num_devices)
     return cfg
 
 

@@ -17,18 +17,13 @@ shards:
             unrolled (the default) each layer's weights are gathered on their own, so that the
             gathers of later layers may run under the first microbatch's forward.
     zero=3  (ZeRO-3, FSDP) the weights are gathered layer by layer inside the layer scan (or,
-            with train.scan_layers=false, by each unrolled layer) and
+            with tuning.scan_layers=false, by each unrolled layer) and
             gathered again in the backward (never saved), each microbatch's backward
             reduce-scatters its gradients per layer: no full-size weight or gradient outlives a
             layer (embedding and head: gathered per microbatch).
     p > 1   all: the stage's weights are gathered once per step at the shard_map boundary (the
             executor's branches take them as loop constants) and the accumulated gradients
             reduce-scattered after the last tick.
-
-With parallel.zero_ring, the gathers and reduce-scatters of tensors of at least RING_MIN_BYTES
-a shard run as rings of d - 1 permutes over 'data' (`ring_gather`, `ring_reduce_scatter`),
-which XLA's peer mode (step.compiler_options) runs as copies on the copy engines: no NCCL
-kernel holds SMs beside the layers' GEMMs.
 
 Reductions run in parallel.grad_reduce_dtype (float32 by default, as Megatron) and give
 float32 gradients. A tensor with no dim that d divides stays replicated over 'data'
@@ -44,11 +39,9 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models import model as M
-from ptdp_jax.sharding import Sharder, data_axis, direct_gather, direct_scatter, rank_plus, vary
+from ptdp_jax.sharding import Sharder, data_axis, vary
 
 F32 = jnp.float32
-RING_MIN_BYTES = 1 << 20        # parallel.zero_ring: smaller shards (biases, norms) keep NCCL's
-                                # collectives, which XLA's combiners join into a few
 
 
 @dataclass(frozen=True)
@@ -64,26 +57,19 @@ class Layout:
     sh: Sharder
     names: tuple
     data_dim: int | None                 # negative: from the last dim
-    ring: bool = False                   # parallel.zero_ring: rings of permutes (large shards)
 
     def local(self, fn, x):
         names = self.names[len(self.names) - x.ndim:]
         return self.sh.per_device(fn, names, names)(x)
 
 
-def layouts(cfg, sh, specs, ring: bool = False):
+def layouts(cfg, sh, specs):
     """{group: {name: Layout}} from the stage layout's logical names
-    (models.model.param_logical_axes) and the state's PartitionSpecs (ZeRO dims); ring:
-    parallel.zero_ring resolved for the mesh (sharding.zero_ring_on)."""
+    (models.model.param_logical_axes) and the state's PartitionSpecs (ZeRO dims)."""
     def one(names, spec):
         dim = data_axis(spec)
-        return Layout(sh, tuple(names), None if dim is None else dim - len(names), ring)
+        return Layout(sh, tuple(names), None if dim is None else dim - len(names))
     return map2(one, M.param_logical_axes(cfg.model, True), specs)
-
-
-def _ring_on(lay, x, parts: int = 1) -> bool:
-    """Whether x (a shard; parts = d: a full tensor) goes through the ring."""
-    return lay.ring and x.size * x.dtype.itemsize // parts >= RING_MIN_BYTES
 
 
 def gather(x, dtype, lay):
@@ -93,10 +79,7 @@ def gather(x, dtype, lay):
         return x
 
     def one(b):
-        axis = b.ndim + lay.data_dim
-        if _ring_on(lay, b):
-            return ring_gather(b, axis)
-        return jax.lax.all_gather(b, "data", axis=axis, tiled=True)
+        return jax.lax.all_gather(b, "data", axis=b.ndim + lay.data_dim, tiled=True)
     return lay.local(one, x)
 
 
@@ -105,38 +88,8 @@ def reduce_scatter(g, reduce_dtype, lay):
     def scatter(b):
         b = vary(b.astype(reduce_dtype), ("data",))
         axis = b.ndim + lay.data_dim
-        if _ring_on(lay, b, _d()):
-            return ring_reduce_scatter(b, axis).astype(F32)
         return jax.lax.psum_scatter(b, "data", scatter_dimension=axis, tiled=True).astype(F32)
     return lay.local(scatter, g)
-
-
-# ------------------------------------------------------------- rings of permutes over 'data'
-
-def _d() -> int:
-    return jax.lax.axis_size("data")
-
-
-def ring_gather(block, axis):
-    """all_gather(block, 'data', axis, tiled=True) as d - 1 permutes, each replica's shard sent
-    straight to every other replica (`sharding.direct_gather`); one fusion puts the shards in
-    replica order, the concatenation along `axis`."""
-    d = _d()
-    stacked = jnp.stack([b for _, b in direct_gather(block, "data")])  # [k]: replica r - k's
-    ordered = jnp.stack([jax.lax.dynamic_index_in_dim(stacked, rank_plus("data", -j),
-                                                      keepdims=False)
-                         for j in range(d)])                                  # (d, *block)
-    ordered = jnp.moveaxis(ordered, 0, axis)                                  # ..., d, n, ...
-    shape = block.shape[:axis] + (d * block.shape[axis],) + block.shape[axis + 1:]
-    return ordered.reshape(shape)
-
-
-def ring_reduce_scatter(full, axis):
-    """psum_scatter(full, 'data', axis, tiled=True) as d - 1 permutes: each replica's block c
-    sent straight to replica c, which adds the d parts (`sharding.direct_scatter`)."""
-    d = _d()
-    n = full.shape[axis] // d
-    return direct_scatter(lambda c: jax.lax.dynamic_slice_in_dim(full, c * n, n, axis), "data")
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -176,7 +129,7 @@ def _layers(tree):
 
 def _maker(cfg, lay):
     """make(group, shards) -> that group's compute-dtype weights (layers: one layer's)."""
-    dtype, rd = M.DTYPES[cfg.train.dtype], M.DTYPES[cfg.parallel.grad_reduce_dtype]
+    dtype, rd = M.DTYPES[cfg.compute_dtype], M.DTYPES[cfg.parallel.grad_reduce_dtype]
 
     def make(group, shards, fulls=None, accs=None):
         out = {}
@@ -207,7 +160,7 @@ def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows):
             layers = [(s, _layer(grp(fulls, "layers"), i), _layer(grp(accs, "layers"), i))
                       for i, s in enumerate(shards["layers"])]
     x = M.embed(mc, sh, e, tokens_bs1[:, :-1], key_rows)
-    x = M.run_layers(mc, sh, layers, x, cfg.train.remat, key_rows,
+    x = M.run_layers(mc, sh, layers, x, cfg.remat, key_rows,
                      scan=cfg.scan_layers_on,     # auto: zero=3 scans (a layer at a time)
                      weights=None if make is None else (lambda lp: make("layers", *lp)),
                      regather=fulls is None)      # zero 3; zero 1, 2 gathered them before
@@ -290,14 +243,14 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, lay):
 def _gather_all(cfg, shards, lay):
     """Every weight whole, in the compute dtype, from this replica's shards (p == 1 layout:
     layers (L, ...))."""
-    dtype = M.DTYPES[cfg.train.dtype]
+    dtype = M.DTYPES[cfg.compute_dtype]
     return map2(lambda x, la: gather(x, dtype, la), shards, lay)
 
 
 def _gather_layers(cfg, layers, lay):
     """[layer i's weights whole, or None where replicated over 'data'] for i < L, gathered
     one layer at a time from the (L, ...) shards."""
-    dtype = M.DTYPES[cfg.train.dtype]
+    dtype = M.DTYPES[cfg.compute_dtype]
     n = jax.tree.leaves(layers)[0].shape[0]
     return [{k: None if lay[k].data_dim is None else gather(x[i], dtype, lay[k])
              for k, x in layers.items()} for i in range(n)]
@@ -322,7 +275,7 @@ def gather_stage(cfg, params, lay):
     """p > 1: the stage's float32 weights from their shards, gathered once per step in the
     compute dtype (the pipeline executor takes float32 masters; their values only receive
     gradients, so the upcast of the compute-dtype copy loses nothing)."""
-    dtype = M.DTYPES[cfg.train.dtype]
+    dtype = M.DTYPES[cfg.compute_dtype]
     return map2(lambda x, la: gather(x, dtype, la).astype(F32), params, lay)
 
 

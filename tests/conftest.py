@@ -20,8 +20,19 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="module")
 def data_cache(tmp_path_factory):
-    """A per-module cache for the embedded corpus's token file."""
-    return tmp_path_factory.mktemp("data_cache")
+    """A per-module cache for the embedded corpus's token file ($PTDP_CACHE_DIR, which the
+    processes a test starts inherit)."""
+    path = tmp_path_factory.mktemp("data_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PTDP_CACHE_DIR", str(path))
+        yield path
+
+
+@pytest.fixture(autouse=True)
+def _no_progress_bar(monkeypatch):
+    """Runs in a test log lines, as in a log file, even under `pytest -s` on a terminal."""
+    from ptdp_jax import decisions
+    monkeypatch.setattr(decisions, "progress_bar", lambda stream=None: False)
 
 
 # `make test` (pytest -m "not slow") is the quick check, a few minutes on 2 cores: every test
@@ -78,7 +89,7 @@ SLOW = {
     "test_plan.py::test_162b_on_64_gpus_recommends_t8_p8_tensor_first_then_pipeline": (),
     "test_plan.py::test_choose_layout_is_valid_and_explicit_keys_win": (),
     "test_run_control.py::test_ctrl_c_without_a_checkpoint_dir_stops_cleanly": (),
-    "test_run_control.py::test_dispatch_ahead_reads_a_step_while_the_next_runs": (),
+    "test_run_control.py::test_the_loop_reads_a_step_while_the_next_runs": (),
     "test_run_control.py::test_evaluation_is_the_forward_loss_without_dropout": ("1x2x2-zb-v",),
     "test_run_control.py::test_extend_a_finished_run_keeps_its_schedule": (),
     "test_run_control.py::test_metrics_shared_by_runs_and_resumes": (),
@@ -96,7 +107,6 @@ SLOW = {
     "test_static_stash.py::test_static_w_stash_indexes_nothing": (),
     "test_tp_overlap.py::test_direct_sends_no_chain": (),
     "test_tp_overlap.py::test_parity": ("llama-1x1x4-mb4-none",),
-    "test_tp_overlap.py::test_parity_ring_sends": (),
     "test_train.py::test_dropout_is_layout_independent": (),
     "test_train.py::test_layouts_reproduce_single_device_run": ("2x1x4-sequence-parallel",),
     "test_uninitialised.py::test_buffers_written_before_read": ("interleaved-v2-121",),

@@ -21,13 +21,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny(tmp_path, data_cache, **extra) -> dict:
-    """Overrides of a small GPT run writing under tmp_path."""
+    """Overrides of a small GPT run writing under tmp_path (the corpus cached in data_cache,
+    conftest's fixture: $PTDP_CACHE_DIR)."""
     ov = {
         "model.arch": "gpt", "model.num_layers": 4, "model.hidden_size": 32, "model.num_heads": 4,
         "model.seq_len": 16, "train.global_batch_size": 8, "train.micro_batch_size": 1,
         "train.steps": 6, "train.warmup_steps": 1, "train.eval_every": 0,
-        "train.sample_tokens": 0, "run.progress": False, "run.tensorboard": False,
-        "run.dir": str(Path(tmp_path) / "run"), "data.cache_dir": str(data_cache),
+        "train.sample_tokens": 0, "run.dir": str(Path(tmp_path) / "run"),
         "checkpoint.dir": str(Path(tmp_path) / "ckpt"),
     }
     ov.update(extra)
@@ -38,7 +38,7 @@ class Log:
     """A train(log=...) callback that keeps the lines and sends `sig` to this process while
     step `at` is in flight, so that train() ends that step, checkpoints and returns, as on a
     real SIGTERM: with the run's header if the run starts at step at - 1, else when the line
-    of step at - 1 is logged (train() has dispatched step `at` by then, train.dispatch_ahead;
+    of step at - 1 is logged (train() has dispatched step `at` by then: it dispatches ahead;
     without a progress bar it logs steps 1, 10, 20, ...)."""
 
     def __init__(self, at: int | None = None, sig=signal.SIGTERM):

@@ -15,11 +15,21 @@ H100 = gpu_kind("h100")
 H200_BEFORE_S36 = with_overrides(gpu_kind("h200"), {"memory_bound_bytes_per_s": 3.35e12})
 
 
+# configs/bench-1.3b.yaml states only its model and batch; the rows measured with it ran these
+BENCH_RAN = {"train.micro_batch_size": 4, "train.dtype": "bfloat16", "train.recompute": "selective"}
+
+
+def bench(**overrides):
+    """configs/bench-1.3b.yaml as its measured rows ran it (BENCH_RAN), with overrides."""
+    return load_config(str(ROOT / "configs" / "bench-1.3b.yaml"), {**BENCH_RAN, **overrides})
+
+
 def config(name, **overrides):
     """A config as the measured rows of tests/test_plan_measured.py ran it: the MLP activation
-    recomputed (train.keep_ffn_activation=false, as before 2026-11-27), the default here."""
+    recomputed (tuning.keep_ffn_activation=false, as before 2026-11-27), the default here;
+    bench-1.3b with BENCH_RAN."""
     path = None if name is None else str(ROOT / "configs" / f"{name}.yaml")
-    keys = {"train.keep_ffn_activation": False}
+    keys = {"tuning.keep_ffn_activation": False, **(BENCH_RAN if name == "bench-1.3b" else {})}
     return load_config(path, {**keys, **{k.replace("__", "."): v for k, v in overrides.items()}})
 
 

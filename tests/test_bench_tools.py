@@ -236,8 +236,9 @@ def test_bench_train_reports_the_layout_that_ran(tmp_path):
         "model: {arch: gpt, num_layers: 2, hidden_size: 32, num_heads: 4, seq_len: 16}\n"
         "train: {global_batch_size: 8, micro_batch_size: 8, warmup_steps: 1}\n"
         "parallel: {data: 1, pipe: 1, tensor: 1}\n"
-        f"data: {{cache_dir: {tmp_path / 'data'}}}\nrun: {{dir: {tmp_path / 'run'}}}\n")
+        f"run: {{dir: {tmp_path / 'run'}}}\n")
     env = dict(os.environ, PYTHONPATH=ROOT, PTDP_NO_DISTRIBUTED="1", JAX_PLATFORMS="cpu",
+               PTDP_CACHE_DIR=str(tmp_path / "data"),
                XLA_FLAGS="--xla_force_host_platform_device_count=2 "
                          "--xla_backend_optimization_level=0")
     r = subprocess.run([sys.executable, "benchmarks/bench_train.py", str(cfg), "--steps", "1",

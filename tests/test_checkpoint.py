@@ -242,7 +242,7 @@ def test_different_model_is_one_clear_error(tmp_path, data_cache):
 def test_fresh_run_keeps_old_checkpoints_unless_told(tmp_path, small, data_cache):
     """checkpoint.resume=false (--no-resume) over a directory with checkpoints: refused
     before anything runs, the old checkpoints untouched; with
-    checkpoint.overwrite=true the new run's first save replaces them (so 'newest' is
+    checkpoint.resume=overwrite the new run's first save replaces them (so 'newest' is
     always this run's), and the run says so."""
     from dataclasses import replace
     cfg, compiled, state = small
@@ -251,7 +251,7 @@ def test_fresh_run_keeps_old_checkpoints_unless_told(tmp_path, small, data_cache
     ov = H.tiny(tmp_path, data_cache, **{"model.num_layers": 2, "checkpoint.resume": False,
                                          "train.steps": 2})
     with pytest.raises(CK.CheckpointError, match=r"holds checkpoints of an earlier run \(steps "
-                                                 r"8, 10\).*they are kept.*checkpoint.overwrite"):
+                                                 r"8, 10\).*they are kept.*checkpoint.resume=overwrite"):
         train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
     assert H.snapshot(tmp_path / "ckpt") == before
     fresh = replace(cfg, checkpoint=replace(cfg.checkpoint, dir=str(tmp_path / "ckpt"),
@@ -262,7 +262,7 @@ def test_fresh_run_keeps_old_checkpoints_unless_told(tmp_path, small, data_cache
     m.close()
     assert H.snapshot(tmp_path / "ckpt") == before
     log = H.Log()
-    res = train(mesh_shape=(1, 1, 1), overrides={**ov, "checkpoint.overwrite": True}, log=log)
+    res = train(mesh_shape=(1, 1, 1), overrides={**ov, "checkpoint.resume": "overwrite"}, log=log)
     assert res.start_step == 0 and len(res.losses) == 2
     assert "(steps 8, 10) are removed at this run's first save" in log.text
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["2"]

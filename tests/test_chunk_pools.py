@@ -1,4 +1,4 @@
-"""Stash slots in a pool per local chunk (Schedule.chunk_pools, on where parallel.static_stash
+"""Stash slots in a pool per local chunk (Schedule.chunk_pools, on where tuning.static_stash
 gives a branch per (op, chunk, slot) and v > 1): the same table, fewer branches, a slot only
 ever holding one chunk's residuals."""
 from __future__ import annotations
@@ -59,10 +59,10 @@ def test_memory_counts_the_slots_the_executor_allocates():
     from ptdp_jax.pipeline.executor import schedule_for
     from ptdp_jax.train import resolve_config
     for ov in ({"parallel.virtual_stages": 3}, {"parallel.virtual_stages": 1},
-               {"parallel.virtual_stages": 3, "parallel.static_stash": False}):
+               {"parallel.virtual_stages": 3, "tuning.static_stash": False}):
         cfg = resolve_config("configs/gpt-7.5b.yaml", (1, 4, 1), {
             "train.global_batch_size": 32, "train.micro_batch_size": 1,
             "parallel.schedule": "1f1b-phased", **ov})
-        trash = 0 if cfg.parallel.static_stash_on else 1
+        trash = 0 if cfg.static_stash_on else 1
         assert stash_slots(cfg) == schedule_for(cfg).num_stash_slots + trash, ov
     assert schedule_for(cfg).chunk_pools is False       # the indexed stash needs no pools

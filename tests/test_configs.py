@@ -116,7 +116,7 @@ def test_llama_row(name):
     assert tr.lr == pytest.approx(lr)
     assert tr.global_batch_size * m.seq_len == 4 * 1024 * 1024          # 4M tokens
     assert (tr.warmup_steps, tr.weight_decay, tr.grad_clip) == (2000, 0.1, 1.0)
-    assert (tr.beta1, tr.beta2, tr.min_lr_ratio) == (0.9, 0.95, 0.1)
+    assert (tr.adam_betas, tr.min_lr_ratio) == ((0.9, 0.95), 0.1)
     assert abs(tr.steps * tr.global_batch_size * m.seq_len - tokens) / tokens < 1e-5
     assert n_devices(cfg) % 8 == 0 and cfg.parallel.tensor <= 8        # t within an 8-GPU node
 
@@ -153,9 +153,14 @@ def test_bench():
     assert (m.arch, m.hidden_size, m.num_layers, m.num_heads, m.seq_len, m.vocab_size) == \
         ("gpt", 2048, 24, 16, 2048, 51200)
     assert 1.2e9 < num_params(m) < 1.4e9
-    assert cfg.train.dtype == "bfloat16"
     assert (cfg.train.eval_every, cfg.train.sample_tokens) == (0, 0)
     validate(cfg, num_devices=1)
+    # the model and the batch only: precision, recomputation and layout are the run's choice
+    from ptdp_jax.config import read_yaml
+    from ptdp_jax.decisions import FILL_KEYS, MESH_KEYS
+    keys = set(read_yaml(CONFIGS / "bench-1.3b.yaml")[0])
+    assert not keys & {*FILL_KEYS, *MESH_KEYS, "train.dtype"}, keys
+    assert (cfg.train.dtype, cfg.train.recompute, cfg.train.global_batch_size) == ("auto", "auto", 16)
 
 
 @pytest.mark.parametrize("name", ["tiny-gpt.yaml", "tiny-llama.yaml"])

@@ -34,8 +34,8 @@ def config_keys(cls=Config, prefix=""):
 
 @pytest.mark.parametrize("word", [
     "model.num_kv_heads", "train.decay_steps", "train.stop_at_step", "train.stop_after_minutes",
-    "train.skip_memory_check", "train.sample_temperature", "train.sample_top_k",
-    "checkpoint.overwrite", "parallel.sequence_parallel", "parallel.layout=auto", "ptdp-eval",
+    "tuning.skip_memory_check", "train.sample_tokens", "train.dtype=auto", "train.recompute=auto",
+    "checkpoint.resume=overwrite", "parallel.sequence_parallel", "parallel.layout=auto", "ptdp-eval",
     "ptdp-generate", "--print-config", "--dry-run", "llama3-8b", "did you mean",
 ])
 def test_docs_mention(word):

@@ -15,6 +15,7 @@ import pytest
 
 import helpers_ckpt as H
 from ptdp_jax import checkpoint as CK
+from ptdp_jax import decisions as D
 from ptdp_jax.sharding import make_mesh
 from ptdp_jax.state import make_optimizer
 from ptdp_jax.step import compile_all
@@ -119,10 +120,11 @@ def test_sigkill_during_save_resumes_from_last_complete(tmp_path, data_cache):
     assert sorted(p.name for p in ckpt.iterdir()) == ["2", "3"]     # the partial one is gone
 
 
-def test_nonfinite_steps_are_skipped(tmp_path, data_cache):
+def test_nonfinite_steps_are_skipped(tmp_path, data_cache, monkeypatch):
     """lr = 1e30: step 1 is fine, its update blows the parameters up, every later step
     is non-finite and skipped: parameters and optimizer state stay as after step 1."""
-    ov = _nonfinite(tmp_path, data_cache, **{"checkpoint.keep": 6, "train.max_bad_steps": 10})
+    monkeypatch.setattr(D, "MAX_BAD_STEPS", 10)
+    ov = _nonfinite(tmp_path, data_cache, **{"checkpoint.keep": 6})
     res = train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
     assert np.isfinite(res.losses[0]) and not np.isfinite(res.losses[1:]).any()
     assert res.bad_steps == 5
@@ -139,12 +141,13 @@ def _nonfinite(tmp_path, data_cache, **extra):
         "checkpoint.every": 1, **extra})
 
 
-def test_too_many_nonfinite_steps_stop_the_run(tmp_path, data_cache):
-    ov = _nonfinite(tmp_path, data_cache, **{"train.max_bad_steps": 2})
+def test_too_many_nonfinite_steps_stop_the_run(tmp_path, data_cache, monkeypatch):
+    monkeypatch.setattr(D, "MAX_BAD_STEPS", 2)
+    ov = _nonfinite(tmp_path, data_cache)
     with pytest.raises(TrainingStopped) as e:
         train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
     ckpt = tmp_path / "ckpt"
-    assert "2 non-finite steps in a row (train.max_bad_steps=2) at step 3" in str(e.value)
+    assert "2 non-finite steps in a row at step 3" in str(e.value)
     assert f"last good checkpoint in {ckpt}" in str(e.value)
     assert sorted(p.name for p in ckpt.iterdir()) == ["1", "2"]      # complete, no partial
     _, s1, _ = CK.load_checkpoint(ckpt / "1")

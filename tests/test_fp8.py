@@ -89,9 +89,9 @@ def test_fp8_parity(arch, mesh, extra):
 
 
 def test_fp8_refuses_explicit_tp_overlap():
-    with pytest.raises(ConfigError, match="train.fp8 with parallel.tp_comm_overlap"):
+    with pytest.raises(ConfigError, match="train.fp8 with tuning.tp_comm_overlap"):
         tiny_config("gpt", (1, 1, 2), **{"train.fp8": True, "parallel.sequence_parallel": True,
-                                         "parallel.tp_comm_overlap": True})
+                                         "tuning.tp_comm_overlap": True})
     cfg = tiny_config("gpt", (1, 1, 2), **{"train.fp8": True, "parallel.sequence_parallel": True,
                                            "train.global_batch_size": 1})
     assert not cfg.tp_comm_overlap_on       # auto resolves off under FP8

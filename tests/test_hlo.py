@@ -78,7 +78,7 @@ def test_unrolled_layer_gradients_are_not_summed_from_padded_slices():
     (per-layer reduce-scatters) and ZeRO-1 (full-size sums), each with m > 1."""
     for mesh, extra in (((1, 1, 1), {}), ((4, 1, 1), {"parallel.zero": 2}),
                         ((4, 1, 1), {"parallel.zero": 1})):
-        cfg = tiny_config("gpt", mesh, **{"train.scan_layers": False, **extra})
+        cfg = tiny_config("gpt", mesh, **{"tuning.scan_layers": False, **extra})
         assert cfg.num_microbatches > 1 and not cfg.scan_layers_on
         hlo = compile_grad_fn(cfg).as_text()
         L = cfg.model.num_layers

@@ -1,4 +1,4 @@
-"""train.keep_ffn_activation: selective recomputation that keeps the MLP activation's output
+"""tuning.keep_ffn_activation: selective recomputation that keeps the MLP activation's output
 (GeLU / SwiGLU) instead of running the activation again in the backward. The default, auto,
 keeps it under selective recomputation (-1.8 to -2.7% a step, 2x H200, 2026-11-27)."""
 from __future__ import annotations
@@ -18,8 +18,8 @@ from ptdp_jax.plan import cost as plan_cost
 from ptdp_jax.plan.hardware import gpu_kind
 from ptdp_jax.sharding import Sharder
 
-KEEP = {"train.recompute": "selective", "train.keep_ffn_activation": True}
-DROP = {"train.recompute": "selective", "train.keep_ffn_activation": False}
+KEEP = {"train.recompute": "selective", "tuning.keep_ffn_activation": True}
+DROP = {"train.recompute": "selective", "tuning.keep_ffn_activation": False}
 
 
 @pytest.mark.parametrize("arch,mesh,extra", [
@@ -47,16 +47,16 @@ def test_parity_without_it(arch, mesh, extra):
                                               ("full", "full")])
 def test_auto_keeps_it_only_under_selective(recompute, policy):
     cfg = tiny_config("gpt", (1, 1, 1), **{"train.recompute": recompute})
-    assert cfg.train.keep_ffn_activation == "auto" and cfg.train.remat == policy
+    assert cfg.tuning.keep_ffn_activation == "auto" and cfg.remat == policy
 
 
 def _saved(arch: str, keep: bool) -> str:
     cfg = tiny_config(arch, (1, 1, 1), **{"train.recompute": "selective",
-                                          "train.keep_ffn_activation": keep})
+                                          "tuning.keep_ffn_activation": keep})
     mc = cfg.model
     lp = jax.tree.map(lambda a: a[0], M.init_params(mc, 0)["layers"])
     x = jnp.ones((1, mc.seq_len, mc.hidden_size), jnp.float32)
-    f = M.layer_fn(mc, Sharder(), cfg.train.remat)
+    f = M.layer_fn(mc, Sharder(), cfg.remat)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         jax.ad_checkpoint.print_saved_residuals(lambda lp_, x_: f(lp_, x_, 0, None), lp, x)
@@ -69,11 +69,11 @@ def test_the_activation_is_saved_only_when_kept(arch):
 
 
 def test_needs_selective():
-    with pytest.raises(ConfigError, match="train.keep_ffn_activation.*selective.*'full'"):
+    with pytest.raises(ConfigError, match="tuning.keep_ffn_activation.*selective.*'full'"):
         tiny_config("gpt", (1, 1, 1), **{"train.recompute": "full",
-                                          "train.keep_ffn_activation": True})
+                                          "tuning.keep_ffn_activation": True})
     with pytest.raises(ConfigError, match="true, false or auto, got 'sometimes'"):
-        tiny_config("gpt", (1, 1, 1), **{"train.keep_ffn_activation": "sometimes"})
+        tiny_config("gpt", (1, 1, 1), **{"tuning.keep_ffn_activation": "sometimes"})
 
 
 def test_memory_and_planner_count_it():
@@ -83,7 +83,7 @@ def test_memory_and_planner_count_it():
     sel = tiny_config("gpt", (1, 1, 1), **DROP)
     keep = tiny_config("gpt", (1, 1, 1), **KEEP)
     f = sel.model.ffn
-    scale = 4 // 2 if sel.train.dtype == "float32" else 1
+    scale = 4 // 2 if sel.compute_dtype == "float32" else 1
     assert layer_activation_bytes_per_token(keep) - layer_activation_bytes_per_token(sel) \
         == pytest.approx(2.0 * f * scale)
     h100 = gpu_kind("h100")
@@ -115,5 +115,5 @@ def test_planner_drops_it_only_where_keeping_it_does_not_fit():
     assert small_row.fits and small_row.keep_ffn_activation is False
     assert small_row.estimate.step_time_s > big_row.estimate.step_time_s
     assert "| selective+mlp |" in format_table([small_row], 1)
-    [pinned] = plan(cfg, 4, small, 8, fixed={**pin, "train.keep_ffn_activation": True})
+    [pinned] = plan(cfg, 4, small, 8, fixed={**pin, "tuning.keep_ffn_activation": True})
     assert not pinned.fits and "does not fit" in pinned.reason

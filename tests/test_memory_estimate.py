@@ -7,6 +7,7 @@ import pytest
 
 from ptdp_jax import memory
 from ptdp_jax.config import load_config
+from plan_cases import BENCH_RAN
 from ptdp_jax.memory import (GiB, MemoryEstimate, device_memory_bytes, estimate_memory,
                              params_per_device)
 
@@ -14,13 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 B13, B75 = str(ROOT / "configs/bench-1.3b.yaml"), str(ROOT / "configs/gpt-7.5b.yaml")
 MB1 = {"train.micro_batch_size": 1}
 INT = {"parallel.schedule": "interleaved"}
-DYN = {"parallel.static_stash": False}      # the peaks measured before the static stash
+DYN = {"tuning.static_stash": False}      # the peaks measured before the static stash
 OLD = {"_attention_recomputed": True}       # measured while selective recomputation still ran
                                             # the flash attention forward again (2026-11-26)
 PH = {"parallel.schedule": "1f1b-phased"}
 NONE = {"train.recompute": "none"}
 SPN = {**NONE, "parallel.sequence_parallel": True}
-PLAIN = {"parallel.tp_comm_overlap": False}     # measured before the tensor ring existed
+PLAIN = {"tuning.tp_comm_overlap": False}     # measured before the tensor ring existed
 Z3 = {**MB1, "train.global_batch_size": 32, "parallel.zero": 3}
 ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
@@ -44,11 +45,11 @@ MEASURED = [
     (B13, (1, 2, 1), {**MB1, **PH, **OLD}, 16.41, 0.06),
     (B13, (1, 2, 1), {**MB1, **PH, "train.recompute": "none"}, 23.96, 0.05),
     (B13, (1, 2, 1), {**MB1, **INT, **OLD, "parallel.virtual_stages": 2,
-                      "parallel.static_stash": True}, 14.88, 0.05),
+                      "tuning.static_stash": True}, 14.88, 0.05),
     # zero-bubble: the W stash counted (4x H100 and 2x H100, 2026-11-26)
     (B13, (1, 4, 1), {**MB1, **ZV, **OLD}, 12.21, 0.05),
     (B13, (1, 4, 1), {**MB1, **ZV, "train.recompute": "none"}, 18.43, 0.05),
-    (B13, (1, 2, 1), {**MB1, **ZV, **OLD, "parallel.static_stash": True}, 17.07, 0.05),
+    (B13, (1, 2, 1), {**MB1, **ZV, **OLD, "tuning.static_stash": True}, 17.07, 0.05),
     # 2x H100, 2026-11-26: selective keeps the flash attention's output
     (B13, (1, 1, 1), {"train.micro_batch_size": 8}, 38.43, 0.05),
     (B13, (1, 2, 1), {**MB1, **PH}, 16.60, 0.06),
@@ -65,19 +66,19 @@ MEASURED = [
      0.05),
     (B75, (1, 1, 4), {**NONE, "train.global_batch_size": 32, "train.micro_batch_size": 4},
      51.33, 0.05),
-    # 4x H100, 2026-11-28 ((1,1,2): 2x H200): the tensor ring (parallel.tp_comm_overlap,
+    # 4x H100, 2026-11-28 ((1,1,2): 2x H200): the tensor ring (tuning.tp_comm_overlap,
     # on under auto at m = 1) gathers the GEMM inputs again in the backward, nothing kept
     (B13, (1, 1, 4), {**SPN, "train.micro_batch_size": 16}, 21.30, 0.05),
     (B13, (1, 1, 2), {**SPN, "train.micro_batch_size": 16}, 42.28, 0.05),
     (B13, (2, 1, 2), {**SPN, **BF16R, "train.micro_batch_size": 8}, 25.63, 0.06),
     (B75, (1, 1, 4), {**SPN, "train.global_batch_size": 32, "train.micro_batch_size": 8,
-                      "parallel.tp_comm_overlap": True}, 56.62, 0.05),
+                      "tuning.tp_comm_overlap": True}, 56.62, 0.05),
     # zero=3 (4,1,1), micro 1: scanned layers (the residuals twice), unrolled (gathers early;
     # without recomputation every gathered weight kept for the backward)
     (B75, (4, 1, 1), {**Z3, "train.recompute": "selective"}, 46.17, 0.05),
-    (B75, (4, 1, 1), {**Z3, "train.recompute": "selective", "train.scan_layers": False}, 41.60,
+    (B75, (4, 1, 1), {**Z3, "train.recompute": "selective", "tuning.scan_layers": False}, 41.60,
      0.05),
-    (B75, (4, 1, 1), {**Z3, **NONE, "train.scan_layers": False}, 55.97, 0.05),
+    (B75, (4, 1, 1), {**Z3, **NONE, "tuning.scan_layers": False}, 55.97, 0.05),
     # 4x H200, 2026-11-27, 7.5B (4,1,1) selective: zero=1 and zero=2 (the float32 gradient
     # sums twice, ACC_CARRY_COPIES); estimates 4-7% under
     (B75, (4, 1, 1), {**B75_32, "parallel.zero": 1}, 102.28, 0.06),
@@ -90,7 +91,7 @@ MEASURED = [
     # zero 3 unrolled and zero 2 at micro 2 (bf16 reduction; zero 2 with the per-layer sums;
     # the same case took 67.64 on H200: the peak follows the card's memory)
     (B75, (2, 2, 1), {**B75_32, **PH, "parallel.zero": 1}, 59.97, 0.05),
-    (B75, (4, 1, 1), {**B75_32, **BF16R, "parallel.zero": 3, "train.scan_layers": False,
+    (B75, (4, 1, 1), {**B75_32, **BF16R, "parallel.zero": 3, "tuning.scan_layers": False,
                       "train.micro_batch_size": 2}, 47.49, 0.05),
     (B75, (4, 1, 1), {**B75_32, **BF16R, "parallel.zero": 2, "train.micro_batch_size": 2}, 59.28,
      0.10),
@@ -109,7 +110,8 @@ def cfg_of(path, mesh, overrides):
     """Rows measured before 2026-11-27 (late morning) recomputed the MLP activation under
     selective."""
     d, p, t = mesh
-    return load_config(path, {"train.keep_ffn_activation": False, **overrides,
+    ran = BENCH_RAN if path == B13 else {}
+    return load_config(path, {"tuning.keep_ffn_activation": False, **ran, **overrides,
                               "parallel.data": d, "parallel.pipe": p, "parallel.tensor": t})
 
 
@@ -200,9 +202,9 @@ def test_selective_keeps_the_flash_attention_outputs():
     assert kept(cfg_of(B13, (1, 4, 1), sel)) == 2 * h + 4 * n
     assert kept(cfg_of(B13, (1, 1, 4), sel)) == (2 * h + 4 * n) / 4
     assert kept(cfg_of(B13, (1, 2, 2), sel)) == (2 * h + 4 * n) / 2 == kept(cfg_of(B13, (2, 1, 2), sel))
-    assert kept(cfg_of(B13, (1, 4, 1), {**sel, "model.attention": "xla"})) == 0
+    assert kept(cfg_of(B13, (1, 4, 1), {**sel, "tuning.attention": "xla"})) == 0
     assert kept(cfg_of(B13, (1, 4, 1), {**sel, "train.dtype": "float32"})) == 0
     with_it = estimate_memory(cfg_of(B13, (1, 4, 1), sel)).activations
-    none_kept = estimate_memory(cfg_of(B13, (1, 4, 1), {**sel, "model.attention": "xla"}))
+    none_kept = estimate_memory(cfg_of(B13, (1, 4, 1), {**sel, "tuning.attention": "xla"}))
     slots, layers, tokens = 4, 6, 2048             # 1F1B stage 0 (static stash), 24 / 4 layers
     assert with_it - none_kept.activations == slots * layers * tokens * (2 * h + 4 * n)

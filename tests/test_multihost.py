@@ -38,17 +38,11 @@ RUN_TIMEOUT = 240                               # s, one multi-process run (star
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
-@pytest.fixture(scope="module")
-def data_cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("data_cache")
-
-
 def tiny(tmp_path, data_cache, **extra) -> dict:
     ov = {"model.num_layers": 4, "model.hidden_size": 32, "model.num_heads": 4,
           "model.seq_len": 16, "train.global_batch_size": B, "train.micro_batch_size": 1,
-          "train.steps": 3, "train.warmup_steps": 1, "run.progress": False,
-          "run.tensorboard": False, "train.eval_every": 0, "train.sample_tokens": 0,
-          "data.cache_dir": str(data_cache), "run.dir": str(Path(tmp_path) / "run")}
+          "train.steps": 3, "train.warmup_steps": 1, "train.eval_every": 0, "train.sample_tokens": 0,
+          "run.dir": str(Path(tmp_path) / "run")}
     ov.update(extra)
     return ov
 
@@ -341,7 +335,7 @@ def test_tensor_across_hosts_is_refused(tmp_path, data_cache):
     assert ("ptdp-train: config error: parallel.tensor=8 would split tensor-parallel groups "
             "across hosts: each of the 2 processes has 4 devices, and parallel.tensor must "
             "divide 4") in g.log(1)
-    assert "parallel.allow_cross_host_tensor=true" in g.log(1)
+    assert "tuning.allow_cross_host_tensor=true" in g.log(1)
 
 
 # ----------------------------------------------------------------------------- no processes

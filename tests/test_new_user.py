@@ -204,8 +204,7 @@ def test_vocab_size_follows_the_data(trained_bpe, tmp_path):
     assert load_config(overrides={}).model.vocab_size == 257             # embedded corpus
     (tmp_path / "c.yaml").write_text(f"model:\n  vocab_size: 512\ndata:\n  path: [{prefix}]\n")
     assert load_config(tmp_path / "c.yaml").model.vocab_size == 512
-    small = load_config("configs/tiny-gpt.yaml", {"data.path": str(prefix),
-                                                  "data.cache_dir": str(tmp_path)})
+    small = load_config("configs/tiny-gpt.yaml", {"data.path": str(prefix)})
     assert small.model.vocab_size == 257                                 # the file sets it
     with pytest.raises(ConfigError, match=f"vocabulary {ids} but model.vocab_size=257"):
         open_streams(small)

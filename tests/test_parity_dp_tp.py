@@ -43,7 +43,7 @@ def test_attention_runs_per_device_on_data_tensor_meshes(scan):
     used on GPU), except inside a layer scan (Shardy rejects the region there): the lowered
     step holds one manual computation per layer and microbatch body more than the outer one."""
     from compiled import _lowered
-    cfg = tiny_config("gpt", (2, 1, 4), **{"train.scan_layers": scan})
+    cfg = tiny_config("gpt", (2, 1, 4), **{"tuning.scan_layers": scan})
     text = _lowered(cfg).as_text()
     regions = text.count("sdy.manual_computation")
     if scan:

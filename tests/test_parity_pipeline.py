@@ -25,10 +25,9 @@ ZP = {"parallel.schedule": "zb-phased"}
 FULL = {"train.recompute": "full"}
 SEL = {"train.recompute": "selective"}
 SG = {"parallel.scatter_gather": True}
-DYN = {"parallel.static_stash": False}    # the residual stash indexed per tick
-STAT = {"parallel.static_stash": True}    # a buffer per slot (auto: only for 1f1b, 1f1b-phased)
+DYN = {"tuning.static_stash": False}    # the residual stash indexed per tick
+STAT = {"tuning.static_stash": True}    # a buffer per slot (auto: only for 1f1b, 1f1b-phased)
 M3P = {"train.global_batch_size": 6, "train.micro_batch_size": 1}   # m = 6 = 3p for p = 2
-OV = {"parallel.overlap_p2p": False}      # the phased schedules' default is on (auto)
 
 
 def mb(m, d=1):
@@ -108,7 +107,7 @@ CASES = [
     ("gpt", (1, 4, 1), {**ZP, "parallel.virtual_stages": 2, **mb(4)}),   # ... interleaved
     ("llama", (2, 2, 2), {**ZP, "parallel.virtual_stages": 2, **mb(2, 2), **SEL, **SG}),
     ("gpt", (1, 2, 1), {**ZP, "parallel.virtual_stages": 2, **mb(8), **FULL}),
-    # the residual stash the other way round from parallel.static_stash=auto: indexed per tick
+    # the residual stash the other way round from tuning.static_stash=auto: indexed per tick
     # for 1f1b and 1f1b-phased, a buffer per slot for the others
     ("gpt", (1, 4, 1), {**F1, **mb(8), **DYN}),
     ("gpt", (2, 2, 2), {**PH, **mb(2, 2), **SEL, **SG, **DYN}),
@@ -117,13 +116,13 @@ CASES = [
     ("gpt", (2, 2, 2), {**I2, **mb(2, 2), **SEL, **STAT}),
     ("llama", (2, 4, 1), {**ZB, **mb(4, 2), **SEL, **STAT}),
     ("llama", (2, 2, 1), {**ZV, **mb(2, 2), "parallel.stage_layers": (3, 1, 2, 2), **STAT}),
-    # parallel.overlap_p2p=false: the steady forward row's message filed before the backward
-    # row's op (auto, the default, files it after: every other phased case here)
-    ("gpt", (1, 4, 1), {**PH, **mb(8), **OV}),
-    ("gpt", (2, 2, 2), {**PH2, **mb(2, 2), **SEL, **SG, **OV}),
-    ("llama", (2, 4, 1), {**ZP, **mb(4, 2), **SEL, **OV}),
-    ("gpt", (1, 2, 4), {**ZP, "parallel.virtual_stages": 2, **mb(8), **FULL, **DYN, **OV}),
-    ("llama", (1, 4, 2), {**PH2, **mb(8), **OV}),
+    # more phased tables: the steady forward row's message filed after the backward row's op
+    # (decisions.overlap_p2p), on more meshes
+    ("gpt", (1, 4, 1), {**PH, **mb(8)}),
+    ("gpt", (2, 2, 2), {**PH2, **mb(2, 2), **SEL, **SG}),
+    ("llama", (2, 4, 1), {**ZP, **mb(4, 2), **SEL}),
+    ("gpt", (1, 2, 4), {**ZP, "parallel.virtual_stages": 2, **mb(8), **FULL, **DYN}),
+    ("llama", (1, 4, 2), {**PH2, **mb(8)}),
     # a padded vocabulary (128) that 3 stages cannot share: the head stays on the last stage
     ("gpt", (1, 3, 1), {**F1, **mb(4), "parallel.stage_layers": (3, 3, 2), "model.vocab_size": 100}),
     ("llama", (2, 3, 1), {**F1, **mb(2, 2), "parallel.stage_layers": "auto",
@@ -150,10 +149,8 @@ def _id(case):
         tags.append(o["train.recompute"])
     if o.get("parallel.scatter_gather"):
         tags.append("sg")
-    if "parallel.static_stash" in o:
-        tags.append("static" if o["parallel.static_stash"] else "dyn")
-    if "parallel.overlap_p2p" in o:
-        tags.append("overlap" if o["parallel.overlap_p2p"] else "nooverlap")
+    if "tuning.static_stash" in o:
+        tags.append("static" if o["tuning.static_stash"] else "dyn")
     if "parallel.stage_layers" in o:
         sl = o["parallel.stage_layers"]
         tags.append("layers-" + (sl if isinstance(sl, str) else "".join(map(str, sl))))

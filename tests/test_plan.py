@@ -148,7 +148,7 @@ def test_xla_attention_only_in_a_layer_scan():
     base = dict(parallel__data=2, parallel__tensor=2, parallel__pipe=1)
     assert not plan_cost.uses_xla_attention(config("bench-1.3b", **base), H100)
     assert plan_cost.uses_xla_attention(config("bench-1.3b", **base, parallel__zero=3), H100)
-    assert plan_cost.uses_xla_attention(config("bench-1.3b", **base, train__scan_layers=True),
+    assert plan_cost.uses_xla_attention(config("bench-1.3b", **base, tuning__scan_layers=True),
                                         H100)
     assert not plan_cost.uses_xla_attention(config("bench-1.3b", **base, parallel__zero=3), A100)
 

@@ -15,7 +15,7 @@ from plan_cases import H100, H200_BEFORE_S36, config
 
 B13 = dict(train__micro_batch_size=1)
 # (config, overrides, measured step s on 4x H100 80GB HBM3, 2026-11-26)
-DYN = dict(parallel__static_stash=False)     # measured before the static stash
+DYN = dict(tuning__static_stash=False)     # measured before the static stash
 H100_MEASURED = [
     ("bench-1.3b", dict(train__micro_batch_size=8), 0.6236),
     ("bench-1.3b", dict(**B13, **DYN, parallel__pipe=4), 0.2446),
@@ -37,11 +37,11 @@ def test_our_h100_measurements(name, overrides, measured_s, monkeypatch):
 # (1,2,1) m 16 on 2x H100, 2026-11-26, the residual stash both ways
 PH = dict(B13, parallel__pipe=2, parallel__schedule="1f1b-phased")
 STASH_MEASURED = [
-    (dict(PH, parallel__static_stash=False), 0.4009),
+    (dict(PH, tuning__static_stash=False), 0.4009),
     (PH, 0.3759),
-    (dict(PH, train__recompute="none", parallel__static_stash=False), 0.4739),
+    (dict(PH, train__recompute="none", tuning__static_stash=False), 0.4739),
     (dict(PH, train__recompute="none"), 0.3981),
-    (dict(B13, parallel__pipe=2, parallel__static_stash=False), 0.4205),
+    (dict(B13, parallel__pipe=2, tuning__static_stash=False), 0.4205),
     (dict(B13, parallel__pipe=2), 0.4172),
 ]
 
@@ -79,11 +79,11 @@ H200_S14 = [
     ("bench-1.3b", (4, 1, 1), dict(train__micro_batch_size=4, train__recompute="none",
                                    parallel__grad_reduce_dtype="bfloat16"), 0.1554),
     ("bench-1.3b", (4, 1, 1), dict(train__micro_batch_size=4, train__recompute="none",
-                                   parallel__zero=1, parallel__overlap_grad_reduce=False), 0.1646),
+                                   parallel__zero=1, tuning__overlap_grad_reduce=False), 0.1646),
     ("gpt-7.5b", (4, 1, 1), dict(B13, train__global_batch_size=32, parallel__zero=3,
-                                 train__recompute="none", train__scan_layers=False), 2.4872),
+                                 train__recompute="none", tuning__scan_layers=False), 2.4872),
     ("gpt-7.5b", (4, 1, 1), dict(B13, train__global_batch_size=32, parallel__zero=3,
-                                 train__recompute="selective", train__scan_layers=False), 2.5685),
+                                 train__recompute="selective", tuning__scan_layers=False), 2.5685),
 ]
 
 
@@ -220,8 +220,8 @@ def test_h200_tick_interleaved_priced_above_the_phased_schedules():
 # 1x H100, 2026-11-27: p = 1 with the GEMM weights' float32 sums inside the GEMM; the MLP
 # activation kept (selective's default)
 H100_S22 = [
-    (dict(B13, train__micro_batch_size=1, train__keep_ffn_activation="auto"), 0.6356),
-    (dict(B13, train__micro_batch_size=8, train__keep_ffn_activation="auto"), 0.5444),
+    (dict(B13, train__micro_batch_size=1, tuning__keep_ffn_activation="auto"), 0.6356),
+    (dict(B13, train__micro_batch_size=8, tuning__keep_ffn_activation="auto"), 0.5444),
     (dict(B13, train__micro_batch_size=8, train__recompute="none"), 0.5365),
 ]
 
@@ -239,5 +239,5 @@ def test_unrolled_p1_sums_in_the_gemm():
     from ptdp_jax.plan.cost import accumulate_seconds
     unrolled = config("bench-1.3b", **dict(B13, train__micro_batch_size=1))
     scanned = config("bench-1.3b", **dict(B13, train__micro_batch_size=1,
-                                          train__scan_layers=True))
+                                          tuning__scan_layers=True))
     assert accumulate_seconds(unrolled, H100) < 0.55 * accumulate_seconds(scanned, H100)

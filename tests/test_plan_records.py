@@ -41,7 +41,7 @@ def _plan_vs_measured():
 def test_our_h100_2026_11_27_measurements(case):
     assert "H100" in case["device"]
     # the defaults then: the tensor ring (auto) became the default on 2026-11-28
-    case = dict(case, overrides=case["overrides"] + ["parallel.tp_comm_overlap=false"])
+    case = dict(case, overrides=case["overrides"] + ["tuning.tp_comm_overlap=false"])
     step, gib = _plan_vs_measured().predict(case)
     assert step == pytest.approx(case["step_time_s"], rel=0.10)
     assert 0.97 <= gib / max(case["peak_mem_gib"]) <= 1.20
@@ -55,7 +55,7 @@ def test_plan_vs_measured_names_records_it_cannot_predict():
     assert any("| 1gpu-none-mb4 |" in r and "| 0.5560 |" in r for r in out)
 
 
-# the tensor ring (parallel.tp_comm_overlap, on under auto at m = 1): 4x H100 and 2x H200,
+# the tensor ring (tuning.tp_comm_overlap, on under auto at m = 1): 4x H100 and 2x H200,
 # 2026-11-28, every ring case of those runs as run; the planner counts tp_ring_share(t) of the
 # tensor collectives, the memory model no gathered GEMM inputs
 RING_CASES = [case for name in ("2026-11-28-4xh100", "2026-11-28-2xh200") for case in records(
@@ -75,13 +75,13 @@ def test_tensor_ring_cheaper_than_plain_at_m1_only():
               parallel__sequence_parallel=True)
     ring = estimate_step(config("bench-1.3b", **dict(sp, parallel__tensor=4)), H100, 8)
     plain = estimate_step(config("bench-1.3b", **dict(sp, parallel__tensor=4,
-                                                      parallel__tp_comm_overlap=False)), H100, 8)
+                                                      tuning__tp_comm_overlap=False)), H100, 8)
     assert ring.step_time_s < plain.step_time_s and ring.memory.total < plain.memory.total
     assert tp_ring_share(2) == 0.5 and tp_ring_share(4) == 0.75
     forced = dict(sp, train__micro_batch_size=4, parallel__tensor=4)     # m = 4: counted whole
-    on = estimate_step(config("bench-1.3b", **dict(forced, parallel__tp_comm_overlap=True)),
+    on = estimate_step(config("bench-1.3b", **dict(forced, tuning__tp_comm_overlap=True)),
                        H100, 8)
-    off = estimate_step(config("bench-1.3b", **dict(forced, parallel__tp_comm_overlap=False)),
+    off = estimate_step(config("bench-1.3b", **dict(forced, tuning__tp_comm_overlap=False)),
                         H100, 8)
     assert on.pipeline_s == pytest.approx(off.pipeline_s)
 
@@ -131,7 +131,7 @@ H200_1128 = [
     ((1, 1, 1), "train.micro_batch_size=8 train.recompute=none", 0.5330),      # 4x ...-gpu0
     ((2, 1, 1), DP_Z2 + "train.micro_batch_size=8", 0.2655),                    # 2x dp2-zero2
     ((1, 1, 2), SP_NONE + "train.micro_batch_size=16", 0.2911),                 # 2x tp2-sp-mb16
-    ((1, 1, 2), SP_NONE + "train.micro_batch_size=16 parallel.tp_comm_overlap=false",
+    ((1, 1, 2), SP_NONE + "train.micro_batch_size=16 tuning.tp_comm_overlap=false",
      0.3123),                                                                   # 4x tp2-noring
     ((4, 1, 1), DP_Z2 + "train.micro_batch_size=4", 0.1364),                    # 4x dp4-zero2
     ((2, 1, 2), SP_NONE + "train.micro_batch_size=8 parallel.grad_reduce_dtype=bfloat16",

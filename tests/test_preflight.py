@@ -46,7 +46,7 @@ def test_models_too_big_for_the_devices_are_refused(device_gib, capsys, config, 
     device_gib(2.94)
     assert cli_main([config, "--mesh", mesh, "train.steps=2"]) == ExitCode.CONFIG
     err = capsys.readouterr().err
-    for w in words + ["but a CPU device has 2.94 GiB", "train.skip_memory_check=true"]:
+    for w in words + ["but a CPU device has 2.94 GiB", "tuning.skip_memory_check=true"]:
         assert w in err, (w, err)
     assert len(err.strip().splitlines()) == 1
 
@@ -67,7 +67,7 @@ def test_refusal_names_settings_that_fit(device_gib):
                                                        "train.recompute": "selective"})
     assert PF.check_memory(fixed).total < 0.9 * GiB
     assert PF.check_memory(resolve_config(
-        "configs/demo.yaml", None, {"model.seq_len": 4096, "train.skip_memory_check": True})) is None
+        "configs/demo.yaml", None, {"model.seq_len": 4096, "tuning.skip_memory_check": True})) is None
 
 
 def test_refusal_names_the_mlp_activation_under_selective(device_gib):
@@ -77,9 +77,9 @@ def test_refusal_names_the_mlp_activation_under_selective(device_gib):
     ov = {"model.seq_len": 4096, "train.recompute": "selective"}
     with pytest.raises(PF.MemoryCheckError) as e:
         PF.check_memory(resolve_config("configs/demo.yaml", None, ov))
-    assert "Settings that fit (by the estimate): train.keep_ffn_activation=false (0.71 GiB)" \
+    assert "Settings that fit (by the estimate): tuning.keep_ffn_activation=false (0.71 GiB)" \
         in str(e.value)
-    fixed = resolve_config("configs/demo.yaml", None, {**ov, "train.keep_ffn_activation": False})
+    fixed = resolve_config("configs/demo.yaml", None, {**ov, "tuning.keep_ffn_activation": False})
     assert PF.check_memory(fixed).total < 0.74 * GiB
 
 
@@ -105,9 +105,8 @@ def test_compiled_step_checked_before_it_runs(tmp_path, data_cache, device_gib, 
     setting it names passes XLA's check too."""
     device_gib(1.5, allow_compile=True)
     ran = []
-    ov = {"model.seq_len": 4096, "train.steps": 1, "run.progress": False,
-          "run.tensorboard": False, "run.dir": str(tmp_path / "run"),
-          "data.cache_dir": str(data_cache), "train.sample_tokens": 0}
+    ov = {"model.seq_len": 4096, "train.steps": 1, "run.dir": str(tmp_path / "run"),
+          "train.sample_tokens": 0}
     orig = T._restore_or_init
     monkeypatch.setattr(T, "_restore_or_init", lambda *a, **k: ran.append(1) or orig(*a, **k))
     with pytest.raises(PF.MemoryCheckError, match=r"the compiled train step \(XLA's memory "

@@ -17,6 +17,7 @@ import yaml
 
 import helpers_ckpt as H
 from ptdp_jax import checkpoint as CK
+from ptdp_jax import decisions as D
 from ptdp_jax.cli import main as cli_main
 from ptdp_jax.config import load_config
 from ptdp_jax.exits import ExitCode
@@ -90,7 +91,7 @@ def test_resolved_config_saved_in_run_dir(tmp_path, data_cache):
 
 # ----------------------------------------------------------------------------- item 8
 
-def test_validation_loss_logged_without_a_bar_and_kept_on_it(tmp_path, data_cache):
+def test_validation_loss_logged_without_a_bar_and_kept_on_it(tmp_path, data_cache, monkeypatch):
     log = H.Log()
     res = train(mesh_shape=(1, 1, 1), log=log, overrides=small(
         tmp_path, data_cache, **{"train.eval_every": 2, "checkpoint.dir": ""}))
@@ -98,7 +99,8 @@ def test_validation_loss_logged_without_a_bar_and_kept_on_it(tmp_path, data_cach
     assert f"step 2/4 val loss {v2:.4f} (perplexity {math.exp(v2):.2f})" in log.text
     # with a bar: messages go through the bar's write, the val loss stays on it
     from ptdp_jax.runlog import RunLog
-    cfg = resolve_config(None, (1, 1, 1), small(tmp_path, data_cache, **{"run.progress": True}))
+    cfg = resolve_config(None, (1, 1, 1), small(tmp_path, data_cache))
+    monkeypatch.setattr(D, "progress_bar", lambda stream=None: True)     # as on a terminal
     lines = []
     rl = RunLog(cfg, lines.append, 0, "test-run")
     written = []
@@ -114,8 +116,7 @@ def test_validation_loss_logged_without_a_bar_and_kept_on_it(tmp_path, data_cach
 
 def test_done_line_names_the_step_of_the_val_loss():
     from ptdp_jax.runlog import RunLog
-    cfg = load_config(overrides={"run.progress": False, "run.tensorboard": False,
-                                 "run.dir": "/tmp/unused"})
+    cfg = load_config(overrides={"run.dir": "/tmp/unused"})
     lines = []
     rl = RunLog.__new__(RunLog)
     rl.enabled, rl.bar, rl.log, rl.start, rl.last_val = True, None, lines.append, 0, (2, 1.5)
@@ -267,10 +268,9 @@ def test_extend_a_finished_run_keeps_its_schedule(tmp_path, data_cache):
     assert [m["lr"] for m in metrics(tmp_path)][2:] == pytest.approx([1e-3, 1e-3])
 
 
-def test_dispatch_ahead_reads_a_step_while_the_next_runs(tmp_path, data_cache, monkeypatch):
-    """train.dispatch_ahead: step n + 1 is dispatched before step n's metrics are read, except
-    where something needs step n's state (the checkpoint of step 3, the evaluation at step 4,
-    the last step); the losses are bit for bit those of the loop that waits for every step."""
+def test_the_loop_reads_a_step_while_the_next_runs(tmp_path, data_cache, monkeypatch):
+    """Step n + 1 is dispatched before step n's metrics are read, except where something needs
+    step n's state (the checkpoint of step 3, the evaluation at step 4, the last step)."""
     events = []
     compile_step, read = T._compile_step, T._read
 
@@ -294,11 +294,6 @@ def test_dispatch_ahead_reads_a_step_while_the_next_runs(tmp_path, data_cache, m
     assert events == ["dispatch", "dispatch", "read 1", "dispatch", "read 2", "read 3",
                       "dispatch", "read 4", "dispatch", "dispatch", "read 5", "read 6"]
     assert [s for s, _ in ahead.val_losses] == [4, 6]
-    events.clear()
-    waited = train(mesh_shape=(1, 1, 1), log=H.Log(), overrides={
-        **ov, "train.dispatch_ahead": False, "checkpoint.dir": str(tmp_path / "ckpt2")})
-    assert events == [e for n in range(1, 7) for e in ("dispatch", f"read {n}")]
-    assert waited.losses == ahead.losses and waited.val_losses == ahead.val_losses
 
 
 # ----------------------------------------------------------------------------- logging

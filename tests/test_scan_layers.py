@@ -1,4 +1,4 @@
-"""train.scan_layers: the layers unrolled (default) and in a lax.scan compute the same loss and
+"""tuning.scan_layers: the layers unrolled (default) and in a lax.scan compute the same loss and
 gradients, for every recompute mode and both architectures (the same function, only XLA's
 program differs)."""
 from __future__ import annotations

@@ -128,7 +128,7 @@ def test_layer_all_reduces_become_reduce_scatter_and_all_gather(arch, tmp_path):
     Megatron, each becomes a reduce-scatter, and there are 6 all-gathers: 2 before the
     column-parallel GEMMs, 2 in the backward as the reduce-scatters' transposes, 2 in the
     backward again for the weight gradients (the gathered input is not kept)."""
-    scan = {"train.scan_layers": True}        # one layer's ops: those under the layer scan
+    scan = {"tuning.scan_layers": True}        # one layer's ops: those under the layer scan
     plain = layer_collectives(tiny_config(arch, (1, 1, 8), **scan), tmp_path / "plain")
     sp = layer_collectives(tiny_config(arch, (1, 1, 8), **SP, **scan), tmp_path / "sp")
     assert plain == {"all-reduce": 6 if arch == "gpt" else 7, "reduce-scatter": 0,
@@ -143,7 +143,7 @@ def test_split_by_rows_where_t_divides_the_microbatch(micro, dim, tmp_path):
     activations are split by rows (every all-gather along dim 0); otherwise by sequence (dim
     1). Same collectives either way."""
     from ptdp_jax.sharding import sequence_parallel_rows
-    cfg = tiny_config("gpt", (1, 1, 8), **SP, **{"train.scan_layers": True,
+    cfg = tiny_config("gpt", (1, 1, 8), **SP, **{"tuning.scan_layers": True,
                                                  "train.micro_batch_size": micro})
     assert sequence_parallel_rows(cfg) == (dim == 0)
     dims = []
@@ -189,7 +189,7 @@ def test_activation_memory_drops_at_1x1x8(arch, recompute):
     t = 8
     # layers in a scan: what the backward keeps is then one stacked buffer per residual
     cfgs = [tiny_config(arch, (1, 1, t), **MEM, **{"train.recompute": recompute,
-                                                   "train.scan_layers": True, **extra})
+                                                   "tuning.scan_layers": True, **extra})
             for extra in ({}, SP)]
     plain, sp = (compile_grad_fn(c).memory_analysis().temp_size_in_bytes for c in cfgs)
     m = cfgs[0].model
@@ -208,7 +208,7 @@ def test_memory_estimate_counts_the_saving():
         return load_config(ROOT / "configs/bench-1.3b.yaml", {     # (head-split, not by sequence)
             "parallel.tensor": t, "parallel.pipe": pipe, "train.recompute": recompute,
             "train.micro_batch_size": 1, "parallel.sequence_parallel": sp,
-            "model.attention": "xla"})
+            "tuning.attention": "xla"})
     for mode in ("none", "selective", "full"):
         one = layer_activation_bytes_per_token(cfg(1, False, mode))
         assert layer_activation_bytes_per_token(cfg(4, True, mode)) == pytest.approx(one / 4)

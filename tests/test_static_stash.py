@@ -1,4 +1,4 @@
-"""parallel.static_stash (auto: on for 1f1b and 1f1b-phased): a switch branch per (op, residual stash slot), so the
+"""tuning.static_stash (auto: on for 1f1b and 1f1b-phased): a switch branch per (op, residual stash slot), so the
 slot is a trace-time constant and the layers write and read their residuals in place.
 Parity of both stash layouts against the one-device model is in test_parity_pipeline.py."""
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _indexed_accesses(layers: int, static: bool, schedule: str = "1f1b-phased"
     from parity import tiny_config
     text = _lowered(tiny_config("gpt", (1, 2, 1), **{
         "parallel.schedule": schedule, "train.micro_batch_size": 2,
-        "model.num_layers": layers, "parallel.static_stash": static})).as_text()
+        "model.num_layers": layers, "tuning.static_stash": static})).as_text()
     lines = text.splitlines()
     writes = sum("stablehlo.dynamic_update_slice" in ln or "stablehlo.scatter" in ln
                  for ln in lines)
@@ -94,7 +94,7 @@ def test_gpu_compiles_static_stash_with_region_analysis():
     assert compiler_options(cfg, _mesh("gpu")) == {
         **no_merge, "xla_gpu_copy_insertion_use_region_analysis": True}
     assert compiler_options(cfg, _mesh("cpu")) == {}
-    off = tiny_config("gpt", (1, 2, 1), **{"parallel.static_stash": False})
+    off = tiny_config("gpt", (1, 2, 1), **{"tuning.static_stash": False})
     assert compiler_options(off, _mesh("gpu")) == no_merge
     assert compiler_options(tiny_config("gpt", (2, 1, 1)), _mesh("gpu")) == no_merge
 
@@ -122,7 +122,7 @@ def test_memory_estimate_counts_no_trash_slot():
     from ptdp_jax.memory import stash_slots
     o = {"parallel.schedule": "1f1b-phased", "train.micro_batch_size": 1}
     static = stash_slots(tiny_config("gpt", (1, 4, 1), **o))
-    dynamic = stash_slots(tiny_config("gpt", (1, 4, 1), **o, **{"parallel.static_stash": False}))
+    dynamic = stash_slots(tiny_config("gpt", (1, 4, 1), **o, **{"tuning.static_stash": False}))
     assert static == S.build_schedule("1f1b-phased", 4, 8).num_stash_slots == 7
     assert dynamic == static + 1
 
@@ -137,21 +137,21 @@ def test_auto_is_on_where_the_branches_stay_few():
                     ("zb-h1", 1), ("zb-v", 2)):
         cfg = tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": name,
                                                "parallel.virtual_stages": v})
-        got[name] = cfg.parallel.static_stash_on
+        got[name] = cfg.static_stash_on
     assert got == {"1f1b": True, "1f1b-phased": True, "gpipe": False, "interleaved": False,
                    "zb-h1": False, "zb-v": False}
     forced = tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "gpipe",
-                                              "parallel.static_stash": True})
-    assert forced.parallel.static_stash_on
+                                              "tuning.static_stash": True})
+    assert forced.static_stash_on
     assert S.build_schedule("gpipe", 2, 16).num_stash_slots == 16      # why not gpipe
 
 
 def test_bad_value_is_refused_before_compiling():
     from parity import tiny_config
     from ptdp_jax.config import ConfigError
-    with pytest.raises(ConfigError, match="parallel.static_stash must be true, false or auto, "
+    with pytest.raises(ConfigError, match="tuning.static_stash must be true, false or auto, "
                                           "got 'yes please'"):
-        tiny_config("gpt", (1, 2, 1), **{"parallel.static_stash": "yes please"})
+        tiny_config("gpt", (1, 2, 1), **{"tuning.static_stash": "yes please"})
 
 
 def test_static_stash_needs_less_memory():
@@ -164,7 +164,7 @@ def test_static_stash_needs_less_memory():
     def temp_bytes(static):
         cfg = tiny_config("gpt", (1, 2, 1), **{
             "parallel.schedule": "1f1b-phased", "train.micro_batch_size": 1,
-            "model.hidden_size": 128, "model.seq_len": 64, "parallel.static_stash": static})
+            "model.hidden_size": 128, "model.seq_len": 64, "tuning.static_stash": static})
         return compile_grad_fn(cfg).memory_analysis().temp_size_in_bytes
 
     assert temp_bytes(True) < temp_bytes(False)

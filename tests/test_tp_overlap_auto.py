@@ -1,4 +1,4 @@
-"""parallel.tp_comm_overlap=auto: the ring of models/tp_overlap.py, with XLA's peer-mode
+"""tuning.tp_comm_overlap=auto: the ring of models/tp_overlap.py, with XLA's peer-mode
 permutes (copy-engine copies between the GPUs of one process), where it was measured faster:
 sequence parallelism over tensor > 1, no pipelining, layers unrolled, one microbatch a step, on
 GPUs whose tensor groups each live in one process. Off on CPU and across processes (there XLA
@@ -10,7 +10,8 @@ import pytest
 
 from ptdp_jax.config import ConfigError, load_config
 from ptdp_jax.sharding import Sharder, tp_overlap_on
-from ptdp_jax.step import PERMUTE_PEER_MODE, compiler_options
+from ptdp_jax.decisions import PERMUTE_PEER_MODE
+from ptdp_jax.step import compiler_options
 from ptdp_jax.validation import validate
 
 SP4 = {"parallel.sequence_parallel": True, "parallel.tensor": 4,
@@ -36,9 +37,9 @@ def fake_mesh(shape, platform="gpu", processes=None):
     ({"parallel.sequence_parallel": False}, False),
     ({"parallel.tensor": 1}, False),
     ({"parallel.pipe": 2, "train.global_batch_size": 32}, False),
-    ({"train.scan_layers": True}, False),
-    ({"parallel.tp_comm_overlap": True, "train.global_batch_size": 64}, True),   # as given
-    ({"parallel.tp_comm_overlap": False}, False),
+    ({"tuning.scan_layers": True}, False),
+    ({"tuning.tp_comm_overlap": True, "train.global_batch_size": 64}, True),   # as given
+    ({"tuning.tp_comm_overlap": False}, False),
 ])
 def test_resolved_from_the_config(ov, on):
     assert cfg(**ov).tp_comm_overlap_on is on
@@ -55,13 +56,13 @@ def test_auto_needs_gpus_of_one_process():
     assert tp_overlap_on(c2, fake_mesh((2, 1, 2), processes=[0, 0, 1, 1]))
     assert not tp_overlap_on(c2, fake_mesh((2, 1, 2), processes=[0, 1, 0, 1]))
     # true is taken as given, wherever it runs
-    assert tp_overlap_on(cfg(**{"parallel.tp_comm_overlap": True}), fake_mesh((1, 1, 4), "cpu"))
+    assert tp_overlap_on(cfg(**{"tuning.tp_comm_overlap": True}), fake_mesh((1, 1, 4), "cpu"))
 
 
 def test_peer_mode_where_the_ring_runs():
     assert compiler_options(cfg(), fake_mesh((1, 1, 4)))["xla_gpu_collective_permute_mode"] \
         == PERMUTE_PEER_MODE == "COLLECTIVES_PEER_MEMORY"
-    for c in (cfg(**{"parallel.tp_comm_overlap": False}), cfg(**{"train.global_batch_size": 32})):
+    for c in (cfg(**{"tuning.tp_comm_overlap": False}), cfg(**{"train.global_batch_size": 32})):
         assert "xla_gpu_collective_permute_mode" not in compiler_options(c, fake_mesh((1, 1, 4)))
 
 
@@ -75,16 +76,13 @@ def test_cpu_keeps_gspmd_collectives():
 
 @pytest.mark.parametrize("value", ["sometimes", "ring"])
 def test_bad_values_are_refused_before_compiling(value):
-    with pytest.raises(ConfigError, match=r"parallel.tp_comm_overlap must be true, false or auto"):
-        validate(cfg(**{"parallel.tp_comm_overlap": value}))
+    with pytest.raises(ConfigError, match=r"tuning.tp_comm_overlap must be true, false or auto"):
+        validate(cfg(**{"tuning.tp_comm_overlap": value}))
 
 
-def test_sends_resolved_and_refused():
-    import jax
-    mesh = jax.make_mesh((1, 1, 2), ("data", "pipe", "tensor"))
-    two = {"parallel.tensor": 2}
-    assert Sharder.for_config(cfg(**two), mesh).tp_direct                      # direct: default
-    assert not Sharder.for_config(cfg(**two, **{"parallel.tp_overlap_sends": "ring"}), mesh).tp_direct
-    with pytest.raises(ConfigError, match=r"parallel.tp_overlap_sends must be ring or direct, "
-                                          r"got 'straight'"):
-        validate(cfg(**{"parallel.tp_overlap_sends": "straight"}))
+def test_the_old_sends_key_loads_with_a_warning():
+    """parallel.tp_overlap_sends is gone (each block goes straight to every rank): an old
+    value of either kind loads, with one warning that says so."""
+    with pytest.warns(UserWarning, match=r"parallel.tp_overlap_sends is gone: the tensor ring "
+                                         r"sends each block straight to every rank"):
+        assert cfg(**{"parallel.tp_overlap_sends": "ring"}) == cfg()

@@ -12,8 +12,7 @@ from ptdp_jax.models.model import param_shapes
 
 TINY = {"model.num_layers": 4, "model.hidden_size": 32, "model.num_heads": 4,
         "model.seq_len": 32, "train.global_batch_size": 8, "train.micro_batch_size": 2,
-        "train.steps": 3, "train.eval_every": 0, "train.sample_tokens": 0,
-        "run.progress": False, "run.tensorboard": False}
+        "train.steps": 3, "train.eval_every": 0, "train.sample_tokens": 0}
 
 
 def run(tmp_path, mesh, **extra):
@@ -69,12 +68,12 @@ def test_dropout_is_layout_independent(tmp_path):
 
 
 def test_cli_trains_writes_metrics_and_samples(tmp_path, capsys):
-    args = [f"{k}={v}" for k, v in TINY.items() if k not in ("run.tensorboard",)]
-    rc = cli_main(["--mesh", "1,2,1", *args, f"run.dir={tmp_path / 'cli'}", "run.tensorboard=true",
+    args = [f"{k}={v}" for k, v in TINY.items()]
+    rc = cli_main(["--mesh", "1,2,1", *args, f"run.dir={tmp_path / 'cli'}",
                    "train.sample_tokens=20", "train.eval_every=3"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "mesh (data, pipe, tensor) = (1, 2, 1)" in out and "--- sample (greedy) ---" in out
+    assert "mesh (data, pipe, tensor) = (1, 2, 1)" in out and "--- sample (temperature 0.6, top-k 20) ---" in out
     assert out.index("compiling the train step") < out.index("compiled in") < out.index("mesh (")
     lines = [json.loads(l) for l in (tmp_path / "cli" / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2, 3]

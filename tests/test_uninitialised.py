@@ -1,6 +1,6 @@
 """The executor's buffers that the schedule writes before it reads them (stash, W stash,
-receive and send buffers) start uninitialised with parallel.empty_buffers where 'tensor' is 1
-(`executor.empty_buffer`:
+receive and send buffers) start uninitialised where 'tensor' is 1 (decisions.empty_buffers,
+`executor.empty_buffer`:
 XLA's AllocateBuffer on GPU, no fill and no copy into the loop). Here they start as NaN: any
 read of a slot before its write, or any idle stage's garbage reaching a sum, would turn the
 loss or a gradient into NaN. The loss and every gradient must come out bit for bit as with
@@ -15,20 +15,18 @@ import numpy as np
 import pytest
 
 from parity import loss_and_grads, tiny_config
+from ptdp_jax import decisions as D
 from ptdp_jax.pipeline import executor
-
-ON = {"parallel.empty_buffers": True}
 
 CASES = [
     ("gpt", (1, 4, 1), {"parallel.schedule": "1f1b"}),
     ("gpt", (2, 2, 1), {"parallel.schedule": "1f1b-phased", "parallel.virtual_stages": 2}),
     ("llama", (1, 2, 1), {"parallel.schedule": "zb-phased", "parallel.virtual_stages": 2,
-                          "parallel.static_stash": False}),
+                          "tuning.static_stash": False}),
     ("gpt", (2, 4, 1), {"parallel.schedule": "zb-phased", "train.recompute": "selective"}),
     ("gpt", (1, 2, 1), {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}),
     ("gpt", (1, 2, 1), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
-    ("gpt", (1, 4, 1), {"parallel.schedule": "zb-phased", "parallel.virtual_stages": 2,
-                        "parallel.overlap_p2p": True}),
+    ("gpt", (1, 4, 1), {"parallel.schedule": "zb-phased", "parallel.virtual_stages": 2}),
     ("gpt", (1, 2, 1), {"parallel.schedule": "gpipe"}),
     ("llama", (2, 2, 1), {"parallel.schedule": "zb-h1", "train.recompute": "selective"}),
 ]
@@ -39,7 +37,7 @@ CASES = [
                               "zb-phased-241-sel", "zb-v-121", "interleaved-v2-121",
                               "zb-phased-v2-141-overlap", "gpipe-121", "zb-h1-221-llama-sel"])
 def test_buffers_written_before_read(arch, mesh, extra, monkeypatch):
-    cfg = tiny_config(arch, mesh, **extra, **ON)
+    cfg = tiny_config(arch, mesh, **extra)
     ref = loss_and_grads(cfg)
     calls = []
 
@@ -86,7 +84,7 @@ def test_gpu_lowering_allocates_without_filling(monkeypatch):
         return real(shape, dtype)
     monkeypatch.setattr(executor, "empty_buffer", counted)
     cfg = tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "zb-phased",
-                                            "parallel.virtual_stages": 2}, **ON)
+                                            "parallel.virtual_stages": 2})
     traced = _lowered(cfg, trace_only=True)
     cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
     cpu = traced.lower(lowering_platforms=("cpu",)).as_text()
@@ -97,7 +95,7 @@ def test_gpu_lowering_allocates_without_filling(monkeypatch):
     # with tensor parallelism the buffers stay zeros (the partitioner would slice a whole-shape
     # allocation on every tensor rank)
     made.clear()
-    tp = _lowered(tiny_config("gpt", (1, 2, 2), **{"parallel.schedule": "zb-phased"}, **ON),
+    tp = _lowered(tiny_config("gpt", (1, 2, 2), **{"parallel.schedule": "zb-phased"}),
                   trace_only=True).lower(lowering_platforms=("cuda",)).as_text()
     assert not made and "AllocateBuffer" not in tp
 
@@ -122,13 +120,14 @@ def _steady_pair_bodies(jaxpr):
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_overlap_p2p_keeps_the_forward_message_out_of_the_backward_switch(overlap):
-    """parallel.overlap_p2p: in a steady (forward, backward) pair, the forward row's permute
+def test_overlap_p2p_keeps_the_forward_message_out_of_the_backward_switch(overlap, monkeypatch):
+    """decisions.overlap_p2p: in a steady (forward, backward) pair, the forward row's permute
     feeds nothing that the backward row's switch takes, so XLA may run it under that op;
-    without it the arrival is filed into the receive buffer before the switch."""
+    without it (the rule patched off: the control) the arrival is filed into the receive
+    buffer before the switch."""
     from compiled import _lowered
-    cfg = tiny_config("gpt", (1, 4, 1), **{"parallel.schedule": "1f1b-phased",
-                                            "parallel.overlap_p2p": overlap})
+    monkeypatch.setattr(D, "overlap_p2p", lambda cfg: overlap)
+    cfg = tiny_config("gpt", (1, 4, 1), **{"parallel.schedule": "1f1b-phased"})
     jaxpr = _lowered(cfg, trace_only=True).jaxpr.jaxpr
     (body,) = _steady_pair_bodies(jaxpr)
     conds = [e for e in body.eqns if e.primitive.name == "cond"]
@@ -143,35 +142,29 @@ def test_overlap_p2p_keeps_the_forward_message_out_of_the_backward_switch(overla
     assert feeds_switch != overlap
 
 
-def test_overlap_p2p_changes_no_bit():
+def test_overlap_p2p_changes_no_bit(monkeypatch):
     """Filing the forward message later moves a write between slots the backward row does not
-    touch: the loss and gradients are the same bit for bit."""
-    base = {"parallel.schedule": "zb-phased", "parallel.virtual_stages": 2}
-    off = loss_and_grads(tiny_config("gpt", (2, 2, 2), **base, **{"parallel.overlap_p2p": False}))
-    on = loss_and_grads(tiny_config("gpt", (2, 2, 2), **base, **{"parallel.overlap_p2p": True}))
+    touch: the loss and gradients are the same bit for bit as with the rule patched off."""
+    cfg = tiny_config("gpt", (2, 2, 2), **{"parallel.schedule": "zb-phased",
+                                            "parallel.virtual_stages": 2})
+    on = loss_and_grads(cfg)
+    monkeypatch.setattr(D, "overlap_p2p", lambda cfg: False)
+    off = loss_and_grads(cfg)
     assert on[0] == off[0]
     for a, b in zip(jax.tree.leaves(on[1]), jax.tree.leaves(off[1])):
         np.testing.assert_array_equal(a, b)
 
 
-def test_overlap_p2p_auto_is_on_for_the_phased_schedules_only():
+def test_overlap_p2p_rule_is_the_phased_schedules_with_a_pipeline():
     for schedule, pipe, on in (("1f1b-phased", 2, True), ("zb-phased", 4, True),
                                ("1f1b", 2, False), ("zb-v", 2, False), ("zb-phased", 1, False)):
         extra = {"parallel.virtual_stages": 2} if schedule == "zb-v" else {}
         cfg = tiny_config("gpt", (1, pipe, 1), **{"parallel.schedule": schedule}, **extra)
-        assert cfg.parallel.overlap_p2p == "auto" and cfg.parallel.overlap_p2p_on is on
-        assert not tiny_config("gpt", (1, pipe, 1), **{"parallel.schedule": schedule,
-                                                       "parallel.overlap_p2p": False},
-                               **extra).parallel.overlap_p2p_on
+        assert D.overlap_p2p(cfg) is on
 
 
-def test_empty_buffers_false_keeps_zeros(monkeypatch):
-    """parallel.empty_buffers=false: every buffer is zeros (true, the default, gives the same
-    bits: test_buffers_written_before_read)."""
-    made = []
-    monkeypatch.setattr(executor, "empty_buffer", lambda shape, dtype: made.append(shape))
-    from compiled import _lowered
-    text = _lowered(tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "zb-phased",
-                                                     "parallel.empty_buffers": False}),
-                    trace_only=True).lower(lowering_platforms=("cuda",)).as_text()
-    assert not made and "AllocateBuffer" not in text
+def test_empty_buffers_rule_is_tensor_one():
+    """decisions.empty_buffers: uninitialised buffers where 'tensor' is 1, zeros with tensor
+    parallelism (test_gpu_lowering_allocates_without_filling checks both lowerings)."""
+    assert D.empty_buffers(tiny_config("gpt", (1, 2, 1), **{"parallel.schedule": "zb-phased"}))
+    assert not D.empty_buffers(tiny_config("gpt", (1, 2, 2), **{"parallel.schedule": "zb-phased"}))

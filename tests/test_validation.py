@@ -65,6 +65,13 @@ def test_defaults_and_ok_config_validate():
     ({"data.path": ["/nonexistent/corpus"]}, ["data.path", "/nonexistent/corpus"]),
     ({"parallel.tensor": 8, "model.num_heads": 8, "model.hidden_size": 64,
       "parallel.scatter_gather": True, "model.ffn_hidden_size": 256}, []),
+    ({"train.adam_betas": [0.9]}, ["train.adam_betas", "two numbers", "[0.9]"]),
+    ({"train.adam_betas": [0.9, 1.5]}, ["train.adam_betas", "[0.9, 1.5]"]),
+    ({"checkpoint.resume": "sometimes"}, ["checkpoint.resume='sometimes'", "overwrite"]),
+    ({"train.dtype": "float16"}, ["train.dtype='float16'", "'auto'"]),
+    ({"train.recompute": "some"}, ["train.recompute='some'", "'auto'"]),
+    ({"tuning.attention": "flash"}, ["tuning.attention='flash'"]),
+    ({"checkpoint.resume": "overwrite", "train.dtype": "auto", "train.recompute": "auto"}, []),
 ])
 def test_rule_violations(overrides, fragments):
     if not fragments:      # a valid combination (scatter/gather with t | h): no error

@@ -28,25 +28,25 @@ CASES = [
     ("gpt", (2, 2, 2), 1, I2),
     ("llama", (2, 2, 2), 3, I2),
     ("gpt", (2, 2, 2), 1, ZV),                                 # the V placement's stage weights
-    # parallel.overlap_grad_reduce=false: reduce-scattered once, after the backward
-    ("gpt", (8, 1, 1), 1, {"parallel.overlap_grad_reduce": False}),
-    ("llama", (4, 1, 2), 1, {"parallel.overlap_grad_reduce": False,
+    # tuning.overlap_grad_reduce=false: reduce-scattered once, after the backward
+    ("gpt", (8, 1, 1), 1, {"tuning.overlap_grad_reduce": False}),
+    ("llama", (4, 1, 2), 1, {"tuning.overlap_grad_reduce": False,
                              "train.recompute": "selective"}),
     # zero=2: weights gathered once, every microbatch's gradients reduce-scattered per layer
     ("gpt", (8, 1, 1), 2, {"train.recompute": "selective"}),   # m = 1
     ("llama", (4, 1, 2), 2, {}),                                # m = 2: shard-sized sums
     ("gpt", (2, 2, 2), 2, F1),                                  # p > 1: as zero=1
-    ("llama", (8, 1, 1), 2, {"train.scan_layers": True}),       # stacked gathers, a layer scan
-    # train.scan_layers=false: zero=3 with the layers unrolled, each gathering its weights
-    ("gpt", (4, 1, 2), 3, {"train.scan_layers": False}),
-    ("llama", (8, 1, 1), 3, {"train.scan_layers": False, "train.recompute": "selective"}),
+    ("llama", (8, 1, 1), 2, {"tuning.scan_layers": True}),       # stacked gathers, a layer scan
+    # tuning.scan_layers=false: zero=3 with the layers unrolled, each gathering its weights
+    ("gpt", (4, 1, 2), 3, {"tuning.scan_layers": False}),
+    ("llama", (8, 1, 1), 3, {"tuning.scan_layers": False, "train.recompute": "selective"}),
 ]
 
 
 def _id(case):
     arch, mesh, zero, o = case
-    after = "-after" if o.get("parallel.overlap_grad_reduce") is False else ""
-    unrolled = "-unrolled" if o.get("train.scan_layers") is False else ""
+    after = "-after" if o.get("tuning.overlap_grad_reduce") is False else ""
+    unrolled = "-unrolled" if o.get("tuning.scan_layers") is False else ""
     return f"{arch}-{'x'.join(map(str, mesh))}-zero{zero}-{o.get('parallel.schedule', '')}" \
            f"{o.get('train.recompute', '')}".rstrip("-") + after + unrolled
 
@@ -97,7 +97,7 @@ MEM_MODEL = {"model.hidden_size": 128, "model.num_heads": 4, "model.num_layers":
 def compiled_steps():
     """zero -> (compiled train step, parameter bytes) of LLaMA (h 128, 4 layers) on (8,1,1),
     layers in a scan for every zero value (zero=3 always scans: one layer's weights gathered
-    at a time; zero 0 and 1 follow train.scan_layers)."""
+    at a time; zero 0 and 1 follow tuning.scan_layers)."""
     from ptdp_jax import state as S
     from ptdp_jax.models import model as M
     from ptdp_jax.sharding import make_mesh
@@ -105,7 +105,7 @@ def compiled_steps():
     out = {}
     for zero in (0, 1, 3):
         cfg = tiny_config("llama", (8, 1, 1), **MEM_MODEL, **{"parallel.zero": zero,
-                                                                "train.scan_layers": True})
+                                                                "tuning.scan_layers": True})
         tx, _ = S.make_optimizer(cfg)
         c = compile_all(cfg, make_mesh((8, 1, 1)), tx)
         batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1),
@@ -242,10 +242,10 @@ def test_checkpoints_move_between_zero_values(tmp_path, data_cache):
 # ----------------------------------------------------------------------------- rule, estimate
 
 def test_scan_layers_auto_scans_for_zero3_only():
-    """train.scan_layers=auto (the default): a layer scan for zero=3 without pipelining, the
+    """tuning.scan_layers=auto (the default): a layer scan for zero=3 without pipelining, the
     layers unrolled otherwise; true and false as given."""
     def on(mesh, zero, scan="auto"):
-        return tiny_config("gpt", mesh, **{"parallel.zero": zero, "train.scan_layers": scan}).scan_layers_on
+        return tiny_config("gpt", mesh, **{"parallel.zero": zero, "tuning.scan_layers": scan}).scan_layers_on
     assert on((8, 1, 1), 3) and not on((8, 1, 1), 1) and not on((8, 1, 1), 0)
     assert not on((2, 2, 2), 3, "auto") and not on((8, 1, 1), 3, False) and on((8, 1, 1), 0, True)
 
@@ -278,7 +278,7 @@ def test_validation_and_estimate():
         tiny_config("gpt", (8, 1, 1), **{"parallel.zero": 4})
     with pytest.raises(ConfigError, match="parallel.grad_reduce_dtype='float16'"):
         tiny_config("gpt", (8, 1, 1), **{"parallel.grad_reduce_dtype": "float16"})
-    ogr = "parallel.overlap_grad_reduce"
+    ogr = "tuning.overlap_grad_reduce"
     with pytest.raises(ConfigError, match=r"overlap_grad_reduce must be true, false or auto, "
                                           r"got 'sometimes'"):
         tiny_config("gpt", (8, 1, 1), **{ogr: "sometimes"})
@@ -293,7 +293,7 @@ def test_validation_and_estimate():
                                           r"parallel.pipe=1: ZeRO-2 reduce-scatters"):
         tiny_config("gpt", (8, 1, 1), **{ogr: False, "parallel.zero": 2})
     on = lambda mesh, z, o="auto": tiny_config("gpt", mesh, **{ogr: o, "parallel.zero": z}) \
-        .parallel.overlap_grad_reduce_on
+        .overlap_grad_reduce_on
     assert on((8, 1, 1), 1) and on((8, 1, 1), 2) and on((8, 1, 1), 3)
     assert not on((8, 1, 1), 1, False) and not on((4, 2, 1), 2)
     assert not on((8, 1, 1), 0) and not on((4, 2, 1), 1) and on((8, 1, 1), 1, True)
@@ -320,7 +320,7 @@ def test_layers_run_without_checkpoint_unless_regathered(zero, wrapped):
     from ptdp_jax import step
     from ptdp_jax.sharding import make_mesh
     cfg = tiny_config("gpt", (2, 1, 1), **{"parallel.zero": zero, "train.recompute": "none",
-                                            "train.scan_layers": False})
+                                            "tuning.scan_layers": False})
     tx, _ = S.make_optimizer(cfg)
     params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
     batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1), np.int32)

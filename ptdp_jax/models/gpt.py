@@ -56,7 +56,7 @@ def embed(p, tokens_bs, cfg, sh, key_rows=None):
 
 def layer(p, x_bsh, cfg, sh, key_rows=None):
     """One pre-LN transformer layer: x + Attn(LN(x)), then + MLP(LN(.))."""
-    impl = attention_impl(cfg.attention, x_bsh.dtype)
+    impl = attention_impl(getattr(sh, "attention", "auto"), x_bsh.dtype)
     y = layer_norm(x_bsh, p["ln1_scale"], p["ln1_bias"], cfg.norm_eps)
     q, k, v = column_dense(sh, y, [("bsh,hnd->bsnd", p[f"{c}_w"], p[f"{c}_b"]) for c in "qkv"],
                            HEADS)

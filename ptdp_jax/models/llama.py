@@ -44,7 +44,7 @@ def embed(p, tokens_bs, cfg, sh, key_rows=None):
 
 
 def layer(p, x_bsh, cfg, sh, key_rows=None):
-    impl = attention_impl(cfg.attention, x_bsh.dtype)
+    impl = attention_impl(getattr(sh, "attention", "auto"), x_bsh.dtype)
     y = rms_norm(x_bsh, p["attn_norm"], cfg.norm_eps)
     q, k, v = column_dense(sh, y, [("bsh,hnd->bsnd", p[w], None) for w in ("wq", "wk", "wv")],
                            HEADS)

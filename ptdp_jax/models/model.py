@@ -162,7 +162,7 @@ def _save_dense_and_flash(prim, *_, **params) -> bool:
 
 def _save_dense_flash_and_act(prim, *args, **params) -> bool:
     """Selective recomputation that also keeps the MLP activation's output (GeLU / SwiGLU,
-    named FFN_ACT): the backward runs no activation again (train.keep_ffn_activation)."""
+    named FFN_ACT): the backward runs no activation again (tuning.keep_ffn_activation)."""
     if prim.name == "name" and params.get("name") == FFN_ACT:
         return True
     return _save_dense_and_flash(prim, *args, **params)

@@ -56,7 +56,7 @@ def op_costs(cfg) -> dict[str, float]:
     # With the head spread over every stage (pipeline/head.py) it weighs on all stages alike
     # and does not move the balance.
     head = 0.0 if spread_over_pipe(cfg) else 3 * CE_OVERHEAD * head_fwd / layer_fwd
-    return {"head": head, "embed": 0.05, "bwd": BACKWARD_COST[cfg.train.recompute]}
+    return {"head": head, "embed": 0.05, "bwd": BACKWARD_COST[cfg.recompute]}
 
 
 def predicted_step(schedule, counts, costs) -> float:

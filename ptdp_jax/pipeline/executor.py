@@ -27,7 +27,7 @@ specialised per (op, virtual chunk, layer count, first / last chunk), so a chunk
 are unrolled with their weights as loop constants: no per-tick weight slicing, no scan
 inside a tick. Backward uses `jax.vjp` per layer; its residuals live in a stash of
 `schedule.num_stash_slots` slots (the schedule's in-flight bound, not m), without the weights:
-with parallel.static_stash (auto: for 1f1b and 1f1b-phased) a buffer per slot and a branch
+with the static stash (decisions.static_stash) a buffer per slot and a branch
 per (op, slot), so that the layers' kernels write and read the residuals in place; otherwise
 one stacked buffer per residual, indexed by the tick's stash_slot.
 Gradients accumulate in float32; the embedding gradient by scatter-add into its accumulator.
@@ -48,6 +48,7 @@ from ptdp_jax.pipeline.phased import head_pairs, phased_parts
 from ptdp_jax.pipeline.pipe_state import PipeState, _f32_add, _grads_of, _set, empty_buffer
 from ptdp_jax.pipeline.routing import (  # noqa: F401  (re-exported)
     MSG, MSG_SCATTERED, Branch, Router, TickControl, control_table)
+from ptdp_jax import decisions as D
 from ptdp_jax.sharding import vary
 
 
@@ -55,7 +56,7 @@ def schedule_for(cfg) -> S.Schedule:
     p, v = cfg.parallel.pipe, cfg.parallel.virtual_stages
     return S.build_schedule(cfg.parallel.schedule, p, cfg.num_microbatches, v,
                             split_backward=min(chunk_layers(cfg)) >= 2,
-                            chunk_pools=cfg.parallel.stash_chunk_pools)
+                            chunk_pools=cfg.stash_chunk_pools)
 
 
 def _rows(ctl: dict, ops: list, idx: range):
@@ -79,10 +80,10 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
     batch_rs1: this replica's rows (B/d, s+1). Returns (loss_sum, grads) with the structure
     of params; embed/head gradients still to be psum'd over 'pipe'."""
     sched, counts = schedule_for(cfg), chunk_layers(cfg)
-    static = cfg.parallel.static_stash_on
+    static = cfg.static_stash_on
     branches, ctl = control_table(sched, counts, static_stash=static)
     p, v, m = sched.p, sched.v, sched.m
-    mc, dtype, manual = cfg.model, M.DTYPES[cfg.train.dtype], tuple(sh.manual)
+    mc, dtype, manual = cfg.model, M.DTYPES[cfg.compute_dtype], tuple(sh.manual)
     lmax = max(counts)
     stage = jax.lax.axis_index("pipe")
     router = Router(sched, sh, cfg.parallel.scatter_gather and cfg.parallel.tensor > 1)
@@ -102,7 +103,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         return {k: MasterGrad(a[0, j, l], params["layers"][k][0, j, l]) if k in dense
                 else a[0, j, l] for k, a in w["layers"].items()}
     W = [[layer_weights(j, l) for l in range(lmax)] for j in range(v)]
-    layer = M.layer_fn(mc, sh, cfg.train.remat)
+    layer = M.layer_fn(mc, sh, cfg.remat)
     res = Residuals()            # layer pullbacks <-> stashable leaves (without the weights)
     spread = spread_over_pipe(cfg)          # the head over every stage (pipeline/head.py)
     slices = VocabSlices(cfg) if spread else None
@@ -136,11 +137,11 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
     def empty(shape, dt):
         """A buffer the table writes before every read of it: uninitialised (`empty_buffer`)
-        with parallel.empty_buffers where 'tensor' is 1. With tensor parallelism zeros: XLA's
+        where 'tensor' is 1 (decisions.empty_buffers). With tensor parallelism zeros: XLA's
         partitioner knows a zero broadcast's sharding from its users, but gives an
         AllocateBuffer the whole shape and slices it (a CPU compile of a (1,2,2) zb-phased
         step: 264 dynamic-slices more)."""
-        if cfg.parallel.tensor > 1 or not cfg.parallel.empty_buffers:
+        if not D.empty_buffers(cfg):
             return zeros(shape, dt)
         return vary(empty_buffer(shape, dt), manual)
 
@@ -310,7 +311,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
 
     def tick(st: PipeState, row, branch_ops=ops, head="cond", channels=("down", "up"),
              late=()):
-        """One row. late: channels whose arrival is filed after the op (parallel.overlap_p2p:
+        """One row. late: channels whose arrival is filed after the op (decisions.overlap_p2p:
         it bypasses the switch, so the permute that brought it need not end before the op)."""
         c = trash_if_none(TickControl(**{k: a[stage] for k, a in row.items()}))
         st = router.receive(st, c, tuple(ch for ch in ("down", "up") if ch not in late))
@@ -339,9 +340,9 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r):
         # a forward row sends activations down only, a backward row gradients up only; the
         # head runs after every forward row at v = 1, and at v > 1 (where only the forward rows
         # whose last stage runs the last chunk have one) in a conditional
-        # parallel.overlap_p2p: the forward row's message (used by the next forward row) is
+        # decisions.overlap_p2p: the forward row's message (used by the next forward row) is
         # filed after the backward row's op, so that its permute can run under that op
-        late = ("down",) if cfg.parallel.overlap_p2p_on else ()
+        late = ("down",) if D.overlap_p2p(cfg) else ()
 
         def pair(st: PipeState, rows):
             st, _ = tick(st, rows[0], f_ops, "static" if heads.all() else "cond", ("down",))

@@ -42,9 +42,9 @@ class Branch:
     n_layers: int = 0
     first: bool = False   # global chunk 0: embedding in, embedding gradient out
     last: bool = False    # last global chunk: head and loss
-    stash_slot: int = -1  # parallel.static_stash: the residual stash slot this branch writes
+    stash_slot: int = -1  # static stash (decisions.static_stash): the stash slot this branch writes
                           #   (forward) or reads (backward), fixed at trace time; -1: dynamic
-    wstash_slot: int = -1  # parallel.static_stash: the W stash slot a B writes or a W reads
+    wstash_slot: int = -1  # the static stash: the W stash slot a B writes or a W reads
 
 
 class TickControl(NamedTuple):

@@ -188,7 +188,7 @@ class Schedule:
     split_backward: bool
     table: tuple[tuple[Op | None, ...], ...]
     # Residual and W stash slots in a pool per local chunk, so that a slot only ever holds one
-    # chunk's residuals: with parallel.static_stash (a branch per (op, chunk, slot)) that cuts
+    # chunk's residuals: with the static stash (a branch per (op, chunk, slot)) that cuts
     # the branches of v > 1 tables (p 4, v 3: 123 -> 56) for a few more slots (15 -> 19).
     chunk_pools: bool = False
 

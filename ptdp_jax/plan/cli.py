@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         fixed = {k: getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1])
-                 for k in LAYOUT_KEYS if k in overrides}
+                 for k in LAYOUT_KEYS if k in overrides}     # (auto values are searched)
         rows = plan(cfg, args.gpus, kind, args.gpus_per_host, tokens=args.tokens, fixed=fixed)
     except ConfigError as e:
         print(f"ptdp-plan: config error: {e}", file=sys.stderr)

@@ -13,7 +13,7 @@ Compute, per layer and microbatch of b sequences (T = b s tokens), on one of t t
     element-   elementwise_bytes x T x h in memory (norms, GeLU, bias, dropout, residual), 10/34
     wise       of it replicated over t and 24/34 split (Korthikanti et al.'s activation split),
                plus stash copies: passes x the layer's stashed residuals (ptdp_jax's executor
-               with parallel.static_stash off writes them into a slot in the forward and reads
+               with tuning.static_stash off writes them into a slot in the forward and reads
                them in the backward; with it on, a fitted share of those passes is left).
     FP8        (train.fp8) the layer GEMMs at FP8_GEMM_SPEEDUP x their bf16 rate, plus the
                quantization passes in memory: FP8_QUANT_BYTES per operand element (amax read,
@@ -27,7 +27,7 @@ Communication (ring algorithms, NCCL bus bandwidths of the kind):
 
     tensor     2 all-reduces of T h activations forward, 2 backward (Megatron's f and g), inside
                a host over NVLink, over InfiniBand when t spans hosts. Where the tensor ring
-               runs (`parallel.tp_comm_overlap`, models/tp_overlap.py) the permutes hide under
+               runs (`tuning.tp_comm_overlap`, models/tp_overlap.py) the permutes hide under
                the GEMMs and what is left (per-block slices and sums, each ring's last hop)
                costs `tp_ring_share(t)` of those collectives.
     pipeline   one T h message per stage boundary and direction; scatter/gather sends 1/t of it
@@ -112,7 +112,7 @@ def _memory_seconds(nbytes: float, gpu: GpuKind) -> float:
 
 def uses_xla_attention(cfg, gpu: GpuKind) -> bool:
     """ptdp_jax runs XLA's attention (not cuDNN's) only on (d > 1, 1, t > 1) meshes whose layers
-    run in a scan (train.scan_layers, on by default for zero=3; models/layers.causal_attention).
+    run in a scan (tuning.scan_layers, on by default for zero=3; models/layers.causal_attention).
     Other layouts run cuDNN's ((2,1,2) micro 8: 0.1798 s on 4x H200, 2026-11-26, where XLA's
     attention would take 0.46 s)."""
     par = cfg.parallel
@@ -158,14 +158,14 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     split = REPLICATED_SHARE + (1 - REPLICATED_SHARE) / t
     elem_fwd = _memory_seconds(gpu.elementwise_bytes_fwd * T * h * split, gpu)
     elem_bwd = _memory_seconds(gpu.elementwise_bytes_bwd * T * h * split, gpu)
-    # the pipelined executor with an indexed stash (parallel.static_stash off) copies residuals
+    # the pipelined executor with an indexed stash (tuning.static_stash off) copies residuals
     # into and out of their slots; a static stash writes them in place (what is left of the
     # passes: static_stash_copy_share); without pipelining the producers write them in place
-    # the MLP activation's output kept by selective (train.keep_ffn_activation) is written by its
+    # the MLP activation's output kept by selective (tuning.keep_ffn_activation) is written by its
     # own fusion, in place: no copy passes (-1.8 to -2.7% a step, 2x H200, 2026-11-27)
-    bare = replace(cfg, train=replace(tr, keep_ffn_activation=False))
+    bare = replace(cfg, tuning=replace(cfg.tuning, keep_ffn_activation=False))
     stash = layer_activation_bytes_per_token(bare) * T if p > 1 else 0.0
-    stash *= gpu.static_stash_copy_share if par.static_stash_on else 1.0
+    stash *= gpu.static_stash_copy_share if cfg.static_stash_on else 1.0
     copy_fwd = _memory_seconds(gpu.stash_copy_passes_fwd * stash, gpu)
     copy_bwd = _memory_seconds(gpu.stash_copy_passes_bwd * stash, gpu)
     bw, lat = group_link(gpu, 1, t, gpus_per_host)
@@ -175,11 +175,11 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
 
     fwd = gemm_fwd + attn_fwd + elem_fwd + 2 * tp_ar + quant_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd + 2 * tp_ar + quant_bwd
-    if tr.recompute == "selective":     # a flash attention's outputs are kept, not recomputed
+    if cfg.recompute == "selective":     # a flash attention's outputs are kept, not recomputed
         bwd += (0.0 if flash_attention_bytes_per_token(cfg) else attn_fwd) + elem_fwd + quant_fwd
-        if tr.remat == "selective+act":     # ... and the activation's output: T f read, written
+        if cfg.remat == "selective+act":     # ... and the activation's output: T f read, written
             bwd -= min(elem_fwd, _memory_seconds(2 * 2 * T * m.ffn / t, gpu))
-    elif tr.recompute == "full":
+    elif cfg.recompute == "full":
         bwd += fwd
     fwd += copy_fwd
     bwd += copy_bwd
@@ -239,7 +239,7 @@ def dp_allreduce_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> float:
     zero = zero_stage(cfg)
     if not zero:
         return ring_allreduce_seconds(n * _reduce_bytes(cfg, gpu), par.data, bw, lat)
-    compute = 4 if cfg.train.dtype == "float32" else 2
+    compute = 4 if cfg.compute_dtype == "float32" else 2
     gather = ring_allgather_seconds(n * compute, par.data, bw, lat)
     scatter = ring_allgather_seconds(n * _reduce_bytes(cfg, gpu), par.data, bw, lat)
     if zero == 1 or par.pipe > 1:
@@ -275,9 +275,9 @@ def accumulate_seconds(cfg, gpu: GpuKind) -> float:
     if cfg.parallel.pipe > 1 or m == 1 or z > 1:
         return 0.0
     n = sum(params_per_device(cfg).values())
-    compute = 4 if cfg.train.dtype == "float32" else 2
+    compute = 4 if cfg.compute_dtype == "float32" else 2
     in_gemm = not (cfg.scan_layers_on or cfg.tp_comm_overlap_on
-                   or (z == 1 and cfg.parallel.overlap_grad_reduce_on))
+                   or (z == 1 and cfg.overlap_grad_reduce_on))
     dense = cfg.model.num_layers * sum(K * N for _, K, N in layer_gemms(cfg)) if in_gemm else 0
     return (m - 1) * _memory_seconds((n - dense) * (2 * 4 + compute), gpu) + \
         m * gpu.wgrad_accumulate_exposed * _memory_seconds(8.0 * dense, gpu)

@@ -10,8 +10,9 @@ counted (Table 1's convention, F = 96 B s l h^2 (...)); otherwise the usual 72 B
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from ptdp_jax import decisions as D
 from ptdp_jax.memory import MemoryEstimate, estimate_memory
 from ptdp_jax.metrics import SECONDS_PER_DAY, model_flops_per_iteration
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
@@ -95,15 +96,23 @@ def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, floa
     return played, ideal, played / ideal - 1, ops
 
 
+def on_gpus(cfg):
+    """cfg with train.dtype=auto resolved for GPUs, the planner's devices (decisions.dtype)."""
+    if cfg.train.dtype != "auto":
+        return cfg
+    return replace(cfg, train=replace(cfg.train, dtype=D.dtype("auto", "gpu")))
+
+
 def estimate_step(cfg, gpu: GpuKind, gpus_per_host: int) -> StepEstimate:
     """The predicted step of cfg's layout (cfg.parallel: data, pipe, tensor, schedule,
     virtual_stages, scatter_gather; cfg.train: global and micro batch, recompute)."""
+    cfg = on_gpus(cfg)
     par = cfg.parallel
     played, ideal, bubble, ticks = pipeline_seconds(cfg, gpu, gpus_per_host)
     dp = dp_allreduce_seconds(cfg, gpu, gpus_per_host)
     pp = pipe_allreduce_seconds(cfg, gpu, gpus_per_host)
     opt = optimizer_seconds(cfg, gpu) + accumulate_seconds(cfg, gpu)
     step = played + dp + pp + opt + gpu.step_overhead_s
-    flops = model_flops_per_iteration(cfg, recompute=cfg.train.recompute == "full")
+    flops = model_flops_per_iteration(cfg, recompute=cfg.recompute == "full")
     return StepEstimate(step, played, ideal, bubble, dp, pp, opt, gpu.step_overhead_s, ticks,
                         estimate_memory(cfg), flops, par.data * par.pipe * par.tensor)

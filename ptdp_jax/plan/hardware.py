@@ -56,7 +56,7 @@ class GpuKind:
     elementwise_bytes_bwd: float         # ... backward (without the recomputed forward)
     stash_copy_passes_fwd: float         # passes over a layer's stashed residuals, forward
     stash_copy_passes_bwd: float         # ... backward
-    static_stash_copy_share: float       # of those passes, the share left with parallel.static_stash
+    static_stash_copy_share: float       # of those passes, the share left with tuning.static_stash
                                          # (the transposes and slices they also absorbed)
     head_ce_passes: float                # passes over the float32 logits (cross-entropy, both ways)
     tick_overhead_s: float               # lockstep: host gap per pipeline tick

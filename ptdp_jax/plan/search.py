@@ -24,12 +24,12 @@ from dataclasses import dataclass, replace
 from ptdp_jax.config import ConfigError, ParallelConfig
 from ptdp_jax.validation import validate
 from ptdp_jax.memory import GiB, MemoryEstimate, estimate_memory, params_per_device
-from ptdp_jax.plan.estimate import StepEstimate, estimate_step
+from ptdp_jax.plan.estimate import StepEstimate, estimate_step, on_gpus
 from ptdp_jax.plan.hardware import GpuKind, detect_gpu_kind, gpu_kind
 
 LAYOUT_KEYS = ("parallel.data", "parallel.pipe", "parallel.tensor", "train.micro_batch_size",
                "parallel.schedule", "parallel.virtual_stages", "train.recompute",
-               "parallel.scatter_gather", "parallel.zero", "train.keep_ffn_activation")
+               "parallel.scatter_gather", "parallel.zero", "tuning.keep_ffn_activation")
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)      # tried where they divide the batch of a replica
 RECOMPUTES = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "1f1b-phased", "zb-phased", "interleaved")   # gpipe: never faster than
@@ -74,7 +74,7 @@ class Candidate:
                 "parallel.tensor": self.tensor, "train.micro_batch_size": self.micro_batch_size,
                 "parallel.schedule": self.schedule, "parallel.virtual_stages": self.virtual_stages,
                 "train.recompute": self.recompute, "parallel.scatter_gather": self.scatter_gather,
-                "parallel.zero": self.zero, "train.keep_ffn_activation": self.keep_ffn_activation}
+                "parallel.zero": self.zero, "tuning.keep_ffn_activation": self.keep_ffn_activation}
 
     def to_json(self) -> dict:
         e, mem = self.estimate, self.memory
@@ -171,14 +171,14 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
                                               num_microbatches=m, zero=z, reason=hard or treason,
                                               keep_ffn_activation=_keep(cfg, fixed, rc))
                                 # a tensor group across hosts is slow, not impossible
-                                # (parallel.allow_cross_host_tensor): still predicted
+                                # (tuning.allow_cross_host_tensor): still predicted
                                 yield c, None if hard else layout_config(cfg, c)
 
 
 def _keep(cfg, fixed: dict, recompute: str) -> bool | str:
-    """train.keep_ffn_activation of a candidate: the pinned or configured value under
+    """tuning.keep_ffn_activation of a candidate: the pinned or configured value under
     selective; otherwise auto (true needs selective)."""
-    keep = fixed.get("train.keep_ffn_activation", cfg.train.keep_ffn_activation)
+    keep = fixed.get("tuning.keep_ffn_activation", cfg.tuning.keep_ffn_activation)
     return keep if recompute == "selective" or keep is False else "auto"
 
 
@@ -216,8 +216,8 @@ def layout_config(cfg, c: Candidate):
                                          scatter_gather=c.scatter_gather, zero=c.zero,
                                          stage_layers=()),
                    train=replace(cfg.train, micro_batch_size=c.micro_batch_size,
-                                 recompute=c.recompute,
-                                 keep_ffn_activation=c.keep_ffn_activation))
+                                 recompute=c.recompute),
+                   tuning=replace(cfg.tuning, keep_ffn_activation=c.keep_ffn_activation))
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -245,8 +245,9 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
     gpu = gpu_kind(gpu) if isinstance(gpu, str) else gpu
     if gpu.execution != "lockstep":     # Megatron (the paper's A100 model) has no zb-phased
         schedules = tuple(s for s in schedules if s not in LOCKSTEP_ONLY)
+    cfg = on_gpus(cfg)
     check_inputs(cfg, num_gpus, gpus_per_host)
-    fixed = {k: v for k, v in (fixed or {}).items() if k in LAYOUT_KEYS}
+    fixed = {k: v for k, v in (fixed or {}).items() if k in LAYOUT_KEYS and v != "auto"}
     b = fixed.get("train.micro_batch_size")
     B = cfg.train.global_batch_size
     if b is not None and B % b:
@@ -263,8 +264,8 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
             continue
         mem = estimate_memory(lcfg)
         c = replace(c, params_per_device=sum(params_per_device(lcfg).values()))
-        if mem.total > limit and lcfg.train.remat == "selective+act" and \
-                "train.keep_ffn_activation" not in fixed:     # selective, the activation run again
+        if mem.total > limit and lcfg.remat == "selective+act" and \
+                "tuning.keep_ffn_activation" not in fixed:    # selective, the activation run again
             c = replace(c, keep_ffn_activation=False)
             lcfg = layout_config(cfg, c)
             mem = estimate_memory(lcfg)
@@ -284,28 +285,32 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
     return sorted(rows, key=key)
 
 
-def choose_layout(cfg, num_devices: int, gpus_per_host: int, gpu: GpuKind | str | None = None,
-                  fixed: dict | None = None) -> dict:
-    """The planner's layout for the devices at hand, as dotted overrides: parallel.data, .pipe,
-    .tensor, .schedule, .virtual_stages, .scatter_gather, .zero, train.micro_batch_size and
-    train.recompute and .keep_ffn_activation (stage_layers is left to the config: the planner
-    splits evenly).
-    fixed: the user's explicit keys (any of those), which win: they are not searched and come
-    back unchanged. gpu: a kind, its name, or None for the kind of jax's first local device
-    (`hardware.detect_gpu_kind`, with that device's memory). Raises ConfigError when no layout
-    is valid (the message names the best one and why it was rejected)."""
+def best_layout(cfg, num_devices: int, gpus_per_host: int, gpu: GpuKind | str | None = None,
+                fixed: dict | None = None) -> Candidate:
+    """The planner's best layout for the devices at hand (with its predicted step and memory).
+    fixed: the user's explicit keys, which are not searched. gpu: a kind, its name, or None for
+    the kind of jax's first local device (`hardware.detect_gpu_kind`, with that device's
+    memory). Raises ConfigError when no layout is valid (naming the best and why it failed)."""
     if gpu is None:
         gpu = detect_gpu_kind()
-    rows = plan(cfg, num_devices, gpu, gpus_per_host, fixed=fixed)
-    best = rows[0]
+    best = plan(cfg, num_devices, gpu, gpus_per_host, fixed=fixed)[0]
     if not best.ok:
-        raise ConfigError(f"parallel.layout=auto: no layout of model.num_layers="
+        raise ConfigError(f"the planner: no layout of model.num_layers="
                           f"{cfg.model.num_layers}, train.global_batch_size="
                           f"{cfg.train.global_batch_size} is valid on {num_devices} devices; the "
                           f"best, (data, pipe, tensor) = ({best.data}, {best.pipe}, "
                           f"{best.tensor}), is rejected: {best.reason}")
-    out = best.overrides()
-    out.update({k: v for k, v in (fixed or {}).items() if k in out})
+    return best
+
+
+def choose_layout(cfg, num_devices: int, gpus_per_host: int, gpu: GpuKind | str | None = None,
+                  fixed: dict | None = None) -> dict:
+    """best_layout as dotted overrides: parallel.data, .pipe, .tensor, .schedule,
+    .virtual_stages, .scatter_gather, .zero, train.micro_batch_size, train.recompute and
+    tuning.keep_ffn_activation (stage_layers is left to the config: the planner splits
+    evenly); the fixed keys come back unchanged."""
+    out = best_layout(cfg, num_devices, gpus_per_host, gpu, fixed).overrides()
+    out.update({k: v for k, v in (fixed or {}).items() if k in out and v != "auto"})
     return out
 
 
