@@ -108,7 +108,8 @@ def _gpt3_96(batch, schedule, v, sg):
     rows = plan(cfg, 96, A100, 8, fixed={
         "parallel.tensor": 8, "parallel.pipe": 12, "train.micro_batch_size": 1,
         "parallel.schedule": schedule, "parallel.virtual_stages": v,
-        "parallel.scatter_gather": sg, "train.recompute": "full"})
+        "parallel.scatter_gather": sg, "train.recompute": "full",
+        "parallel.sequence_parallel": False})
     assert len(rows) == 1 and rows[0].ok
     return rows[0].estimate.step_time_s
 
@@ -258,7 +259,7 @@ def test_choose_layout_is_valid_and_explicit_keys_win():
                                                          "train.recompute": "selective"})
     assert pinned["parallel.pipe"] == 2 and pinned["train.recompute"] == "selective"
     validate(load_config(cfg, pinned), 8)
-    with pytest.raises(ConfigError, match="parallel.layout=auto"):
+    with pytest.raises(ConfigError, match="the planner: no layout of model.num_layers=128"):
         choose_layout(config("gpt-1t"), 8, 8, gpu="h100")
 
 
@@ -324,3 +325,20 @@ def test_phased_interleaving_searched_on_our_gpus_only():
                fixed={"parallel.pipe": 4, "parallel.data": 1, "train.micro_batch_size": 2,
                       "parallel.schedule": "1f1b-phased", "parallel.virtual_stages": 2})
     assert not odd[0].ok and "m % p == 0" in odd[0].reason
+
+
+def test_tensor_layouts_price_sequence_parallelism():
+    """Sequence parallelism is searched where t > 1 divides the sequence: the 1.3B with
+    --mesh 1,1,2 on H200 gets it, micro 16, no recomputation (0.2846 s; without it the
+    planner's pick ran 0.3096 s, 4x H200, 2026-11-28); pinned off, it stays off."""
+    from ptdp_jax.plan.search import best_layout
+    cfg = load_config("configs/bench-1.3b.yaml")
+    mesh = {"parallel.data": 1, "parallel.pipe": 1, "parallel.tensor": 2}
+    best = best_layout(cfg, 2, 2, "h200", fixed=mesh)
+    assert (best.sequence_parallel, best.micro_batch_size, best.recompute) == (True, 16, "none")
+    assert best.overrides()["parallel.sequence_parallel"] is True
+    off = best_layout(cfg, 2, 2, "h200", fixed={**mesh, "parallel.sequence_parallel": False})
+    assert not off.sequence_parallel
+    assert off.estimate.step_time_s > best.estimate.step_time_s
+    one = best_layout(cfg, 1, 1, "h200")
+    assert not one.sequence_parallel                      # a no-op at t = 1: never searched

@@ -64,9 +64,9 @@ def _recompute(c: Candidate) -> str:
 
 def format_table(rows: list[Candidate], top: int) -> str:
     """Markdown: the `top` best valid layouts, then the best of each kind of rejection."""
-    head = ("| # | d | p | t | micro | m | schedule | recompute | s/g | zero | params/GPU "
+    head = ("| # | d | p | t | micro | m | schedule | recompute | s/g | sp | zero | params/GPU "
             "| GiB/GPU (w+g+opt+act) | bubble | step s | TFLOP/s/GPU | days | note |")
-    lines = [head, "|" + "---|" * 17]
+    lines = [head, "|" + "---|" * 18]
 
     def line(i, c: Candidate, note=""):
         j = c.to_json()
@@ -77,7 +77,8 @@ def format_table(rows: list[Candidate], top: int) -> str:
             f"{j['memory_per_device_gib']:.1f} ({parts})"
         return (f"| {i} | {c.data} | {c.pipe} | {c.tensor} | {c.micro_batch_size} | "
                 f"{c.num_microbatches} | {sched} | {_recompute(c)} | "
-                f"{'yes' if c.scatter_gather else 'no'} | {c.zero} | "
+                f"{'yes' if c.scatter_gather else 'no'} | "
+                f"{'yes' if c.sequence_parallel else 'no'} | {c.zero} | "
                 f"{_params(j['params_per_device'])} | "
                 f"{mem} | {_fmt(j['bubble'], '.3f')} | "
                 f"{_fmt(j['step_time_s'], '.4f')} | {_fmt(j['tflops_per_gpu'], '.1f')} | "

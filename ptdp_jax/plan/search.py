@@ -29,7 +29,8 @@ from ptdp_jax.plan.hardware import GpuKind, detect_gpu_kind, gpu_kind
 
 LAYOUT_KEYS = ("parallel.data", "parallel.pipe", "parallel.tensor", "train.micro_batch_size",
                "parallel.schedule", "parallel.virtual_stages", "train.recompute",
-               "parallel.scatter_gather", "parallel.zero", "tuning.keep_ffn_activation")
+               "parallel.scatter_gather", "parallel.zero", "parallel.sequence_parallel",
+               "tuning.keep_ffn_activation")
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)      # tried where they divide the batch of a replica
 RECOMPUTES = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "1f1b-phased", "zb-phased", "interleaved")   # gpipe: never faster than
@@ -55,6 +56,7 @@ class Candidate:
     scatter_gather: bool
     num_microbatches: int
     zero: int = 0                         # parallel.zero
+    sequence_parallel: bool = False       # parallel.sequence_parallel (t > 1)
     keep_ffn_activation: bool | str = "auto"  # selective: False where keeping it does not fit
     reason: str = ""                      # "" = a valid layout
     fits: bool = False
@@ -74,7 +76,8 @@ class Candidate:
                 "parallel.tensor": self.tensor, "train.micro_batch_size": self.micro_batch_size,
                 "parallel.schedule": self.schedule, "parallel.virtual_stages": self.virtual_stages,
                 "train.recompute": self.recompute, "parallel.scatter_gather": self.scatter_gather,
-                "parallel.zero": self.zero, "tuning.keep_ffn_activation": self.keep_ffn_activation}
+                "parallel.zero": self.zero, "parallel.sequence_parallel": self.sequence_parallel,
+                "tuning.keep_ffn_activation": self.keep_ffn_activation}
 
     def to_json(self) -> dict:
         e, mem = self.estimate, self.memory
@@ -84,7 +87,8 @@ class Candidate:
             "micro_batch_size": self.micro_batch_size, "num_microbatches": self.num_microbatches,
             "schedule": self.schedule, "virtual_stages": self.virtual_stages,
             "recompute": self.recompute, "scatter_gather": self.scatter_gather,
-            "zero": self.zero, "keep_ffn_activation": self.keep_ffn_activation,
+            "zero": self.zero, "sequence_parallel": self.sequence_parallel,
+            "keep_ffn_activation": self.keep_ffn_activation,
             "fits": self.fits, "reason": self.reason,
             "params_per_device": int(self.params_per_device) if mem else None,
             "memory_per_device_gib": g(mem.total) if mem else None,
@@ -138,9 +142,6 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
             if "parallel.data" in fixed and fixed["parallel.data"] != d:
                 continue
             treason = _tensor_reason(model, t, gpus_per_host)
-            if not treason and cfg.parallel.sequence_parallel and t > 1 and model.seq_len % t:
-                treason = f"not divisible: model.seq_len={model.seq_len} by t={t} " \
-                          f"(parallel.sequence_parallel)"
             base = dict(data=d, pipe=p, tensor=t)
             if B % d:
                 yield Candidate(**base, micro_batch_size=0, schedule="-", virtual_stages=1,
@@ -165,14 +166,31 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
                     for rc in pick("train.recompute", recomputes):
                         sgs = [False, True] if (p > 1 and t > 1) else [False]
                         for sg in pick("parallel.scatter_gather", sgs):
-                            for z in pick("parallel.zero", _zeros(d, p)):
+                            for z, sp in _zero_sp(d, p, t, model.seq_len, pick):
+                                why = hard or _sp_reason(sp, t, model.seq_len)
                                 c = Candidate(**base, micro_batch_size=b, schedule=sched,
                                               virtual_stages=v, recompute=rc, scatter_gather=sg,
-                                              num_microbatches=m, zero=z, reason=hard or treason,
+                                              num_microbatches=m, zero=z, sequence_parallel=sp,
+                                              reason=why or treason,
                                               keep_ffn_activation=_keep(cfg, fixed, rc))
                                 # a tensor group across hosts is slow, not impossible
                                 # (tuning.allow_cross_host_tensor): still predicted
-                                yield c, None if hard else layout_config(cfg, c)
+                                yield c, None if why else layout_config(cfg, c)
+
+
+def _zero_sp(d: int, p: int, t: int, seq_len: int, pick):
+    """(parallel.zero, parallel.sequence_parallel) pairs to price: sequence parallelism both
+    ways where t > 1 divides the sequence (it is a no-op at t = 1)."""
+    sps = [False, True] if t > 1 and seq_len % t == 0 else [False]
+    return [(z, sp) for z in pick("parallel.zero", _zeros(d, p))
+            for sp in pick("parallel.sequence_parallel", sps)]
+
+
+def _sp_reason(sp: bool, t: int, seq_len: int) -> str:
+    """A pinned sequence parallelism the sequence cannot be split for."""
+    if sp and t > 1 and seq_len % t:
+        return f"not divisible: model.seq_len={seq_len} by t={t} (parallel.sequence_parallel)"
+    return ""
 
 
 def _keep(cfg, fixed: dict, recompute: str) -> bool | str:
@@ -214,7 +232,7 @@ def layout_config(cfg, c: Candidate):
     return replace(cfg, parallel=replace(cfg.parallel, data=c.data, pipe=c.pipe, tensor=c.tensor,
                                          schedule=c.schedule, virtual_stages=c.virtual_stages,
                                          scatter_gather=c.scatter_gather, zero=c.zero,
-                                         stage_layers=()),
+                                         sequence_parallel=c.sequence_parallel, stage_layers=()),
                    train=replace(cfg.train, micro_batch_size=c.micro_batch_size,
                                  recompute=c.recompute),
                    tuning=replace(cfg.tuning, keep_ffn_activation=c.keep_ffn_activation))
