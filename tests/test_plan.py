@@ -258,7 +258,7 @@ def test_choose_layout_is_valid_and_explicit_keys_win():
                                                          "train.recompute": "selective"})
     assert pinned["parallel.pipe"] == 2 and pinned["train.recompute"] == "selective"
     validate(load_config(cfg, pinned), 8)
-    with pytest.raises(ConfigError, match="parallel.layout=auto"):
+    with pytest.raises(ConfigError, match="the planner: no layout of model.num_layers"):
         choose_layout(config("gpt-1t"), 8, 8, gpu="h100")
 
 
