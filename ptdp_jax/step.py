@@ -111,8 +111,10 @@ def make_grad_fn(cfg, mesh):
             if cfg.parallel.pipe == 1:
                 loss, grads = _microbatch_grads(cfg, sh, params, batch, keys, manual)
             else:
-                from ptdp_jax.pipeline.executor import pipeline_grads
-                loss, grads = pipeline_grads(cfg, sh, params, batch, keys)
+                from ptdp_jax.pipeline.executor import PipelineModes, pipeline_grads
+                modes = PipelineModes(cfg.parallel.static_stash_on, cfg.parallel.overlap_p2p_on,
+                                      cfg.parallel.empty_buffers)
+                loss, grads = pipeline_grads(cfg, sh, params, batch, keys, modes)
         grads = (Z.reduce_grads(cfg, grads, lay, reduced=in_backward) if zero
                  else jax.tree.map(lambda g: g.astype(reduce_dtype), grads))
         # The one data-parallel reduction. Each gradient is summed over the manual axes its
