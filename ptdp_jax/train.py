@@ -105,45 +105,30 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     still started from PTDP_* variables or the cluster's environment.
     `return_params`: gather the final parameters into result.params (on process 0
     only; other processes get None); ptdp-train passes False."""
-    cfg = resolve_config(config, mesh_shape, overrides)
-    maybe_initialize(**dict(distributed or {}))
-    cfg = auto_layout(cfg, overrides, mesh_shape, log if jax.process_index() == 0 else _quiet)
-    validate(cfg, len(jax.devices()))
-    check_fp8_devices(cfg, jax.devices())
+    run = _prepare(config, mesh_shape, overrides, log, distributed)
+    cfg, feed, compiled = run.cfg, run.feed, run.compiled
     is_main = jax.process_index() == 0
     log = log if is_main else _quiet
-    cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
-    check_wandb(cfg.run.wandb_project)                       # installed, if asked for
-    feed = Feed(cfg)                                         # opens and checks the data
-    preflight.check_memory(cfg)                              # the estimate against a device
-    replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
-                                                             # checkpoints unasked
-
-    mesh = make_mesh(cfg.parallel.mesh_shape,
-                     allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
-    feed.use_mesh(mesh)
-    tx, lr = make_optimizer(cfg)
-    compiled = compile_all(cfg, mesh, tx)
     t0 = time.perf_counter()
     log("ptdp_jax: compiling the train step ...")           # minutes for deep pipelines
-    train_step = _compile_step(cfg, compiled, tx)            # and XLA's own memory analysis
+    train_step = _compile_step(cfg, compiled, run.tx)        # and XLA's own memory analysis
     log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s"
-        + (f" (compilation cache: {cache})" if cache else ""))
+        + (f" (compilation cache: {run.cache})" if run.cache else ""))
     state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
     runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
     stopper = Stopper(cfg)                 # from here a signal ends the run cleanly
     runlog.header()
-    if replaced:
+    if run.replaced:
         runlog.message(f"checkpoint.overwrite=true: the earlier run's checkpoints in "
-                       f"{ckpt.directory} (steps {', '.join(map(str, replaced))}) are removed at "
-                       f"this run's first save")
+                       f"{ckpt.directory} (steps {', '.join(map(str, run.replaced))}) are "
+                       f"removed at this run's first save")
     result = TrainResult(losses=[], params=None, config=cfg, start_step=start, run_id=run_id)
     end = cfg.train.steps
     nothing = _nothing_to_train(cfg, start, ckpt)
     if nothing:
         runlog.message(nothing)
         end = start
-    lr_of = _host_lr(lr)
+    lr_of = _host_lr(run.lr)
     pending, ready = None, None       # a step dispatched and not yet read; when the last was read
 
     def record(evaluate_now=False):         # read, evaluate, log and count the pending step
@@ -151,7 +136,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
         n, metrics, seconds, ready = _read(pending, ready)
         pending, val = None, None
         if evaluate_now:                                                     # eval
-            val = evaluate(compiled.eval_loss, state["params"], feed.val_batch,
+            val = evaluate(compiled.eval_loss, state.params, feed.val_batch,
                            cfg.train.eval_batches)
             result.val_losses.append((n, val))
             ready = None                          # the next step's time starts at its dispatch
@@ -194,6 +179,40 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
 
 
 # ----------------------------------------------------------------------------- the pieces
+
+@dataclass
+class _Prepared:
+    cfg: Config
+    feed: Feed
+    estimate: Any                # preflight's memory estimate (None where it has none)
+    replaced: list[int]          # checkpoints this run removes at its first save
+    tx: Any                      # the optimizer and its learning-rate schedule
+    lr: Any
+    compiled: Any                # step.Compiled: jitted, not compiled yet
+    cache: str | None            # the compilation cache in use
+
+
+def _prepare(config, mesh_shape, overrides, log, distributed) -> _Prepared:
+    """What train() and dry_run() do before compiling the step: the config resolved (and
+    laid out, parallel.layout=auto) and checked, the processes joined, the data opened, the
+    memory estimate and checkpoint.dir checked, the mesh, the optimizer, the jitted step."""
+    cfg = resolve_config(config, mesh_shape, overrides)
+    maybe_initialize(**dict(distributed or {}))
+    cfg = auto_layout(cfg, overrides, mesh_shape, log if jax.process_index() == 0 else _quiet)
+    validate(cfg, len(jax.devices()))
+    check_fp8_devices(cfg, jax.devices())
+    cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
+    check_wandb(cfg.run.wandb_project)                       # installed, if asked for
+    feed = Feed(cfg)                                         # opens and checks the data
+    estimate = preflight.check_memory(cfg)                   # the estimate against a device
+    replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
+                                                             # checkpoints unasked
+    mesh = make_mesh(cfg.parallel.mesh_shape,
+                     allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
+    feed.use_mesh(mesh)
+    tx, lr = make_optimizer(cfg)
+    return _Prepared(cfg, feed, estimate, replaced, tx, lr, compile_all(cfg, mesh, tx), cache)
+
 
 def _compile_step(cfg, compiled, tx):
     """The train step compiled ahead of its first call (the compile training needs anyway),
@@ -295,7 +314,7 @@ def _finish(cfg, result, state, feed, runlog, return_params, is_main, log):
     process 0 only; the sample only after a run that reached its end."""
     want_sample = cfg.train.sample_tokens > 0 and result.losses and not result.stopped
     if return_params or want_sample:
-        canonical = jax.jit(lambda prm: canonical_params(cfg, prm))(state["params"])
+        canonical = jax.jit(lambda prm: canonical_params(cfg, prm))(state.params)
         result.params = to_host(canonical, only_process0=True)
         del canonical
     if want_sample and is_main:
@@ -333,19 +352,8 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
     from ptdp_jax import metrics as MX
     from ptdp_jax.memory import device_memory_bytes
 
-    cfg = resolve_config(config, mesh_shape, overrides)
-    maybe_initialize(**dict(distributed or {}))
-    cfg = auto_layout(cfg, overrides, mesh_shape, log)
-    validate(cfg, len(jax.devices()))
-    check_fp8_devices(cfg, jax.devices())
-    use_compile_cache(cfg.run.compile_cache)               # a dry run fills the cache
-    Feed(cfg)
-    est = preflight.check_memory(cfg)
-    CK.check_checkpoint_dir(cfg)
-    mesh = make_mesh(cfg.parallel.mesh_shape,
-                     allow_cross_host_tensor=cfg.parallel.allow_cross_host_tensor)
-    tx, _ = make_optimizer(cfg)
-    compiled = compile_all(cfg, mesh, tx)
+    run = _prepare(config, mesh_shape, overrides, log, distributed)
+    cfg, est, compiled, tx = run.cfg, run.estimate, run.compiled, run.tx
     t0 = time.perf_counter()
     exe = _compile_step(cfg, compiled, tx)
     seconds = time.perf_counter() - t0
