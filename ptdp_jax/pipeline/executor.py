@@ -109,7 +109,7 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r, modes: PipelineModes):
     batch_rs1: this replica's rows (B/d, s+1). Returns (loss_sum, grads) with the structure
     of params; embed/head gradients still to be psum'd over 'pipe'."""
     sched = schedule_for(cfg)
-    branches, ctl = control_table(sched, chunk_layers(cfg), static_stash=modes.static_stash)
+    branches, table = control_table(sched, chunk_layers(cfg), static_stash=modes.static_stash)
     stage = jax.lax.axis_index("pipe")
     router = Router(sched, sh, cfg.parallel.scatter_gather and cfg.parallel.tensor > 1)
     ops = _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router)
@@ -118,9 +118,9 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r, modes: PipelineModes):
     state = initial_state(ops, sched, alloc, ops.tokens.shape[1], cfg.model)
     ticks = Ticks(ops, router, stage, _slot_sizes(sched), [ops.branch(br) for br in branches])
     if sched.name in S.PHASED:
-        state = run_phased(ticks, state, ctl, sched, modes.overlap_p2p)
+        state = run_phased(ticks, state, table, sched, modes.overlap_p2p)
     else:
-        state = run_lockstep(ticks, state, ctl)
+        state = run_lockstep(ticks, state, table)
     return state.sums.loss, _grads(ops, state.sums, stage)
 
 
@@ -233,62 +233,84 @@ BOTH = ("down", "up")
 
 @dataclass(frozen=True)
 class RowPlan:
-    """How one loop runs its rows: the switch's branches (0 idle), the head after the op,
-    the channels sent, and those whose arrival is filed after the op (`late`)."""
+    """How one loop runs its rows: the switch's branches (0 idle), the head after the op
+    (a `Ticks` head step), the channels sent, and those whose arrival is filed after the op."""
     ops: list
-    head: str = "none"      # "none", "every" row, or "due" (where the row has one)
+    head: Callable          # (state, ctl) -> state
     sends: tuple = BOTH
     late: tuple = ()
 
 
 class Ticks:
-    """One tick of the table on this stage: receive, run op, commit, send."""
+    """One tick of the table on this stage: receive, run op, commit, send. The head steps a
+    plan picks from: `no_head`, `head_every_row`, `head_when_due` (the last two are `no_head`
+    where the last chunk's forward branch runs the whole head)."""
 
     def __init__(self, ops: StageOps, router: Router, stage, slot_sizes: dict, branches: list):
         self.ops, self.router, self.stage = ops, router, stage
         self.slot_sizes, self.branches = slot_sizes, branches
+        over_pipe = ops.pipe_head is not None
+        self.head_every_row = self._head_every_row if over_pipe else no_head
+        self.head_when_due = self._head_when_due if over_pipe else no_head
 
-    def tick(self, plan: RowPlan, st: PipeState, row: dict):
-        c = self.control(row)
-        st = self.receive(st, c, tuple(ch for ch in BOTH if ch not in plan.late))
-        st = self.run_op(st, c, plan)
-        st = self.commit(st, c, plan)
-        return self.send(st, plan), None
+    def tick(self, plan: RowPlan, state: PipeState, row: dict):
+        ctl = self.control(row)
+        state = self.receive(state, ctl, tuple(ch for ch in BOTH if ch not in plan.late))
+        state = self.run_op(state, ctl, plan)
+        state = self.commit(state, ctl, plan)
+        return self.send(state, plan), None
 
     def control(self, row: dict) -> TickControl:
         """This stage's column of a control row, slot -1 (none) sent to the trash row."""
-        c = TickControl(**{k: a[self.stage] for k, a in row.items()})
-        return c._replace(**{k: jnp.where(getattr(c, k) >= 0, getattr(c, k), n)
-                             for k, n in self.slot_sizes.items() if getattr(c, k) is not None})
+        ctl = TickControl(**{k: a[self.stage] for k, a in row.items()})
+        return ctl._replace(**{k: jnp.where(getattr(ctl, k) >= 0, getattr(ctl, k), n)
+                               for k, n in self.slot_sizes.items()
+                               if getattr(ctl, k) is not None})
 
-    def receive(self, st: PipeState, c: TickControl, channels) -> PipeState:
-        return st._replace(inbox=self.router.receive(st.inbox, st.wire, c, channels))
+    def receive(self, state: PipeState, ctl: TickControl, channels) -> PipeState:
+        return state._replace(inbox=self.router.receive(state.inbox, state.wire, ctl, channels))
 
-    def run_op(self, st: PipeState, c: TickControl, plan: RowPlan) -> PipeState:
+    def run_op(self, state: PipeState, ctl: TickControl, plan: RowPlan) -> PipeState:
         """The switch. Late arrivals bypass it (they are no operand of it), so the permute
         that brought them need not end before the op."""
-        held = {f"recv_{ch}": getattr(st.wire, f"recv_{ch}") for ch in plan.late}
-        st = st._replace(wire=st.wire._replace(**dict.fromkeys(held)))
-        st = jax.lax.switch(c.branch, plan.ops, st, c)
-        return st._replace(wire=st.wire._replace(**held)) if held else st
+        held = {f"recv_{ch}": getattr(state.wire, f"recv_{ch}") for ch in plan.late}
+        state = state._replace(wire=state.wire._replace(**dict.fromkeys(held)))
+        state = jax.lax.switch(ctl.branch, plan.ops, state, ctl)
+        return state._replace(wire=state.wire._replace(**held)) if held else state
 
-    def commit(self, st: PipeState, c: TickControl, plan: RowPlan) -> PipeState:
+    def commit(self, state: PipeState, ctl: TickControl, plan: RowPlan) -> PipeState:
+        """What the tick's op leaves to after the switch: the late arrivals, the head."""
         if plan.late:
-            st = self.receive(st, c, plan.late)
-        if self.ops.pipe_head is None or plan.head == "none":
-            return st
-        out = HeadSums(st.sums.loss, st.sums.vocab, st.inbox.bwd)
-        if plan.head == "due":      # one predicate on every stage: collectives inside are fine
-            out = jax.lax.cond(c.head_tick == 1, self.ops.head_over_pipe,
-                               lambda o, y, c_: o, out, st.head_y, c)
-        else:
-            out = self.ops.head_over_pipe(out, st.head_y, c)
-        return st._replace(sums=st.sums._replace(loss=out.loss, vocab=out.vocab),
-                           inbox=st.inbox._replace(bwd=out.bwd))
+            state = self.receive(state, ctl, plan.late)
+        return plan.head(state, ctl)
 
-    def send(self, st: PipeState, plan: RowPlan) -> PipeState:
-        return st._replace(wire=self.router.send(st.wire, st.sums.loss, self.stage,
-                                                 plan.sends))
+    def send(self, state: PipeState, plan: RowPlan) -> PipeState:
+        wire = self.router.send(state.wire, state.sums.loss, self.stage, plan.sends)
+        return state._replace(wire=wire)
+
+    def _head_every_row(self, state: PipeState, ctl: TickControl) -> PipeState:
+        out = self.ops.head_over_pipe(_head_sums(state), state.head_y, ctl)
+        return _with_head_sums(state, out)
+
+    def _head_when_due(self, state: PipeState, ctl: TickControl) -> PipeState:
+        """In a conditional on the row's head flag: one predicate on every stage, so the
+        collectives inside are fine. Only what the head updates passes through it."""
+        out = jax.lax.cond(ctl.head_tick == 1, self.ops.head_over_pipe,
+                           lambda out_, head_y, ctl_: out_, _head_sums(state), state.head_y, ctl)
+        return _with_head_sums(state, out)
+
+
+def no_head(state: PipeState, ctl: TickControl) -> PipeState:
+    return state
+
+
+def _head_sums(state: PipeState) -> HeadSums:
+    return HeadSums(state.sums.loss, state.sums.vocab, state.inbox.bwd)
+
+
+def _with_head_sums(state: PipeState, out: HeadSums) -> PipeState:
+    return state._replace(sums=state.sums._replace(loss=out.loss, vocab=out.vocab),
+                          inbox=state.inbox._replace(bwd=out.bwd))
 
 
 def _slot_sizes(sched) -> dict:
@@ -301,47 +323,48 @@ def _slot_sizes(sched) -> dict:
 
 # ----------------------------------------------------------------------------- the loops
 
-def run_lockstep(ticks: Ticks, state: PipeState, ctl: dict) -> PipeState:
+def run_lockstep(ticks: Ticks, state: PipeState, table: dict) -> PipeState:
     """Every row alike: both channels, the head where due."""
-    plan = RowPlan(ticks.branches, head="due")
+    plan = RowPlan(ticks.branches, ticks.head_when_due)
     state, _ = jax.lax.scan(partial(ticks.tick, plan), state,
-                            {k: jnp.asarray(a) for k, a in ctl.items()})
+                            {k: jnp.asarray(a) for k, a in table.items()})
     return state
 
 
-def run_phased(ticks: Ticks, state: PipeState, ctl: dict, sched, overlap_p2p: bool):
+def run_phased(ticks: Ticks, state: PipeState, table: dict, sched, overlap_p2p: bool):
     """Warm-up (forward rows), steady (forward row, backward row) pairs, cool-down (backward
     rows); each loop's switch holds only its own rows' branches."""
     p, m, v = sched.p, sched.m, sched.v
     warm, fwd, bwd, cool = phased_parts(p, m, v)
     heads = np.asarray(head_pairs(p, m, v))
-    assert (ctl["head_tick"][np.asarray(fwd, np.int64), 0] == heads).all() and not ctl[
+    assert (table["head_tick"][np.asarray(fwd, np.int64), 0] == heads).all() and not table[
         "head_tick"][np.asarray(list(warm) + list(bwd) + list(cool), np.int64)].any()
     (w_ops, w_rows), (f_ops, f_rows), (b_ops, b_rows), (c_ops, c_rows) = (
-        _loop_rows(ctl, ticks.branches, part) for part in (warm, fwd, bwd, cool))
-    forward_row = RowPlan(f_ops, "every" if heads.all() else "due", ("down",))
-    backward_row = RowPlan(b_ops, "none", ("up",), ("down",) if overlap_p2p else ())
+        _loop_rows(table, ticks.branches, part) for part in (warm, fwd, bwd, cool))
+    forward_row = RowPlan(f_ops, ticks.head_every_row if heads.all() else ticks.head_when_due,
+                          ("down",))
+    backward_row = RowPlan(b_ops, no_head, ("up",), ("down",) if overlap_p2p else ())
 
-    def pair(st: PipeState, rows):
-        st, _ = ticks.tick(forward_row, st, rows[0])
-        return ticks.tick(backward_row, st, rows[1])
+    def pair(state: PipeState, rows):
+        state, _ = ticks.tick(forward_row, state, rows[0])
+        return ticks.tick(backward_row, state, rows[1])
     if len(warm):
-        state, _ = jax.lax.scan(partial(ticks.tick, RowPlan(w_ops, sends=("down",))), state,
-                                w_rows)
+        state, _ = jax.lax.scan(partial(ticks.tick, RowPlan(w_ops, no_head, ("down",))),
+                                state, w_rows)
     state, _ = jax.lax.scan(pair, state, (f_rows, b_rows))
     if len(cool):
-        state, _ = jax.lax.scan(partial(ticks.tick, RowPlan(c_ops, sends=("up",))), state,
-                                c_rows)
+        state, _ = jax.lax.scan(partial(ticks.tick, RowPlan(c_ops, no_head, ("up",))),
+                                state, c_rows)
     return state
 
 
-def _loop_rows(ctl: dict, ops: list, idx: range):
+def _loop_rows(table: dict, ops: list, idx: range):
     """Phased tables: the control rows idx (one part of the table, pipeline/phased.py) and the
     switch branches they use, renumbered (idle stays 0), so that each loop's switch holds only
     its own ops."""
     idx = np.asarray(idx, np.int64)
-    used = sorted(set(np.unique(ctl["branch"][idx]).tolist()) | {0})
+    used = sorted(set(np.unique(table["branch"][idx]).tolist()) | {0})
     local = np.zeros(len(ops), np.int32)
     local[used] = np.arange(len(used), dtype=np.int32)
-    rows = {n: jnp.asarray(local[a[idx]] if n == "branch" else a[idx]) for n, a in ctl.items()}
+    rows = {n: jnp.asarray(local[a[idx]] if n == "branch" else a[idx]) for n, a in table.items()}
     return [ops[i] for i in used], rows

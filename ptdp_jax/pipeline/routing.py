@@ -170,7 +170,8 @@ class Router:
         warm-up tick)."""
         send_down, send_up = wire.send_down, wire.send_up
         if self.ordered:      # after the head (it updates the loss), the up channel after down
-            (send_down, send_up), _ = jax.lax.optimization_barrier(((send_down, send_up), after))
+            (send_down, send_up), _ = jax.lax.optimization_barrier(
+                ((send_down, send_up), after))
         down = self._move(send_down, self.down_perm) if "down" in channels else wire.recv_down
         if self.ordered:
             send_up, _ = jax.lax.optimization_barrier((send_up, down))

@@ -42,11 +42,11 @@ Store = IndexedStash | StaticStash
 class WholeBackward:
     """Tables without W ops: the layer's vjp gives its weight gradients."""
 
-    def vjp_weights(self, wl: dict) -> dict:
-        return wl
+    def vjp_weights(self, layer_w: dict) -> dict:
+        return layer_w
 
-    def weight_grads(self, g_w: dict, wstash, br, ctl, layer: int, part: int):
-        return g_w, wstash
+    def weight_grads(self, w_grads: dict, wstash, branch, ctl, layer: int, part: int):
+        return w_grads, wstash
 
 
 @dataclass(frozen=True)
@@ -60,21 +60,21 @@ class SplitBackward:
     fp8: bool
     store: Store                      # the W stash's
 
-    def vjp_weights(self, wl: dict) -> dict:
+    def vjp_weights(self, layer_w: dict) -> dict:
         """The weights a layer's vjp is taken against: zero taps on the GEMM weights."""
         return {k: Taps(a.w, *(vary(jnp.zeros(s, self.dtype), self.manual)
                                for s in self.gemm_shapes[k]))
-                if k in self.dense else a for k, a in wl.items()}
+                if k in self.dense else a for k, a in layer_w.items()}
 
-    def weight_grads(self, g_w: dict, wstash, br, ctl, layer: int, part: int):
+    def weight_grads(self, w_grads: dict, wstash, branch, ctl, layer: int, part: int):
         """(the gradients to add now, the W stash): B stores each GEMM's (x, dy) of the layer;
         a whole backward turns them into weight gradients at once."""
         if part == S.BWD_INPUT:
-            xdy = {k: map_entry(lambda a: vary(a, self.manual), g_w[k][1:]) for k in self.dense}
-            wstash = self.store.put(wstash, br, ctl, layer, xdy)
-            return {k: a for k, a in g_w.items() if k not in self.dense}, wstash
+            xdy = {k: map_entry(lambda a: vary(a, self.manual), w_grads[k][1:]) for k in self.dense}
+            wstash = self.store.put(wstash, branch, ctl, layer, xdy)
+            return {k: a for k, a in w_grads.items() if k not in self.dense}, wstash
         return {k: weight_grad(*a[1:], fp8=self.fp8) if k in self.dense else a
-                for k, a in g_w.items()}, wstash
+                for k, a in w_grads.items()}, wstash
 
     def wstash_entry(self) -> dict:
         """One layer's W stash entry, as ShapeDtypeStructs."""
@@ -122,109 +122,114 @@ class StageOps:
     def key_rows(self, mb):
         return None if self.keys is None else self.keys[mb]
 
-    def layer_fwd(self, wl, x, idx, mb):
+    def layer_fwd(self, layer_w, x, idx, mb):
         """One layer's output and its residuals to stash."""
-        wl = self.split.vjp_weights(wl)
-        y, pull = jax.vjp(lambda w_, x_: self.layer(w_, x_, idx, self.key_rows(mb)), wl, x)
-        return y, self.res.split(pull, wl)
+        layer_w = self.split.vjp_weights(layer_w)
+        y, pull = jax.vjp(lambda w_, x_: self.layer(w_, x_, idx, self.key_rows(mb)), layer_w, x)
+        return y, self.res.split(pull, layer_w)
 
     # ------------------------------------------------------------------ switch branches
-    def branch(self, br: Branch) -> Callable:
-        if br.op == S.IDLE:
+    def branch(self, branch: Branch) -> Callable:
+        if branch.op == S.IDLE:
             return idle
-        if br.op == S.FWD:
-            return lambda st, c: self.forward(br, st, c)
-        if br.op == S.BWD_WEIGHT:
-            return lambda st, c: self.weight(br, st, c)
-        return lambda st, c: self.backward(br, st, c)
+        if branch.op == S.FWD:
+            return lambda state, ctl: self.forward(branch, state, ctl)
+        if branch.op == S.BWD_WEIGHT:
+            return lambda state, ctl: self.weight(branch, state, ctl)
+        return lambda state, ctl: self.backward(branch, state, ctl)
 
-    def forward(self, br: Branch, st: PipeState, c: TickControl) -> PipeState:
+    def forward(self, branch: Branch, state: PipeState, ctl: TickControl) -> PipeState:
         """A chunk's forward: input from the embedding or the inbox, each layer's residuals
         to the stash, the output to the send buffer or the head."""
-        if br.first:
-            x = M.embed(self.mc, self.sh, self.compute["embed"], self.tokens[c.mb, :, :-1],
-                        self.key_rows(c.mb))
+        if branch.first:
+            x = M.embed(self.mc, self.sh, self.compute["embed"], self.tokens[ctl.mb, :, :-1],
+                        self.key_rows(ctl.mb))
         else:
-            x = st.inbox.fwd[c.fwd_in_slot]
-        stash = st.stash
-        for l in range(br.n_layers):
-            x, leaves = self.layer_fwd(self.weights[br.vchunk][l], x, c.first_layer + l, c.mb)
+            x = state.inbox.fwd[ctl.fwd_in_slot]
+        stash, weights = state.stash, self.weights[branch.vchunk]
+        for l in range(branch.n_layers):
+            x, leaves = self.layer_fwd(weights[l], x, ctl.first_layer + l, ctl.mb)
             leaves = tuple(vary(a, self.manual) for a in leaves)
-            stash = self.stash.put(stash, br, c, l, leaves)
-        st = st._replace(stash=stash)
-        if br.last:
+            stash = self.stash.put(stash, branch, ctl, l, leaves)
+        state = state._replace(stash=stash)
+        if branch.last:
             if self.pipe_head is not None:
-                return st._replace(head_y=x.astype(self.dtype))
-            return self.head(st, x, c)
-        return self.send(st, br, x)
+                return state._replace(head_y=x.astype(self.dtype))
+            return self.head(state, x, ctl)
+        return self.send(state, branch, x)
 
-    def backward(self, br: Branch, st: PipeState, c: TickControl) -> PipeState:
+    def backward(self, branch: Branch, state: PipeState, ctl: TickControl) -> PipeState:
         """A chunk's backward (or its upper or lower half, or B): the layers' pullbacks from
         the stash, weight gradients into the sums (or B's operands into the W stash), the input
         gradient to the send buffer, the lower half (mid) or the embedding's gradient."""
-        part = br.op
-        ct = st.mid if part == S.BWD_LOWER else st.inbox.bwd[c.bwd_in_slot]
-        g, wstash = list(st.sums.layers[br.vchunk]), st.wstash
-        for l in reversed(_layer_range(part, br.n_layers)):
-            wl = self.split.vjp_weights(self.weights[br.vchunk][l])
-            pull = self.res.join(self.stash.get(st.stash, br, c, l), wl)
-            g_w, ct = pull(ct)
-            g_w, wstash = self.split.weight_grads(g_w, wstash, br, c, l, part)
-            g[l] = dict(g[l], **f32_add({k: g[l][k] for k in g_w}, grads_of(g_w)))
-        st = st._replace(sums=_with_chunk(st.sums, br.vchunk, g), wstash=wstash)
+        part = branch.op
+        grad = state.mid if part == S.BWD_LOWER else state.inbox.bwd[ctl.bwd_in_slot]
+        sums, wstash = list(state.sums.layers[branch.vchunk]), state.wstash
+        for l in reversed(_layer_range(part, branch.n_layers)):
+            layer_w = self.split.vjp_weights(self.weights[branch.vchunk][l])
+            pull = self.res.join(self.stash.get(state.stash, branch, ctl, l), layer_w)
+            w_grads, grad = pull(grad)
+            w_grads, wstash = self.split.weight_grads(w_grads, wstash, branch, ctl, l, part)
+            sums[l] = dict(sums[l], **f32_add({k: sums[l][k] for k in w_grads},
+                                              grads_of(w_grads)))
+        state = state._replace(sums=_with_chunk(state.sums, branch.vchunk, sums), wstash=wstash)
         if part == S.BWD_UPPER:
-            return st._replace(mid=ct.astype(self.dtype))
-        if br.first:
-            return st._replace(sums=st.sums._replace(
-                embed=self.embed_grad(st.sums.embed, ct, c.mb)))
-        return self.send(st, br, ct)
+            return state._replace(mid=grad.astype(self.dtype))
+        if branch.first:
+            return state._replace(sums=state.sums._replace(
+                embed=self.embed_grad(state.sums.embed, grad, ctl.mb)))
+        return self.send(state, branch, grad)
 
-    def weight(self, br: Branch, st: PipeState, c: TickControl) -> PipeState:
+    def weight(self, branch: Branch, state: PipeState, ctl: TickControl) -> PipeState:
         """W: the weight gradients of a chunk's GEMMs from the W stash, added to the float32
         sums inside the GEMMs."""
-        g = list(st.sums.layers[br.vchunk])
-        for l in range(br.n_layers):
-            g[l] = dict(g[l], **{k: g[l][k] + weight_grad(x, dy, self.sh.fp8) for k, (x, dy)
-                                 in self.split.store.get(st.wstash, br, c, l).items()})
-        return st._replace(sums=_with_chunk(st.sums, br.vchunk, g))
+        sums = list(state.sums.layers[branch.vchunk])
+        for l in range(branch.n_layers):
+            xdy = self.split.store.get(state.wstash, branch, ctl, l)
+            sums[l] = dict(sums[l], **{k: sums[l][k] + weight_grad(x, dy, self.sh.fp8)
+                                       for k, (x, dy) in xdy.items()})
+        return state._replace(sums=_with_chunk(state.sums, branch.vchunk, sums))
 
-    def send(self, st: PipeState, br: Branch, x) -> PipeState:
-        return st._replace(wire=st.wire._replace(**{self.send_field(br): x.astype(self.dtype)}))
+    def send(self, state: PipeState, branch: Branch, x) -> PipeState:
+        """x to this branch's send buffer (activations down, gradients up; routing.py)."""
+        wire = state.wire._replace(**{self.send_field(branch): x.astype(self.dtype)})
+        return state._replace(wire=wire)
 
     # ------------------------------------------------------------------ the head, the embedding
-    def head(self, st: PipeState, y, c: TickControl) -> PipeState:
+    def head(self, state: PipeState, y, ctl: TickControl) -> PipeState:
         """The last chunk's forward on its own stage: loss, its gradient (seeds this
         microbatch's backward, into the loss slot), head and (tied) embedding gradients."""
-        targets = self.tokens[c.mb, :, 1:]
+        targets = self.tokens[ctl.mb, :, 1:]
         loss, (g_e, g_h, dy) = jax.value_and_grad(
             lambda e, hd, y_: M.head_loss(self.mc, self.sh, e, hd, y_, targets),
             argnums=(0, 1, 2))(self.compute["embed"], self.compute["head"], y)
-        sums = st.sums._replace(loss=st.sums.loss + loss, embed=f32_add(st.sums.embed, g_e),
-                                head=f32_add(st.sums.head, g_h))
-        return st._replace(sums=sums, inbox=st.inbox._replace(
-            bwd=st.inbox.bwd.at[c.loss_ct_slot].set(dy.astype(self.dtype))))
+        sums = state.sums._replace(loss=state.sums.loss + loss,
+                                   embed=f32_add(state.sums.embed, g_e),
+                                   head=f32_add(state.sums.head, g_h))
+        return state._replace(sums=sums, inbox=state.inbox._replace(
+            bwd=state.inbox.bwd.at[ctl.loss_ct_slot].set(dy.astype(self.dtype))))
 
-    def head_over_pipe(self, out: HeadSums, head_y, c: TickControl) -> HeadSums:
+    def head_over_pipe(self, out: HeadSums, head_y, ctl: TickControl) -> HeadSums:
         """The head of this tick's last-chunk forward, every stage taking 1/p of the
         vocabulary; the loss counts on the last chunk's stage, dy lands in its loss slot."""
         h = self.pipe_head
         last = h.stage == h.loss_stage
-        loss, g, dy = head_over_pipe(h.cfg, h.sh, h.weights, h.slices, h.stage, head_y, last,
-                                     self.tokens[c.head_mb, :, 1:])
-        return HeadSums(out.loss + jnp.where(last, loss, 0.0), f32_add(out.vocab, g),
-                        out.bwd.at[c.loss_ct_slot].set(dy.astype(self.dtype)))
+        loss, grads, dy = head_over_pipe(h.cfg, h.sh, h.weights, h.slices, h.stage, head_y,
+                                         last, self.tokens[ctl.head_mb, :, 1:])
+        return HeadSums(out.loss + jnp.where(last, loss, 0.0), f32_add(out.vocab, grads),
+                        out.bwd.at[ctl.loss_ct_slot].set(dy.astype(self.dtype)))
 
     def embed_grad(self, g_embed, dx, mb):
         """The input gradient of chunk 0 into the embedding, taken against the float32
         tables so that XLA scatter-adds it into the sum in place."""
         _, pull = jax.vjp(lambda e: M.embed(self.mc, self.sh, e, self.tokens[mb, :, :-1],
                                             self.key_rows(mb)), self.params["embed"])
-        (g,) = pull(dx.astype(jnp.float32))
-        return jax.tree.map(jnp.add, g_embed, g)
+        (grads,) = pull(dx.astype(jnp.float32))
+        return jax.tree.map(jnp.add, g_embed, grads)
 
 
-def idle(st: PipeState, c: TickControl) -> PipeState:
-    return st
+def idle(state: PipeState, ctl: TickControl) -> PipeState:
+    return state
 
 
 def _layer_range(part: int, n: int) -> range:
