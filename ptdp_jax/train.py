@@ -119,9 +119,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     stopper = Stopper(cfg)                 # from here a signal ends the run cleanly
     runlog.header()
     if run.replaced:
-        runlog.message(f"checkpoint.overwrite=true: the earlier run's checkpoints in "
-                       f"{ckpt.directory} (steps {', '.join(map(str, run.replaced))}) are "
-                       f"removed at this run's first save")
+        runlog.message(_replaced_message(ckpt, run.replaced))
     result = TrainResult(losses=[], params=None, config=cfg, start_step=start, run_id=run_id)
     end = cfg.train.steps
     nothing = _nothing_to_train(cfg, start, ckpt)
@@ -247,6 +245,11 @@ def _restore_or_init(cfg, compiled, log):
     if ckpt is not None:
         ckpt.run_id = run_id
     return state, start, run_id, ckpt
+
+
+def _replaced_message(ckpt, steps) -> str:
+    return (f"checkpoint.overwrite=true: the earlier run's checkpoints in {ckpt.directory} "
+            f"(steps {', '.join(map(str, steps))}) are removed at this run's first save")
 
 
 def _nothing_to_train(cfg, start: int, ckpt) -> str | None:

@@ -31,7 +31,8 @@ the schedule's slot counts; "+1" the trash row that idle stages write):
                                           loss and the head / embedding gradients; chunk 0's
                                           backward scatter-adds the embedding gradient
 
-Each mode is chosen once a step, not per tick:
+Each mode is chosen once a step, not per tick (`PipelineModes`, resolved by the caller, and
+the table itself):
 
     loops      `run_lockstep` (one scan over the rows), or for 1f1b-phased and zb-phased
                `run_phased`: the warm-up's forward rows, the steady (forward row, backward row)
@@ -42,7 +43,7 @@ Each mode is chosen once a step, not per tick:
                p pairs holds a head, which then runs in a conditional (one host round trip a
                forward row: loops of their own for the pairs with and without a head tripled
                the compile).
-    stash      static (parallel.static_stash: a buffer per slot and a branch per (op, slot), so
+    stash      static (static_stash: a buffer per slot and a branch per (op, slot), so
                the layers' kernels write and read the residuals in place) or indexed by the
                tick's slot (pipeline/stash.py); its slots are the schedule's in-flight bound
                (`num_stash_slots`), not m
@@ -51,9 +52,9 @@ Each mode is chosen once a step, not per tick:
                the vocabulary (head.py), run after the forward rows ("every row"), where due
                (in a conditional: one predicate on every stage, so collectives inside are fine)
                or never (rows without a last-chunk forward)
-    late       parallel.overlap_p2p (phased): the forward row's arrival is filed after the
+    late       overlap_p2p (phased): the forward row's arrival is filed after the
                backward row's op, so that its permute need not end before that op
-    buffers    uninitialised (parallel.empty_buffers, 'tensor' 1) or zeros
+    buffers    uninitialised (empty_buffers, 'tensor' 1) or zeros
 
 There is one switch per tick and no other conditional but the head's: a buffer passes through
 exactly one branch, which either leaves it alone (no copy) or updates one slot of it in place.

@@ -6,7 +6,7 @@ and the W stash (each GEMM's (x, dy) of each layer, written by a zero-bubble B, 
                   tick's control row: the producer writes a temporary that a
                   dynamic-update-slice copies in, the consumer reads a copy
     StaticStash   a buffer per (slot, layer, leaf); the slot is the switch branch's, fixed
-                  at trace time (parallel.static_stash: a branch per (op, slot)), so that the
+                  at trace time (a switch branch per (op, slot)), so that the
                   layers' kernels write and read the residuals in place
 
 An entry is one layer's leaves: a tuple of arrays (residuals) or {GEMM weight: (x, dy)}
