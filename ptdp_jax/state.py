@@ -15,7 +15,8 @@ stage c or 2p-1-c (`chunk_placement`), padded to the largest chunk), and *canoni
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import dataclasses
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -54,7 +55,7 @@ class TrainState:
                           bad_steps=jnp.where(finite, 0, self.bad_steps + 1))
 
     def replace(self, **changes) -> "TrainState":
-        return replace(self, **changes)
+        return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict:
         """The tree a checkpoint stores."""
