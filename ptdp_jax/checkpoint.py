@@ -7,7 +7,8 @@
 
 On disk, ``<checkpoint.dir>/<step>/`` is one orbax step directory with these items:
 
-- ``state``: the train state in the *canonical* layout: parameters and the AdamW
+- ``state``: the train state in the *canonical* layout (``TrainState.as_dict()``:
+  ``params``, ``opt``, ``step``, ``bad_steps``): parameters and the AdamW
   moments (mu, nu) with layers on one leading axis of length L, the optimizer's
   step count, ``step`` and ``bad_steps``. No per-stage or per-chunk files: a
   checkpoint written with any (data, pipe, tensor) mesh and schedule restores on
@@ -66,8 +67,8 @@ from ptdp_jax.ckpt_format import (  # noqa: F401  (re-exported: the public check
     load_checkpoint, load_params, quiet_closed_loop, read_meta, resolve_step_dir, run_tokenizer,
     stored_shapes, tokenizer_files)
 from ptdp_jax.state import (  # noqa: F401  (re-exported: the public checkpoint API)
-    canonical_abstract_state, canonical_shardings, make_optimizer, to_canonical_state,
-    to_stage_state, with_shardings as _with_shardings)
+    TrainState, canonical_abstract_state, canonical_shardings, make_optimizer,
+    to_canonical_state, to_stage_state, with_shardings as _with_shardings)
 from ptdp_jax.stopping import StopSignal  # noqa: F401  (re-exported)
 
 # ----------------------------------------------------------------------------- test hooks
@@ -131,11 +132,13 @@ class CheckpointManager:
         self.shardings = shardings
         self.directory = Path(os.path.expanduser(directory or cfg.checkpoint.dir)).absolute()
         self.keep = cfg.checkpoint.keep
-        self.mesh = shardings["step"].mesh
+        self.mesh = shardings.step.mesh
         self.tx, _ = make_optimizer(cfg)
         check_directory(self.directory)
         self._canon_sh = canonical_shardings(cfg, self.mesh, self.tx)
-        self._abstract = _with_shardings(canonical_abstract_state(cfg, self.tx), self._canon_sh)
+        # what orbax restores: the stored tree (TrainState.as_dict), with the canonical shardings
+        self._abstract = _with_shardings(canonical_abstract_state(cfg, self.tx),
+                                         self._canon_sh).as_dict()
         self._to_canonical = jax.jit(lambda s: to_canonical_state(cfg, self.tx, s),
                                      out_shardings=self._canon_sh)
         self._to_stage = jax.jit(lambda s: to_stage_state(cfg, self.tx, s),
@@ -206,7 +209,7 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {where} is corrupt: its state says step "
                                   f"{int(restored['step'])}")
         self._resumed = True
-        return self._to_stage(restored)
+        return self._to_stage(TrainState.of(restored))
 
     # -- save
     def _meta(self, step: int) -> dict:
@@ -252,14 +255,14 @@ class CheckpointManager:
             multihost_utils.sync_global_devices("ptdp_checkpoint_drop_stale")
 
     def save(self, step: int, state) -> None:
-        """Start an asynchronous save of `state` as checkpoint `step`. Returns once
-        the arrays are copied to host memory; the files are written in the
-        background. Errors of an earlier save are raised here."""
+        """Start an asynchronous save of `state` (a TrainState, or a mapping of its names) as
+        checkpoint `step`. Returns once the arrays are copied to host memory; the files are
+        written in the background. Errors of an earlier save are raised here."""
         if self._closed:
             raise CheckpointError("save() after close()")
         if not self._saved_any and not self._resumed:
             self._drop_stale(step)
-        canonical = self._to_canonical(state)
+        canonical = self._to_canonical(TrainState.of(state)).as_dict()
         if self._failed is not None:
             raise self._failed
         if self._tokenizer_files is None:

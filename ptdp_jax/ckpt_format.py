@@ -322,14 +322,15 @@ def resolve_step_dir(path: str | os.PathLike) -> Path:
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[Config, dict, dict]:
     """(config, canonical train state as host numpy arrays, metadata) of a checkpoint;
-    `path` is a step directory or a checkpoint.dir (its newest complete step)."""
+    `path` is a step directory or a checkpoint.dir (its newest complete step). The state is
+    the tree as stored ({'params', 'opt', 'step', 'bad_steps'}: `TrainState.as_dict`)."""
     step_dir = resolve_step_dir(path)
     meta = read_meta(step_dir)
     cfg = _meta_config(meta, step_dir)
     tx, _ = make_optimizer(cfg)
     dev = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0]
                                             if _has_cpu() else jax.local_devices()[0])
-    abstract = canonical_abstract_state(cfg, tx)
+    abstract = canonical_abstract_state(cfg, tx).as_dict()
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev), abstract)
     if meta["version"] == 1:
         target = ckpt_upgrade.v1_abstract(target)

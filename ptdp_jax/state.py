@@ -2,7 +2,8 @@
 and turned into the canonical (mesh- and schedule-independent) layout and back.
 
     tx, lr = make_optimizer(cfg)                  # AdamW with the learning-rate schedule
-    state = init_state(cfg, tx)                   # {'params', 'opt', 'step', 'bad_steps'}
+    state = init_state(cfg, tx)                   # a TrainState: params, opt, step, bad_steps
+    state = state.apply_gradients(tx, grads, finite)   # one update (step.py)
     shardings = state_shardings(cfg, mesh, tx)    # NamedShardings of that state on the mesh
     canonical = to_canonical_state(cfg, tx, state)   # layers (L, ...): checkpoints, export
     state = to_stage_state(cfg, tx, canonical)
@@ -14,6 +15,11 @@ stage c or 2p-1-c (`chunk_placement`), padded to the largest chunk), and *canoni
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -22,6 +28,67 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.sharding import logical_to_spec, zero_axes
+
+
+# ----------------------------------------------------------------------------- the state
+
+@dataclass(frozen=True, eq=False)
+class TrainState:
+    """Everything a step reads and writes, one pytree (also of shardings or ShapeDtypeStructs).
+    A checkpoint stores `as_dict()`, the tree of these four names (checkpoint.py); per-run
+    state added later (FP8 scaling history, say) is one more field here. Read access by name
+    (`state["params"]`, `dict(state, step=s)`) serves code that reads the state as a mapping."""
+    params: Any             # {'embed', 'layers', 'head'} float32 master weights (stage or
+                            #   canonical layout)
+    opt: Any                # `make_optimizer`'s optax state: AdamW moments mirror params
+    step: Any               # () int32 updates run (non-finite ones skipped but counted)
+    bad_steps: Any          # () int32 non-finite steps in a row
+
+    def apply_gradients(self, tx, grads, finite) -> "TrainState":
+        """One optimizer update from float32 mean gradients. A non-finite step (finite False)
+        leaves parameters and optimizer state unchanged and counts in bad_steps."""
+        updates, new_opt = tx.update(grads, self.opt, self.params)
+        new_params = optax.apply_updates(self.params, updates)
+        keep = partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
+        return TrainState(params=keep(new_params, self.params), opt=keep(new_opt, self.opt),
+                          step=self.step + 1,
+                          bad_steps=jnp.where(finite, 0, self.bad_steps + 1))
+
+    def replace(self, **changes) -> "TrainState":
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        """The tree a checkpoint stores."""
+        return {k: getattr(self, k) for k in FIELDS}
+
+    @classmethod
+    def of(cls, tree) -> "TrainState":
+        """A TrainState from itself or from a mapping of the four names (a restored tree)."""
+        return tree if isinstance(tree, cls) else cls(**{k: tree[k] for k in FIELDS})
+
+    def keys(self):
+        return FIELDS
+
+    def __getitem__(self, name: str):
+        if name not in FIELDS:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self):
+        return iter(FIELDS)
+
+    def __len__(self) -> int:
+        return len(FIELDS)
+
+
+FIELDS = ("params", "opt", "step", "bad_steps")
+_LEAF_ORDER = tuple(sorted(FIELDS))     # as a dict of these names flattens: the same leaves in
+                                        # the same order, so the compiled step's arguments too
+jax.tree_util.register_pytree_with_keys(
+    TrainState,
+    lambda s: (tuple((jax.tree_util.GetAttrKey(k), getattr(s, k)) for k in _LEAF_ORDER), None),
+    lambda _, leaves: TrainState(**dict(zip(_LEAF_ORDER, leaves))),
+    lambda s: (tuple(getattr(s, k) for k in _LEAF_ORDER), None))
 
 
 # ----------------------------------------------------------------------------- make
@@ -87,9 +154,9 @@ def make_optimizer(cfg):
     return tx, schedule
 
 
-def _fresh(params, tx):
-    return {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32),
-            "bad_steps": jnp.zeros((), jnp.int32)}
+def _fresh(params, tx) -> TrainState:
+    return TrainState(params=params, opt=tx.init(params), step=jnp.zeros((), jnp.int32),
+                      bad_steps=jnp.zeros((), jnp.int32))
 
 
 # ----------------------------------------------------------------------------- init
@@ -150,9 +217,9 @@ def stage_state_specs(cfg):
 
 def _state_shardings(cfg, mesh, tx, param_sh, abstract):
     rep = NamedSharding(mesh, P())
-    opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract["opt"], param_sh,
+    opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract.opt, param_sh,
                                    transform_non_params=lambda _: rep)
-    return {"params": param_sh, "opt": opt_sh, "step": rep, "bad_steps": rep}
+    return TrainState(params=param_sh, opt=opt_sh, step=rep, bad_steps=rep)
 
 
 def state_shardings(cfg, mesh, tx):
@@ -200,12 +267,12 @@ def _layer_marks(cfg):
 
 def _map_layers(cfg, tx, state, fn):
     """Apply fn to every stacked-layer array of the params and of the optimizer moments."""
-    marks = _layer_marks(cfg)
+    state, marks = TrainState.of(state), _layer_marks(cfg)
     params = {g: {k: fn(x) if marks[g][k] else x for k, x in grp.items()}
-              for g, grp in state["params"].items()}
+              for g, grp in state.params.items()}
     opt = optax.tree_map_params(tx, lambda x, is_layer: fn(x) if is_layer else x,
-                                state["opt"], marks, transform_non_params=lambda x: x)
-    return dict(state, params=params, opt=opt)
+                                state.opt, marks, transform_non_params=lambda x: x)
+    return state.replace(params=params, opt=opt)
 
 
 def to_canonical_state(cfg, tx, state):

@@ -20,13 +20,15 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ptdp_jax import grads as G
 from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax import zero as Z
 from ptdp_jax.config import ConfigError
 from ptdp_jax import decisions as D
 from ptdp_jax.sharding import Sharder, manual_axes, psum_over, tp_overlap_on, vary
-from ptdp_jax.state import init_state, stage_state_specs, state_shardings, zero_stage
+from ptdp_jax.state import (TrainState, init_state, stage_state_specs, state_shardings,
+                            zero_stage)
 
 
 def row_keys(seed, step, row_ids):
@@ -36,12 +38,10 @@ def row_keys(seed, step, row_ids):
 
 
 def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
-    """p == 1: scan over microbatches, float32 gradient accumulation, no communication."""
-    m = cfg.num_microbatches
+    """p == 1: the microbatches' loss and gradients summed in float32, no communication (the
+    gradient path of ptdp_jax/grads.py)."""
     dtype = M.DTYPES[cfg.compute_dtype]
-    b = batch_rs1.shape[0] // m
-    mbs = batch_rs1.reshape((m, b) + batch_rs1.shape[1:])
-    keys = None if keys_r is None else keys_r.reshape((m, b) + keys_r.shape[1:])
+    mbs, keys = G.microbatches(batch_rs1, keys_r, cfg.num_microbatches)
     params = dict(params, layers=jax.tree.map(lambda x: x[0, 0], params["layers"]))
 
     # unrolled layers: each layer's gradient taken and summed on its own, stacked once after
@@ -58,14 +58,11 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
         return M.loss_sum(cfg.model, prm, tokens_bs1[:, :-1], tokens_bs1[:, 1:], sh,
                           cfg.remat, dtype, key_rows, cfg.scan_layers_on)
 
-    def body(acc, xs):
-        tokens, key_rows = xs
-        loss, g = jax.value_and_grad(loss_fn)(split(params), tokens, key_rows)
-        return jax.tree.map(jnp.add, acc, (loss, g)), None
+    def one(tokens, key_rows):
+        return jax.value_and_grad(loss_fn)(split(params), tokens, key_rows)
 
-    zero = jax.tree.map(lambda x: vary(jnp.zeros(x.shape, jnp.float32), manual),
-                        (jnp.zeros(()), split(params)))
-    (loss, grads), _ = jax.lax.scan(body, zero, (mbs, keys))
+    zero = G.f32_zeros((jnp.zeros(()), split(params)), manual)
+    loss, grads = G.accumulate(one, zero, mbs, keys)
     grads = M.stack_layers(grads)
     grads = dict(grads, layers=jax.tree.map(lambda x: x[None, None], grads["layers"]))
     return loss, grads
@@ -96,22 +93,14 @@ def make_grad_fn(cfg, mesh):
     # ZeRO reduce-scatters inside the last backward (zero.microbatch_grads), or after it as a
     # pipeline does (decisions.overlap_grad_reduce: the step of zero=0 with full weights)
     in_backward = bool(zero) and cfg.overlap_grad_reduce_on
+    path = _grad_path(cfg, sh, manual, lay, zero, in_backward)
 
     def local(params, batch, keys):
         keys = _wrap_keys(keys)
         # Gradients w.r.t. a copy marked varying over 'data' (and 'pipe'): no all-reduce per
         # microbatch; the reductions happen once, below (ZeRO: reduce-scatters, zero.py).
         params = jax.tree.map(lambda x: vary(x, manual), params)
-        if in_backward:
-            loss, grads = Z.microbatch_grads(cfg, sh, params, batch, keys, manual, lay)
-        else:
-            if zero:                     # the (stage's) weights, once per step
-                params = Z.gather_stage(cfg, params, lay)
-            if cfg.parallel.pipe == 1:
-                loss, grads = _microbatch_grads(cfg, sh, params, batch, keys, manual)
-            else:
-                from ptdp_jax.pipeline.executor import pipeline_grads
-                loss, grads = pipeline_grads(cfg, sh, params, batch, keys)
+        loss, grads = path(params, batch, keys)
         grads = (Z.reduce_grads(cfg, grads, lay, reduced=in_backward) if zero
                  else jax.tree.map(lambda g: g.astype(reduce_dtype), grads))
         # The one data-parallel reduction. Each gradient is summed over the manual axes its
@@ -140,6 +129,29 @@ def make_grad_fn(cfg, mesh):
     return grad_fn
 
 
+def _grad_path(cfg, sh, manual, lay, zero: int, in_backward: bool) -> G.GradPath:
+    """The step's gradient path (ptdp_jax/grads.py), chosen once: ZeRO reducing in the
+    backward (p == 1), the microbatch loop (p == 1) or the pipeline executor; with ZeRO
+    otherwise, the (stage's) weights gathered once a step before it."""
+    if in_backward:
+        return partial(Z.microbatch_grads, cfg, sh, manual=manual, lay=lay)
+    if cfg.parallel.pipe == 1:
+        path = partial(_microbatch_grads, cfg, sh, manual=manual)
+    else:
+        from ptdp_jax.pipeline.executor import pipeline_grads
+        path = partial(pipeline_grads, cfg, sh, modes=pipeline_modes(cfg))
+    if not zero:
+        return path
+    return lambda params, batch, keys: path(Z.gather_stage(cfg, params, lay), batch, keys)
+
+
+def pipeline_modes(cfg):
+    """The pipeline executor's modes, resolved from the config (ptdp_jax/decisions.py)."""
+    from ptdp_jax.pipeline.executor import PipelineModes
+    return PipelineModes(static_stash=cfg.static_stash_on, overlap_p2p=D.overlap_p2p(cfg),
+                         empty_buffers=D.empty_buffers(cfg))
+
+
 def _check_reduce_dtype(cfg, mesh, manual):
     """XLA's CPU compiler aborts the process (AllReducePromotion) on a bfloat16 all-reduce
     or reduce-scatter inside a region manual over 'data' but not 'tensor'; refuse it."""
@@ -158,32 +170,23 @@ def _wrap_keys(keys):
 def make_train_step(cfg, mesh, tx):
     grad_fn = make_grad_fn(cfg, mesh)
 
-    def step_fn(state, batch):
-        loss, grads = grad_fn(state["params"], batch, state["step"])
+    def step_fn(state: TrainState, batch):
+        loss, grads = grad_fn(state.params, batch, state.step)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, new_opt = tx.update(grads, state["opt"], state["params"])
-        new_params = optax.apply_updates(state["params"], updates)
-        # A non-finite step leaves parameters and optimizer state unchanged.
-        keep = partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
-        new_state = {
-            "params": keep(new_params, state["params"]),
-            "opt": keep(new_opt, state["opt"]),
-            "step": state["step"] + 1,
-            "bad_steps": jnp.where(finite, 0, state["bad_steps"] + 1),
-        }
+        new_state = state.apply_gradients(tx, grads, finite)
         return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite,
-                           "bad_steps": new_state["bad_steps"]}
+                           "bad_steps": new_state.bad_steps}
 
     return step_fn
 
 
 @dataclass(frozen=True)
 class Compiled:
-    step: object          # jitted (state, batch) -> (state, metrics)
+    step: object          # jitted (TrainState, batch) -> (TrainState, metrics)
     eval_loss: object     # jitted (params, batch) -> mean token loss: forward only, no dropout
-    init: object          # jitted () -> state
-    shardings: dict
+    init: object          # jitted () -> TrainState
+    shardings: TrainState  # of NamedShardings
     batch_sharding: object = None
 
 
@@ -209,6 +212,6 @@ def compile_all(cfg, mesh, tx):
     step = jax.jit(make_train_step(cfg, mesh, tx), in_shardings=(shardings, batch_sh),
                    out_shardings=(shardings, None), donate_argnums=(0,),
                    compiler_options=compiler_options(cfg, mesh) or None)
-    eval_loss = jax.jit(make_eval_fn(cfg, mesh), in_shardings=(shardings["params"], batch_sh))
+    eval_loss = jax.jit(make_eval_fn(cfg, mesh), in_shardings=(shardings.params, batch_sh))
     init = jax.jit(lambda: init_state(cfg, tx), out_shardings=shardings)
     return Compiled(step, eval_loss, init, shardings, batch_sh)

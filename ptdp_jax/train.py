@@ -138,7 +138,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
         n, metrics, seconds, ready = _read(pending, ready)
         pending, val = None, None
         if evaluate_now:                                                     # eval
-            val = evaluate(compiled.eval_loss, state["params"], feed.val_batch,
+            val = evaluate(compiled.eval_loss, state.params, feed.val_batch,
                            cfg.train.eval_batches)
             result.val_losses.append((n, val))
             ready = None                          # the next step's time starts at its dispatch
@@ -182,27 +182,45 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
 
 # ----------------------------------------------------------------------------- the pieces
 
-def _prepare(cfg, log):
-    """What can refuse the run before its first step, then the compile: (feed, compiled,
-    the compiled train step, the lr schedule, the checkpoints this run will replace)."""
+@dataclass
+class _Setup:
+    feed: Feed
+    estimate: Any                # preflight's memory estimate (None where it has none)
+    replaced: list[int]          # checkpoints this run removes at its first save
+    tx: Any                      # the optimizer and its learning-rate schedule
+    lr: Any
+    compiled: Any                # step.Compiled: jitted, not compiled yet
+    cache: str | None            # the compilation cache in use
+
+
+def _setup(cfg) -> _Setup:
+    """What train() and dry_run() do before compiling the step: what can refuse the run
+    (FP8 devices, W&B, the data, the memory estimate, checkpoint.dir), then the mesh, the
+    optimizer and the jitted step."""
     check_fp8_devices(cfg, jax.devices())
     cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
     check_wandb(cfg.run.wandb_project)                       # installed, if asked for
     feed = Feed(cfg)                                         # opens and checks the data
-    preflight.check_memory(cfg)                              # the estimate against a device
+    estimate = preflight.check_memory(cfg)                   # the estimate against a device
     replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
                                                              # checkpoints unasked
     mesh = make_mesh(cfg.parallel.mesh_shape,
                      allow_cross_host_tensor=cfg.tuning.allow_cross_host_tensor)
     feed.use_mesh(mesh)
     tx, lr = make_optimizer(cfg)
-    compiled = compile_all(cfg, mesh, tx)
+    return _Setup(feed, estimate, replaced, tx, lr, compile_all(cfg, mesh, tx), cache)
+
+
+def _prepare(cfg, log):
+    """_setup, then the compile: (feed, compiled, the compiled train step, the lr schedule,
+    the checkpoints this run will replace)."""
+    run = _setup(cfg)
     t0 = time.perf_counter()
     log("ptdp_jax: compiling the train step ...")           # minutes for deep pipelines
-    train_step = _compile_step(cfg, compiled, tx)            # and XLA's own memory analysis
+    train_step = _compile_step(cfg, run.compiled, run.tx)    # and XLA's own memory analysis
     log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s"
-        + (f" (compilation cache: {cache})" if cache else ""))
-    return feed, compiled, train_step, lr, replaced
+        + (f" (compilation cache: {run.cache})" if run.cache else ""))
+    return run.feed, run.compiled, train_step, run.lr, run.replaced
 
 
 def _compile_step(cfg, compiled, tx):
@@ -304,7 +322,7 @@ def _finish(cfg, result, state, feed, runlog, return_params, is_main, log):
     process 0 only; the sample only after a run that reached its end."""
     want_sample = cfg.train.sample_tokens > 0 and result.losses and not result.stopped
     if return_params or want_sample:
-        canonical = jax.jit(lambda prm: canonical_params(cfg, prm))(state["params"])
+        canonical = jax.jit(lambda prm: canonical_params(cfg, prm))(state.params)
         result.params = to_host(canonical, only_process0=True)
         del canonical
     if want_sample and is_main:
@@ -341,15 +359,8 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
     loaded = _load(config, mesh_shape, overrides)
     maybe_initialize(**dict(distributed or {}))
     cfg = _for_devices(loaded, log).config
-    check_fp8_devices(cfg, jax.devices())
-    use_compile_cache(cfg.run.compile_cache)               # a dry run fills the cache
-    Feed(cfg)
-    est = preflight.check_memory(cfg)
-    CK.check_checkpoint_dir(cfg)
-    mesh = make_mesh(cfg.parallel.mesh_shape,
-                     allow_cross_host_tensor=cfg.tuning.allow_cross_host_tensor)
-    tx, _ = make_optimizer(cfg)
-    compiled = compile_all(cfg, mesh, tx)
+    run = _setup(cfg)                                      # a dry run fills the cache too
+    est, compiled, tx = run.estimate, run.compiled, run.tx
     t0 = time.perf_counter()
     exe = _compile_step(cfg, compiled, tx)
     seconds = time.perf_counter() - t0

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from ptdp_jax import grads as G
 from ptdp_jax.models import model as M
 from ptdp_jax.sharding import Sharder, data_axis, vary
 
@@ -177,57 +178,56 @@ def _layer(stack_or_list, i):
 
 
 def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, lay):
-    """p == 1 with parallel.zero >= 1: (loss sum, float32 gradients in the state's layout).
+    """p == 1 with parallel.zero >= 1, reducing inside the backward: the gradient path of
+    ptdp_jax/grads.py, whose sharded leaves come back reduce-scattered over 'data' (float32,
+    the state's layout); replicated ones are the replica's own sums (the caller all-reduces
+    them, as for zero=0).
 
     params: this replica's state parameters, stage layout, varying over the manual axes;
-    lay: per parameter its Layout (`layouts`).
-    Sharded leaves come back reduce-scattered over 'data'; replicated ones are the replica's
-    own sums (the caller all-reduces them, as for zero=0)."""
-    m = cfg.num_microbatches
-    b = batch_rs1.shape[0] // m
-    mbs = batch_rs1.reshape((m, b) + batch_rs1.shape[1:])
-    keys = None if keys_r is None else keys_r.reshape((m, b) + keys_r.shape[1:])
+    lay: per parameter its Layout (`layouts`)."""
+    mbs, keys = G.microbatches(batch_rs1, keys_r, cfg.num_microbatches)
     shards = _layers(params)
-    zeros = lambda t: jax.tree.map(lambda x: vary(jnp.zeros(x.shape, F32), manual), t)
-    unrolled = not cfg.scan_layers_on
     # unrolled: gradients taken and summed per layer, stacked once (M.unstack_layers)
-    per_layer = M.per_layer if unrolled else (lambda t: t)
-
+    per_layer = M.per_layer if not cfg.scan_layers_on else (lambda t: t)
     if cfg.parallel.zero in (2, 3):
-        # every microbatch's backward reduce-scatters per layer into shard-sized sums; zero=2
-        # gathers the weights once for all of them, zero=3 in each layer's forward and backward
-        make = _maker(cfg, lay)
-        fl = None
-        if cfg.parallel.zero == 2:
-            fl = _only(_gather_all(cfg, dict(shards, layers={}) if unrolled else shards, lay),
-                       lay)
-            if unrolled:
-                # each layer's weights gathered on their own, so that (m = 1) the gathers of
-                # later layers can run under the forward of earlier ones instead of all before
-                # the first (24 ms a step exposed on the 7.5B, 4x H200, 2026-11-27)
-                fl["layers"] = _gather_layers(cfg, shards["layers"], lay["layers"])
+        return _reduce_every_microbatch(cfg, sh, shards, mbs, keys, manual, lay, per_layer)
+    return _reduce_last_microbatch(cfg, sh, shards, mbs, keys, manual, lay, per_layer)
 
-        def body(acc, xs):
-            tokens, key_rows = xs
-            loss, g = jax.value_and_grad(
-                lambda s: _loss(cfg, sh, make, s, fl, None, tokens, key_rows))(per_layer(shards))
-            return jax.tree.map(jnp.add, acc, (loss, g)), None
-        (loss, grads), _ = jax.lax.scan(body, zeros((jnp.zeros(()), per_layer(shards))),
-                                        (mbs, keys))
-        return loss, _unlayers(M.stack_layers(grads))
 
-    # zero=1: gather once; microbatches 0 .. m-2 accumulate full-size gradients locally.
+def _reduce_every_microbatch(cfg, sh, shards, mbs, keys, manual, lay, per_layer):
+    """zero 2 and 3: every microbatch's backward reduce-scatters per layer into shard-sized
+    sums; zero=2 gathers the weights once for all of them, zero=3 in each layer's forward
+    and backward."""
+    make, fl = _maker(cfg, lay), None
+    if cfg.parallel.zero == 2:
+        unrolled = not cfg.scan_layers_on
+        fl = _only(_gather_all(cfg, dict(shards, layers={}) if unrolled else shards, lay), lay)
+        if unrolled:
+            # each layer's weights gathered on their own, so that (m = 1) the gathers of
+            # later layers can run under the forward of earlier ones instead of all before
+            # the first (24 ms a step exposed on the 7.5B, 4x H200, 2026-11-27)
+            fl["layers"] = _gather_layers(cfg, shards["layers"], lay["layers"])
+
+    def one(tokens, key_rows):
+        return jax.value_and_grad(
+            lambda s: _loss(cfg, sh, make, s, fl, None, tokens, key_rows))(per_layer(shards))
+    loss, grads = G.accumulate(one, G.f32_zeros((jnp.zeros(()), per_layer(shards)), manual),
+                               mbs, keys)
+    return loss, _unlayers(M.stack_layers(grads))
+
+
+def _reduce_last_microbatch(cfg, sh, shards, mbs, keys, manual, lay, per_layer):
+    """zero 1: the weights gathered once; microbatches 0 .. m-2 sum full-size gradients
+    locally, and the last microbatch's backward adds them and reduce-scatters per layer."""
     fulls = _gather_all(cfg, shards, lay)
-    loss, acc = zeros((jnp.zeros(()), per_layer(fulls)))
+    loss, acc = G.f32_zeros((jnp.zeros(()), per_layer(fulls)), manual)
+    m = mbs.shape[0]
     if m > 1:
-        def body(carry, xs):
-            tokens, key_rows = xs
-            loss, g = jax.value_and_grad(
+        def one(tokens, key_rows):
+            return jax.value_and_grad(
                 lambda w: _loss(cfg, sh, None, w, None, None, tokens, key_rows))(per_layer(fulls))
-            return jax.tree.map(lambda a, x: a + x.astype(F32), carry, (loss, g)), None
-        (loss, acc), _ = jax.lax.scan(body, (loss, acc), jax.tree.map(lambda a: a[:-1],
-                                                                        (mbs, keys)))
-    # The last microbatch: its backward adds the accumulators and reduce-scatters per layer.
+        (loss, acc) = G.accumulate(one, (loss, acc),
+                                   *jax.tree.map(lambda a: a[:-1], (mbs, keys)))
     make = _maker(cfg, lay)
     last = jax.tree.map(lambda a: a[-1], (mbs, keys))
     fl = _only(fulls, lay)

@@ -63,8 +63,8 @@ def _checkpoint(tmp_path, arch, mesh=(1, 2, 2), **extra):
     state = compiled.init()
     stage = dict(params, layers=M.to_stage_layout(params["layers"], chunk_layers(cfg),
                                                   cfg.parallel.pipe))
-    state["params"] = jax.device_put(stage, compiled.shardings["params"])
-    state["step"] = jnp.int32(3)
+    state = state.replace(params=jax.device_put(stage, compiled.shardings["params"]),
+                          step=jnp.int32(3))
     with CK.CheckpointManager(cfg, compiled.shardings) as m:
         m.save(3, state)
     return cfg, params

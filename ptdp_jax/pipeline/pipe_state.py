@@ -1,6 +1,14 @@
-"""The pipeline executor's scan carry (`PipeState`) and its small helpers: the buffers a tick
-reads and writes, how an uninitialised buffer is made (`empty_buffer`), and the float32
-gradient sums. pipeline/executor.py builds and runs it."""
+"""The pipeline executor's scan carry (`PipeState`), typed by what each part holds: the
+messages on the two channels (`Wire`), those received and kept by slot (`Inbox`), the residual
+and W stashes, and the float32 sums the executor returns (`Sums`). Also how an uninitialised
+buffer is made (`empty_buffer`) and the small float32 helpers. pipeline/executor.py builds and
+runs it; its module docstring says how each buffer moves in a tick.
+
+Shapes: (b, s, h) is one microbatch's activation; F, B, S, SW are the schedule's forward
+receive, backward receive, stash and W stash slot counts (`Schedule.num_fwd_slots`, ...).
+Buffers indexed by a slot have one more row, the trash row [size], which an idle stage's
+arrivals and writes go to.
+"""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -21,40 +29,55 @@ def empty_buffer(shape, dtype) -> jax.Array:
     return make(shape, dtype)
 
 
+class Inbox(NamedTuple):
+    """Messages received, kept by slot until the op that uses them."""
+    fwd: jax.Array          # (F+1, b, s, h) activations, by forward receive slot
+    bwd: jax.Array          # (B+1, b, s, h) gradients received and loss cotangents, by slot
+
+
+class Wire(NamedTuple):
+    """The two channels (pipeline/routing.py): last tick's arrivals, this tick's sends."""
+    recv_down: jax.Array    # (b, s, h) from stage s-1: an activation (ZB-V's second leg:
+                            #   a gradient)
+    recv_up: jax.Array      # (b, s, h) from stage s+1: a gradient (ZB-V's second leg and
+                            #   turn: an activation)
+    send_down: jax.Array    # (b, s, h) to stage s+1
+    send_up: jax.Array      # (b, s, h) to stage s-1
+
+
+class Sums(NamedTuple):
+    """Float32 sums over this replica's microbatches: what the executor returns."""
+    layers: tuple           # [v][Lmax] {name: (...)} layer gradients
+    embed: dict             # embedding gradients
+    head: dict              # head gradients
+    vocab: dict             # gradients of this stage's vocabulary slice (head over the pipe;
+                            #   {} otherwise)
+    loss: jax.Array         # () loss sum
+
+
 class PipeState(NamedTuple):
-    """The scan carry. Receive buffers and the stash have a trash row at index [size]."""
-    fwd_buf: jax.Array      # (TF+1, b, s, h) activations received, by slot
-    bwd_buf: jax.Array      # (TB+1, b, s, h) gradients received and loss cotangents, by slot
-    recv_down: jax.Array    # (b, s, h) last tick's arrival from stage s-1 (an activation;
-                            #   ZB-V's second leg: a gradient)
-    recv_up: jax.Array      # (b, s, h) last tick's arrival from stage s+1 (a gradient; ZB-V's
-                            #   second leg and turn: an activation)
-    send_down: jax.Array    # (b, s, h) this tick's message to stage s+1 (routing.py)
-    send_up: jax.Array      # (b, s, h) this tick's message to stage s-1
-    mid: jax.Array          # (b, s, h) cotangent between the two backward halves
-    head_y: jax.Array       # (b, s, h) the last chunk's output, for the head of this tick
-    stash: tuple            # [Lmax][leaf] (S+1, ...) forward residuals of layer l, by slot;
-                            #   parallel.static_stash: [S][Lmax][leaf] (...), a buffer per slot
-    wstash: tuple           # [Lmax] {GEMM weight: (x (SW+1, b, s, ...), dy (SW+1, b, s, ...))}
-                            #   what W needs, from B (tables with W ops; empty otherwise);
-                            #   parallel.static_stash: [SW][Lmax] {GEMM weight: (x, dy)}
-    g_layers: tuple         # [v][Lmax] {name: float32 (...)} layer gradients
-    g_embed: dict           # float32 embedding gradients
-    g_head: dict            # float32 head gradients
-    g_vocab: dict           # float32 gradients of this stage's vocabulary slice (head over pipe)
-    loss: jax.Array         # () float32 loss sum
+    """The scan carry, on one stage. The stash layouts are the stash strategy's
+    (pipeline/stash.py): indexed [Lmax] (S+1, ...) per leaf, or static [S][Lmax] (...)."""
+    inbox: Inbox
+    wire: Wire
+    mid: jax.Array          # (b, s, h) cotangent from a backward's upper half to its lower half
+    head_y: jax.Array       # (b, s, h) the last chunk's output, for the head over the pipe
+    stash: tuple            # forward residuals of each layer (without the weights), by slot
+    wstash: tuple           # tables with W ops: {GEMM weight: (x, dy)} of each layer, from B
+                            #   to W, by slot; () otherwise
+    sums: Sums
 
 
-def _grads_of(tree):
+def grads_of(tree):
     """Per weight the leaf that carries its gradient: the float32 master of a
     MasterGrad pair, the weight itself otherwise."""
     return {k: a.master if isinstance(a, MasterGrad) else a for k, a in tree.items()}
 
 
-def _f32_add(acc, g):
+def f32_add(acc, g):
     return jax.tree.map(lambda a, x: a + x.astype(jnp.float32), acc, g)
 
 
-def _set(tup: tuple, i: int, value) -> tuple:
+def replace_at(tup: tuple, i: int, value) -> tuple:
     """tup with item i replaced."""
     return tup[:i] + (value,) + tup[i + 1:]

@@ -42,9 +42,9 @@ class Branch:
     n_layers: int = 0
     first: bool = False   # global chunk 0: embedding in, embedding gradient out
     last: bool = False    # last global chunk: head and loss
-    stash_slot: int = -1  # static stash (decisions.static_stash): the stash slot this branch writes
-                          #   (forward) or reads (backward), fixed at trace time; -1: dynamic
-    wstash_slot: int = -1  # the static stash: the W stash slot a B writes or a W reads
+    stash_slot: int = -1  # static stash: the residual stash slot this branch writes (forward)
+                          #   or reads (backward), fixed at trace time; -1: indexed per tick
+    wstash_slot: int = -1  # static stash: the W stash slot a B writes or a W reads
 
 
 class TickControl(NamedTuple):
@@ -109,9 +109,8 @@ def control_table(sched: S.Schedule, counts, static_stash: bool = False
 
 
 class Router:
-    """The two channels of one tick: `receive` files last tick's arrivals into their slots,
-    `send` moves this tick's send buffers (state fields recv_down / recv_up / send_down /
-    send_up / fwd_buf / bwd_buf).
+    """The two channels of one tick: `receive` files last tick's arrivals (`Wire`) into their
+    slots (`Inbox`), `send` moves this tick's send buffers (pipeline/pipe_state.py).
 
     On CPU devices the sends are ordered: after the tick's head (its collectives run in a
     conditional) and the up channel after the down one. XLA:CPU runs independent operations
@@ -137,18 +136,19 @@ class Router:
         up = (br.op != S.FWD) != (self.two_way and br.vchunk == 1)
         return "send_up" if up else "send_down"
 
-    def receive(self, st, c: TickControl, channels=("down", "up")):
-        """Files the arrivals of `channels` (all but two-way tables may leave one for later)."""
-        fwd_buf, bwd_buf = st.fwd_buf, st.bwd_buf
+    def receive(self, inbox, wire, c: TickControl, channels=("down", "up")):
+        """The inbox with the arrivals of `channels` filed into their slots (all but two-way
+        tables may leave one for later)."""
+        fwd, bwd = inbox.fwd, inbox.bwd
         if "down" in channels:
-            fwd_buf = fwd_buf.at[c.fwd_recv_slot].set(st.recv_down)
+            fwd = fwd.at[c.fwd_recv_slot].set(wire.recv_down)
         if "up" in channels:
-            bwd_buf = bwd_buf.at[c.bwd_recv_slot].set(st.recv_up)
+            bwd = bwd.at[c.bwd_recv_slot].set(wire.recv_up)
         if self.two_way:
             assert set(channels) == {"down", "up"}
-            fwd_buf = fwd_buf.at[c.fwd_recv_up_slot].set(st.recv_up)
-            bwd_buf = bwd_buf.at[c.bwd_recv_down_slot].set(st.recv_down)
-        return st._replace(fwd_buf=fwd_buf, bwd_buf=bwd_buf)
+            fwd = fwd.at[c.fwd_recv_up_slot].set(wire.recv_up)
+            bwd = bwd.at[c.bwd_recv_down_slot].set(wire.recv_down)
+        return inbox._replace(fwd=fwd, bwd=bwd)
 
     def _move(self, msg, perm):
         sh = self.sh
@@ -158,21 +158,24 @@ class Router:
             return sh.constrain(sh.constrain(out, MSG_SCATTERED), MSG)
         return jax.lax.ppermute(msg, "pipe", perm)
 
-    def send(self, st, stage, channels=("down", "up")):
-        """channels: the ones this tick can use (a phased table's forward rows send nothing
+    def send(self, wire, after, stage, channels=("down", "up")):
+        """The wire with this tick's arrivals: the send buffers of `channels` moved, each
+        ordered on CPU after `after` (the loss sum, which the tick's head updates).
+        channels: the ones this tick can use (a phased table's forward rows send nothing
         up, its backward rows nothing down); the other keeps its last arrival, which the
         control table sends to the trash slot. Not sending it also keeps a permute of a
         constant (a warm-up's untouched up buffer) from running ahead of the tick's op on CPU:
         seen as an abort in the test suite, with 1f1b-phased's one-row warm-up unrolled into
         the entry computation, past the ordering barrier below (the loss is not touched in a
         warm-up tick)."""
-        send_down, send_up = st.send_down, st.send_up
+        send_down, send_up = wire.send_down, wire.send_up
         if self.ordered:      # after the head (it updates the loss), the up channel after down
-            (send_down, send_up), _ = jax.lax.optimization_barrier(((send_down, send_up), st.loss))
-        down = self._move(send_down, self.down_perm) if "down" in channels else st.recv_down
+            (send_down, send_up), _ = jax.lax.optimization_barrier(
+                ((send_down, send_up), after))
+        down = self._move(send_down, self.down_perm) if "down" in channels else wire.recv_down
         if self.ordered:
             send_up, _ = jax.lax.optimization_barrier((send_up, down))
-        up = self._move(send_up, self.up_perm) if "up" in channels else st.recv_up
+        up = self._move(send_up, self.up_perm) if "up" in channels else wire.recv_up
         if self.two_way:    # the turn: stage p-1's down buffer comes back to it on the up channel
             up = jnp.where(stage == self.turn, send_down, up)
-        return st._replace(recv_down=down, recv_up=up)
+        return wire._replace(recv_down=down, recv_up=up)
