@@ -31,9 +31,9 @@ def main(argv=None):
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
 
-    from ptdp_jax import metrics as MX
-    from ptdp_jax.config import parse_cli_overrides
-    from ptdp_jax.train import train
+    from ptdp_jax.training import metrics as MX
+    from ptdp_jax.config.load import parse_cli_overrides
+    from ptdp_jax.run.loop import train
 
     ov = parse_cli_overrides(a.overrides)
     ov.update({"train.steps": a.steps, "train.eval_every": 0, "train.sample_tokens": 0,

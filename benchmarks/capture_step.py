@@ -26,7 +26,7 @@ def _override_options(values: dict) -> None:
     """Replace some of the XLA options that step.compiler_options gives the train step (an
     A/B only): each key's value, or with None left out (XLA's own default). Off GPU there are
     none to replace."""
-    from ptdp_jax import step
+    from ptdp_jax.training import step as step
     base = step.compiler_options
 
     def options(cfg, mesh):
@@ -77,14 +77,14 @@ def main(argv=None):
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from ptdp_jax.config import parse_cli_overrides
-    from ptdp_jax.validation import validate
-    from ptdp_jax.sharding import make_mesh
-    from ptdp_jax.state import make_optimizer
-    from ptdp_jax.step import compile_all
-    from ptdp_jax.train import resolve_config
+    from ptdp_jax.config.load import parse_cli_overrides
+    from ptdp_jax.config.validation import validate
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training.state import make_optimizer
+    from ptdp_jax.training.step import compile_all
+    from ptdp_jax.run.loop import resolve_config
 
-    from ptdp_jax.decisions import PERMUTE_PEER_MODE
+    from ptdp_jax.config.decisions import PERMUTE_PEER_MODE
     if a.combine_mib:
         _override_options(_combine_options(*(int(x) for x in a.combine_mib.split(","))))
     if a.permute_mode:                   # nccl: XLA's default mode (NCCL's kernels)

@@ -23,12 +23,12 @@ def main(argv=None):
     ap.add_argument("--m", required=True, help="comma-separated microbatch counts, e.g. 8,64")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
-    from ptdp_jax.config import parse_cli_overrides
-    from ptdp_jax.validation import validate
-    from ptdp_jax.sharding import make_mesh
-    from ptdp_jax.state import make_optimizer
-    from ptdp_jax.step import compile_all
-    from ptdp_jax.train import resolve_config
+    from ptdp_jax.config.load import parse_cli_overrides
+    from ptdp_jax.config.validation import validate
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training.state import make_optimizer
+    from ptdp_jax.training.step import compile_all
+    from ptdp_jax.run.loop import resolve_config
 
     mesh_shape = tuple(int(x) for x in a.mesh.split(","))
     for m in (int(x) for x in a.m.split(",")):

@@ -27,8 +27,8 @@ def gpu_of(device: str) -> str:
 
 def predict(case: dict, gpus_per_host: int = 8) -> tuple[float, float]:
     """(predicted step s, predicted peak GiB per device) of one record.jsonl case."""
-    from ptdp_jax.config import load_config, parse_cli_overrides
-    from ptdp_jax.memory import GiB
+    from ptdp_jax.config.load import load_config, parse_cli_overrides
+    from ptdp_jax.training.memory import GiB
     from ptdp_jax.plan.estimate import estimate_step
     from ptdp_jax.plan.hardware import gpu_kind
     ran = {"train.recompute": case.get("recompute"), "train.micro_batch_size": case.get("micro_batch"),

@@ -30,7 +30,7 @@ import profiling_format  # noqa: E402
 
 def load_cfg(config: str, mesh: tuple[int, int, int], overrides: list[str]):
     """The config with the mesh applied (no jax needed)."""
-    from ptdp_jax.config import load_config, parse_cli_overrides
+    from ptdp_jax.config.load import load_config, parse_cli_overrides
     cfg = load_config(config, parse_cli_overrides(overrides))
     d, p, t = mesh
     return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, data=d, pipe=p,
@@ -77,7 +77,7 @@ def merge_busy_us(schedule: str) -> float:
 
 def stage_of_device(mesh: tuple[int, int, int]) -> dict[int, int]:
     """Device index -> pipeline stage for a (data, pipe, tensor) mesh laid out in device order
-    (tensor fastest, as ptdp_jax.sharding.make_mesh does)."""
+    (tensor fastest, as ptdp_jax.parallel.sharding.make_mesh does)."""
     d, p, t = mesh
     return {i: (i // t) % p for i in range(d * p * t)}
 

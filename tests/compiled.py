@@ -4,9 +4,9 @@ import glob
 import jax
 import numpy as np
 
-from ptdp_jax import state as S
-from ptdp_jax import step
-from ptdp_jax.sharding import make_mesh
+from ptdp_jax.training import state as S
+from ptdp_jax.training import step as step
+from ptdp_jax.parallel.sharding import make_mesh
 
 
 def _lowered(cfg, wrap=lambda f: f, trace_only=False):

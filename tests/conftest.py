@@ -31,7 +31,7 @@ def data_cache(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _no_progress_bar(monkeypatch):
     """Runs in a test log lines, as in a log file, even under `pytest -s` on a terminal."""
-    from ptdp_jax import decisions
+    from ptdp_jax.config import decisions as decisions
     monkeypatch.setattr(decisions, "progress_bar", lambda stream=None: False)
 
 

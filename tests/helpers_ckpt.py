@@ -78,7 +78,7 @@ def subprocess_env(**extra) -> dict:
 
 
 def cli_command(overrides: dict, mesh="1,1,1") -> list[str]:
-    return [sys.executable, "-m", "ptdp_jax.cli", "--mesh", mesh] + \
+    return [sys.executable, "-m", "ptdp_jax.cli.train", "--mesh", mesh] + \
         [f"{k}={v}" for k, v in overrides.items()]
 
 

@@ -2,7 +2,7 @@
 
     python tests/multihost_worker.py OUT_DIR [ptdp-train arguments ...]
 
-Runs `ptdp_jax.cli.main` with the arguments, recording every sample (row) this
+Runs `ptdp_jax.cli.train.main` with the arguments, recording every sample (row) this
 process reads from the dataset, and once training returns writes
 OUT_DIR/proc<i>.json (process index and count, losses, rows read, seconds) and
 OUT_DIR/proc<i>.npz (the final canonical parameters as train(return_params=True)
@@ -25,8 +25,8 @@ def main() -> int:
 
     import importlib
 
-    from ptdp_jax import cli
-    T = importlib.import_module("ptdp_jax.train")     # the module (ptdp_jax.train is also a function)
+    from ptdp_jax.cli import train as cli
+    T = importlib.import_module("ptdp_jax.run.loop")     # the module (ptdp_jax.run.loop is also a function)
 
     from ptdp_jax.data.dataset import BlendedStream
 

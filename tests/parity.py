@@ -7,12 +7,11 @@ import functools
 import jax
 import numpy as np
 
-from ptdp_jax.config import load_config
-from ptdp_jax.validation import validate
-from ptdp_jax.sharding import make_mesh
-from ptdp_jax import state as S
-from ptdp_jax import step
-
+from ptdp_jax.config.load import load_config
+from ptdp_jax.config.validation import validate
+from ptdp_jax.parallel.sharding import make_mesh
+from ptdp_jax.training import state as S
+from ptdp_jax.training import step as step
 TINY = {
     "model.num_heads": 8, "model.hidden_size": 32, "model.seq_len": 16, "model.num_layers": 8,
     "train.global_batch_size": 8, "train.micro_batch_size": 1,

@@ -2,7 +2,7 @@
 kinds, configs as the measured rows ran them, and the fastest row of a plan."""
 from pathlib import Path
 
-from ptdp_jax.config import load_config
+from ptdp_jax.config.load import load_config
 from ptdp_jax.plan.hardware import gpu_kind, with_overrides
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,10 +10,10 @@ import jax
 import pytest
 
 from parity import assert_close, batch_for, loss_and_grads, reference, tiny_config
-from ptdp_jax import state as S
-from ptdp_jax import step
+from ptdp_jax.training import state as S
+from ptdp_jax.training import step as step
 from ptdp_jax.models import layers
-from ptdp_jax.sharding import make_mesh
+from ptdp_jax.parallel.sharding import make_mesh
 
 
 def _score_dots(cfg):

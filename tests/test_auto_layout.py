@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import jax
 import pytest
 
-from ptdp_jax import decisions as D
-from ptdp_jax.config import ConfigError
-from ptdp_jax.resolve import for_devices
-from ptdp_jax.train import _load, resolve_config, train
+from ptdp_jax.config import decisions as D
+from ptdp_jax.config.load import ConfigError
+from ptdp_jax.run.resolve import for_devices
+from ptdp_jax.run.loop import _load, resolve_config, train
 
 TINY = {"model.num_layers": 4, "model.hidden_size": 32, "model.num_heads": 4, "model.seq_len": 16,
         "train.global_batch_size": 8, "train.micro_batch_size": 1, "train.steps": 2,
@@ -131,7 +131,7 @@ def test_recompute_auto_is_the_least_that_fits(gib, want, monkeypatch):
     """train.recompute=auto: none where it fits the device by the estimate, else selective,
     else full, and full where nothing fits (the memory check then says so). Here a 4-layer
     h 256 model at s 1024, micro batch 8: 1.19, 1.00 and 0.75 GiB by the estimate."""
-    import ptdp_jax.memory as MEM
+    import ptdp_jax.training.memory as MEM
     monkeypatch.setattr(MEM, "device_memory_bytes", lambda device=None: int(gib * 2 ** 30))
     ov = {"model.hidden_size": 256, "model.seq_len": 1024, "train.micro_batch_size": 8,
           "train.global_batch_size": 8}

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import helpers_ckpt as H
-from ptdp_jax import checkpoint as CK
-from ptdp_jax.sharding import make_mesh
-from ptdp_jax.state import canonical_params, make_optimizer
-from ptdp_jax.step import compile_all
-from ptdp_jax.train import resolve_config, train
+from ptdp_jax.checkpoint import manager as CK
+from ptdp_jax.parallel.sharding import make_mesh
+from ptdp_jax.training.state import canonical_params, make_optimizer
+from ptdp_jax.training.step import compile_all
+from ptdp_jax.run.loop import resolve_config, train
 
 # A restore that fails inside tensorstore leaves orbax callbacks aimed at its closed
 # asyncio loop; Python reports them later as unraisable. They are harmless.

@@ -17,7 +17,7 @@ def trained(tmp_path_factory, data_cache):
     """A tiny GPT trained 1 step on BPE data, with relative data.path, checkpoint.dir and
     run.dir, on mesh (1, 2, 1) with the interleaved schedule (v = 2): 4 layers, 4 chunks."""
     from ptdp_jax.data import prepare_dataset
-    from ptdp_jax.train import train
+    from ptdp_jax.run.loop import train
     work = tmp_path_factory.mktemp("work")
     (work / "a.txt").write_text("Some text for a tokenizer to learn from. " * 200)
     here = os.getcwd()
@@ -37,7 +37,7 @@ def trained(tmp_path_factory, data_cache):
 def test_saved_config_names_the_data_absolutely(trained):
     """The checkpoint's config and run.dir's config-<id>.yaml hold data.path as an absolute
     path; the step directory keeps the data's tokenizer.json."""
-    from ptdp_jax.checkpoint import checkpoint_config, checkpoint_tokenizer, read_meta
+    from ptdp_jax.checkpoint.manager import checkpoint_config, checkpoint_tokenizer, read_meta
     prefix = str(trained / "data" / "bpe")
     assert checkpoint_config(trained / "ckpt" / "1").data.path == (prefix,)
     meta = read_meta(trained / "ckpt" / "1")
@@ -56,9 +56,11 @@ def test_tools_work_from_another_directory_and_after_the_data_moved(trained, tmp
     """ptdp-eval from another directory finds the data; once the data has moved,
     ptdp-generate and ptdp-export still decode with the tokenizer the checkpoint keeps (the
     export's tokenizer.json is the data's), and ptdp-eval names the missing data."""
-    from ptdp_jax import evaluate as EV
-    from ptdp_jax import export as EX
-    from ptdp_jax import generate as GE
+    from ptdp_jax.run import evaluate as EV
+    from ptdp_jax.cli import eval as eval_cli
+    from ptdp_jax.interop import export as EX
+    from ptdp_jax.run import generate as GE
+    from ptdp_jax.cli import generate as generate_cli
     from ptdp_jax.data import BPETokenizer
     monkeypatch.chdir(tmp_path)
     ckpt = str(trained / "ckpt")
@@ -69,26 +71,26 @@ def test_tools_work_from_another_directory_and_after_the_data_moved(trained, tmp
     shutil.move(trained / "data", moved)
     try:
         args = [ckpt, "--prompt", "Some text", "--max-new-tokens", "3"]
-        assert GE.main(args) == ExitCode.OK
+        assert generate_cli.main(args) == ExitCode.OK
         assert capsys.readouterr().out.startswith("Some text")
-        assert GE.main(args + ["--tokenizer", "byte"]) == ExitCode.CONFIG
+        assert generate_cli.main(args + ["--tokenizer", "byte"]) == ExitCode.CONFIG
         err = capsys.readouterr().err
         assert "trained with" in err and "bpe.tokenizer.json" in err and "kept in the" in err
         hf = EX.export_checkpoint(ckpt, tmp_path / "hf")
         assert (hf / "tokenizer.json").read_text() == tok_text
         ids = BPETokenizer.from_file(hf / "tokenizer.json").encode("Some text")
         assert ids == BPETokenizer.from_file(moved / "bpe.tokenizer.json").encode("Some text")
-        assert EV.main([ckpt]) == ExitCode.CONFIG
+        assert eval_cli.main([ckpt]) == ExitCode.CONFIG
         assert "data/bpe" in capsys.readouterr().err
-        assert EV.main([ckpt, f"data.path={moved / 'bpe'}"]) == ExitCode.OK
+        assert eval_cli.main([ckpt, f"data.path={moved / 'bpe'}"]) == ExitCode.OK
     finally:
         shutil.move(moved, trained / "data")
 
 
 def test_byte_tokenizer_is_a_marker(tmp_path, data_cache):
     """The embedded corpus (byte tokenizer): the metadata says 'byte', no file is kept."""
-    from ptdp_jax.checkpoint import checkpoint_tokenizer, read_meta
-    from ptdp_jax.train import train
+    from ptdp_jax.checkpoint.manager import checkpoint_tokenizer, read_meta
+    from ptdp_jax.run.loop import train
     ov = H.tiny(tmp_path, data_cache, **{"train.steps": 1, "model.num_layers": 1})
     train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log(), return_params=False)
     assert read_meta(tmp_path / "ckpt" / "1")["tokenizer"] == "byte"
@@ -101,8 +103,9 @@ def test_eval_picks_a_layout_that_fits_the_mesh(trained, capsys):
     ptdp-eval --mesh 1,4,2 evaluates with 1f1b, v = 1 (saying so), to the loss of the
     training layout; layout keys given on the command line are kept (and refused if they
     do not fit)."""
-    from ptdp_jax import evaluate as EV
-    from ptdp_jax.config import ConfigError
+    from ptdp_jax.run import evaluate as EV
+    from ptdp_jax.cli import eval as eval_cli
+    from ptdp_jax.config.load import ConfigError
     ckpt = str(trained / "ckpt")
     same = EV.evaluate_checkpoint(ckpt, mesh="1,2,1")
     assert same["layout"] is None
@@ -110,7 +113,7 @@ def test_eval_picks_a_layout_that_fits_the_mesh(trained, capsys):
     assert other["layout"].startswith("schedule 1f1b, virtual_stages 1")
     assert "interleaved, virtual_stages 2" in other["layout"]
     assert abs(other["loss"] - same["loss"]) < 1e-4 * same["loss"]
-    assert EV.main([ckpt, "--mesh", "1,4,2"]) == ExitCode.OK
+    assert eval_cli.main([ckpt, "--mesh", "1,4,2"]) == ExitCode.OK
     assert "ptdp-eval: evaluating with schedule 1f1b" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="model.num_layers=4 is not divisible"):
         EV.evaluate_checkpoint(ckpt, mesh="1,4,2", overrides={"parallel.schedule": "interleaved",
@@ -125,10 +128,10 @@ def test_load_api_logits_and_generate(trained):
     import numpy as np
 
     import ptdp_jax
-    from ptdp_jax.checkpoint import load_params
-    from ptdp_jax.generate import generate
+    from ptdp_jax.checkpoint.manager import load_params
+    from ptdp_jax.run.generate import generate
     from ptdp_jax.models import model as M
-    from ptdp_jax.sharding import Sharder
+    from ptdp_jax.parallel.sharding import Sharder
     ckpt = trained / "ckpt"
     cfg, params = load_params(ckpt)
     mc = cfg.model
@@ -158,8 +161,8 @@ def test_load_is_imported_on_first_use():
     """`import ptdp_jax` does not import the loading API; `ptdp_jax.load` does."""
     import subprocess
     import sys
-    code = ("import sys, ptdp_jax; assert 'ptdp_jax.inference' not in sys.modules; "
-            "assert ptdp_jax.load.__module__ == 'ptdp_jax.inference'")
+    code = ("import sys, ptdp_jax; assert 'ptdp_jax.run.inference' not in sys.modules; "
+            "assert ptdp_jax.load.__module__ == 'ptdp_jax.run.inference'")
     r = subprocess.run([sys.executable, "-c", code], cwd=H.REPO, capture_output=True,
                        text=True, timeout=120, env=H.subprocess_env(JAX_PLATFORMS="cpu"))
     assert r.returncode == 0, r.stderr

@@ -55,9 +55,9 @@ def test_pools_cut_the_static_stash_branches():
 
 
 def test_memory_counts_the_slots_the_executor_allocates():
-    from ptdp_jax.memory import stash_slots
+    from ptdp_jax.training.memory import stash_slots
     from ptdp_jax.pipeline.executor import schedule_for
-    from ptdp_jax.train import resolve_config
+    from ptdp_jax.run.loop import resolve_config
     for ov in ({"parallel.virtual_stages": 3}, {"parallel.virtual_stages": 1},
                {"parallel.virtual_stages": 3, "tuning.static_stash": False}):
         cfg = resolve_config("configs/gpt-7.5b.yaml", (1, 4, 1), {

@@ -8,9 +8,9 @@ import jax
 import pytest
 
 import helpers_ckpt as H
-from ptdp_jax.compile_cache import default_dir, use_compile_cache
-from ptdp_jax.config import ConfigError, load_config, parse_cli_overrides
-from ptdp_jax.validation import validate
+from ptdp_jax.training.compile_cache import default_dir, use_compile_cache
+from ptdp_jax.config.load import ConfigError, load_config, parse_cli_overrides
+from ptdp_jax.config.validation import validate
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ptdp_jax.config import load_config
-from ptdp_jax.validation import validate
-from ptdp_jax.metrics import paper_param_count
+from ptdp_jax.config.load import load_config
+from ptdp_jax.config.validation import validate
+from ptdp_jax.training.metrics import paper_param_count
 from ptdp_jax.models.model import num_params
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -156,8 +156,8 @@ def test_bench():
     assert (cfg.train.eval_every, cfg.train.sample_tokens) == (0, 0)
     validate(cfg, num_devices=1)
     # the model and the batch only: precision, recomputation and layout are the run's choice
-    from ptdp_jax.config import read_yaml
-    from ptdp_jax.decisions import FILL_KEYS, MESH_KEYS
+    from ptdp_jax.config.load import read_yaml
+    from ptdp_jax.config.decisions import FILL_KEYS, MESH_KEYS
     keys = set(read_yaml(CONFIGS / "bench-1.3b.yaml")[0])
     assert not keys & {*FILL_KEYS, *MESH_KEYS, "train.dtype"}, keys
     assert (cfg.train.dtype, cfg.train.recompute, cfg.train.global_batch_size) == ("auto", "auto", 16)

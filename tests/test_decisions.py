@@ -1,4 +1,4 @@
-"""One test per rule of ptdp_jax/decisions.py: what each decides, and that its tuning.* key (where
+"""One test per rule of ptdp_jax/config/decisions.py: what each decides, and that its tuning.* key (where
 it has one) overrides it. Configs only: nothing is compiled here (the tests of each feature
 check what the rule's choice does)."""
 import io
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from ptdp_jax import decisions as D
-from ptdp_jax.config import load_config
+from ptdp_jax.config import decisions as D
+from ptdp_jax.config.load import load_config
 
 
 def cfg(**ov):

@@ -5,11 +5,11 @@ import jax
 import numpy as np
 import pytest
 
-from ptdp_jax.config import load_config
-from ptdp_jax.generate import generate
+from ptdp_jax.config.load import load_config
+from ptdp_jax.run.generate import generate
 from ptdp_jax.models import decode as D
 from ptdp_jax.models import model as M
-from ptdp_jax.sharding import Sharder
+from ptdp_jax.parallel.sharding import Sharder
 
 # a large init_std spreads the logits of the random model, so that greedy picks are no ties
 TINY = {"model.num_layers": 2, "model.hidden_size": 32, "model.num_heads": 4,

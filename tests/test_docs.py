@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ptdp_jax.config_tree import Config
+from ptdp_jax.config.schema import Config
 from ptdp_jax.exits import ExitCode
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 
 import helpers_ckpt as H
-from ptdp_jax import checkpoint as CK
-from ptdp_jax import export as EX
+from ptdp_jax.checkpoint import manager as CK
+from ptdp_jax.cli import export as export_cli, import_hf as import_cli
+from ptdp_jax.interop import export as EX
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers
-from ptdp_jax.sharding import Sharder, make_mesh
-from ptdp_jax.state import make_optimizer
-from ptdp_jax.step import compile_all
-from ptdp_jax.train import resolve_config
+from ptdp_jax.parallel.sharding import Sharder, make_mesh
+from ptdp_jax.training.state import make_optimizer
+from ptdp_jax.training.step import compile_all
+from ptdp_jax.run.loop import resolve_config
 
 try:
     import torch
@@ -81,7 +82,7 @@ GQA = {"model.num_kv_heads": 2}           # 4 query heads, 2 key/value heads
 def test_export_matches_transformers(tmp_path, arch, hf_class, extra, capsys):
     cfg, params = _checkpoint(tmp_path, arch, **extra)
     out = tmp_path / "hf"
-    assert EX.main([str(tmp_path / "ckpt"), str(out)]) == 0
+    assert export_cli.main([str(tmp_path / "ckpt"), str(out)]) == 0
     assert "wrote" in capsys.readouterr().out
     conf = json.loads((out / "config.json").read_text())
     assert conf["architectures"] == [hf_class] and conf["vocab_size"] == 300
@@ -118,7 +119,7 @@ def test_export_writes_safetensors_without_transformers(tmp_path):
 def test_export_rejects_a_non_checkpoint(tmp_path, capsys):
     from ptdp_jax.exits import ExitCode
     (tmp_path / "x").mkdir()
-    assert EX.main([str(tmp_path / "x"), str(tmp_path / "out")]) == ExitCode.CHECKPOINT
+    assert export_cli.main([str(tmp_path / "x"), str(tmp_path / "out")]) == ExitCode.CHECKPOINT
     assert "no complete ptdp_jax checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -128,7 +129,7 @@ def test_export_rejects_a_non_checkpoint(tmp_path, capsys):
 def test_import_round_trip(tmp_path, arch, extra, capsys):
     """export -> ptdp-import-hf -> a step-0 checkpoint with the same parameters, which
     restores on another layout."""
-    from ptdp_jax import hf_import as HI
+    from ptdp_jax.interop import hf_import as HI
     cfg, params = _checkpoint(tmp_path, arch, mesh=(1, 1, 1), **extra)
     EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
     model, imported = HI.import_hf(tmp_path / "hf")
@@ -147,9 +148,9 @@ def test_import_round_trip(tmp_path, arch, extra, capsys):
     if extra:
         assert model["model.num_kv_heads"] == 2
     dest = tmp_path / "imported"
-    assert HI.main([str(tmp_path / "hf"), str(dest), "model.dropout=0.1"]) == 0
+    assert import_cli.main([str(tmp_path / "hf"), str(dest), "model.dropout=0.1"]) == 0
     assert "hidden_size: 32" in (tmp_path / "imported.yaml").read_text()
-    assert HI.main([str(tmp_path / "hf"), str(dest)]) == 2            # not into a used dir
+    assert import_cli.main([str(tmp_path / "hf"), str(dest)]) == 2            # not into a used dir
     c2, state, meta = CK.load_checkpoint(dest)
     assert meta["step"] == 0 and c2.model.dropout == 0.1
     assert c2.model == resolve_config(None, None, {**model, "model.dropout": 0.1}).model
@@ -171,12 +172,12 @@ def test_import_writes_the_config_that_continues_training(tmp_path, data_cache, 
     """ptdp-import-hf writes CHECKPOINT_DIR.yaml beside the checkpoint and prints the one
     command that trains on from it (no model.* keys to copy); a second import with that
     file in place is refused before anything is written."""
-    from ptdp_jax import hf_import as HI
-    from ptdp_jax.train import train
+    from ptdp_jax.interop import hf_import as HI
+    from ptdp_jax.run.loop import train
     _checkpoint(tmp_path, "llama", mesh=(1, 1, 1), **GQA)
     EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
     monkeypatch.chdir(tmp_path)
-    assert HI.main(["hf", "imported", "model.dropout=0.1"]) == 0
+    assert import_cli.main(["hf", "imported", "model.dropout=0.1"]) == 0
     out = capsys.readouterr().out
     assert "\n  ptdp-train imported.yaml\n" in out and "--tokenizer hf" in out
     import yaml
@@ -191,9 +192,9 @@ def test_import_writes_the_config_that_continues_training(tmp_path, data_cache, 
                 overrides={**ov, "train.steps": 1}, log=log, return_params=False)
     assert res.start_step == 0 and len(res.losses) == 1
     assert f"resumed from {tmp_path / 'imported'} at step 0" in log.text
-    assert HI.main([str(tmp_path / "hf"), str(tmp_path / "other")]) == 0   # a new name: fine
+    assert import_cli.main([str(tmp_path / "hf"), str(tmp_path / "other")]) == 0   # a new name: fine
     (tmp_path / "again.yaml").write_text("mine")
-    assert HI.main([str(tmp_path / "hf"), str(tmp_path / "again")]) == 2
+    assert import_cli.main([str(tmp_path / "hf"), str(tmp_path / "again")]) == 2
     assert "again.yaml exists" in capsys.readouterr().err
     assert not (tmp_path / "again").exists() and (tmp_path / "again.yaml").read_text() == "mine"
 
@@ -204,17 +205,17 @@ def test_import_refuses_what_it_cannot_honour(tmp_path, capsys):
     """Item 4: ptdp-import-hf model.num_layers=8 on a 2-layer source, or train.lr=...
     (which ptdp-train never reads back from a checkpoint): refused, naming the key,
     nothing written; a shorter model.seq_len cuts GPT's position table."""
-    from ptdp_jax import hf_import as HI
+    from ptdp_jax.interop import hf_import as HI
     _checkpoint(tmp_path, "gpt", mesh=(1, 1, 1))
     EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
     for bad, words in [("model.num_layers=8", "model.num_layers=8: the source"),
                        ("train.lr=1e-4", "train.lr: ptdp-import-hf writes the model only"),
                        ("model.seq_len=32", "can only be shortened"),
                        ("model.norm_eps=0.1", "model.norm_eps=0.1")]:
-        assert HI.main([str(tmp_path / "hf"), str(tmp_path / "no"), bad]) == 2, bad
+        assert import_cli.main([str(tmp_path / "hf"), str(tmp_path / "no"), bad]) == 2, bad
         assert words in capsys.readouterr().err, bad
         assert not (tmp_path / "no").exists()
-    assert HI.main([str(tmp_path / "hf"), str(tmp_path / "short"), "model.seq_len=8"]) == 0
+    assert import_cli.main([str(tmp_path / "hf"), str(tmp_path / "short"), "model.seq_len=8"]) == 0
     cfg, params = CK.load_params(tmp_path / "short")
     assert cfg.model.seq_len == 8 and params["embed"]["wpe"].shape == (8, 32)
 

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 import helpers_ckpt as H
-from ptdp_jax import checkpoint as CK
-from ptdp_jax import decisions as D
-from ptdp_jax.sharding import make_mesh
-from ptdp_jax.state import make_optimizer
-from ptdp_jax.step import compile_all
-from ptdp_jax.train import TrainingStopped, resolve_config, train
+from ptdp_jax.checkpoint import manager as CK
+from ptdp_jax.config import decisions as D
+from ptdp_jax.parallel.sharding import make_mesh
+from ptdp_jax.training.state import make_optimizer
+from ptdp_jax.training.step import compile_all
+from ptdp_jax.run.loop import TrainingStopped, resolve_config, train
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from parity import assert_close, loss_and_grads, reference, tiny_config
-from ptdp_jax.config import ConfigError
+from ptdp_jax.config.load import ConfigError
 from ptdp_jax.models import fp8 as F8
-from ptdp_jax.validation import check_fp8_devices
+from ptdp_jax.config.validation import check_fp8_devices
 
 FP8 = (("train.fp8", True),)
 FP8_TOL = 5e-4
@@ -126,7 +126,7 @@ PLAN_CASES = [   # (config, overrides, measured bf16 s, measured FP8 s): 1x H200
 @pytest.mark.parametrize("path,over,bf16_s,fp8_s", PLAN_CASES)
 def test_planner_prices_fp8(path, over, bf16_s, fp8_s):
     """The planner's FP8 step within 5% of the measured one, and faster than its bf16 step."""
-    from ptdp_jax.config import load_config
+    from ptdp_jax.config.load import load_config
     from ptdp_jax.plan.estimate import estimate_step
     base = {"parallel.data": 1, "parallel.pipe": 1, "parallel.tensor": 1, **over}
     from ptdp_jax.plan.hardware import gpu_kind
@@ -139,7 +139,7 @@ def test_planner_prices_fp8(path, over, bf16_s, fp8_s):
 
 def test_auto_layout_keeps_fp8():
     """parallel.layout=auto plans with FP8 when it is asked for, and keeps it."""
-    from ptdp_jax.config import load_config
+    from ptdp_jax.config.load import load_config
     from ptdp_jax.plan.search import layout_config, plan
     cfg = load_config("configs/bench-1.3b.yaml", overrides={"train.fp8": True})
     best = plan(cfg, 2, "h200")[0]
@@ -152,7 +152,7 @@ def test_fp8_resume_is_bit_identical(tmp_path, data_cache):
     """FP8 keeps no state between steps (current scaling): 6 steps in one go == 3, stop, 3
     resumed, losses and parameters exactly equal."""
     import helpers_ckpt as H
-    from ptdp_jax.train import train
+    from ptdp_jax.run.loop import train
     ov = H.tiny(tmp_path, data_cache, **{"train.steps": 6, "train.fp8": True,
                                          "checkpoint.every": 3})
     mesh = (2, 1, 2)

@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ptdp_jax.config import load_config, parse_cli_overrides
+from ptdp_jax.config.load import load_config, parse_cli_overrides
 from ptdp_jax.models import fused_loss as FL
 from ptdp_jax.models import model as M
 from ptdp_jax.models.layers import vocab_parallel_cross_entropy
-from ptdp_jax.sharding import Sharder
+from ptdp_jax.parallel.sharding import Sharder
 
 
 def _setup(name, b=2, overrides=()):

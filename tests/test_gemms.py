@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from parity import tiny_config
 from ptdp_jax.models import gpt
 from ptdp_jax.models.model import REMAT_POLICIES, init_params
-from ptdp_jax.sharding import Sharder
+from ptdp_jax.parallel.sharding import Sharder
 
 
 def _primitives(jaxpr, out=None):

@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import pytest
 
 from parity import assert_close, loss_and_grads, reference, tiny_config
-from ptdp_jax.config import ConfigError
-from ptdp_jax.memory import layer_activation_bytes_per_token
+from ptdp_jax.config.load import ConfigError
+from ptdp_jax.training.memory import layer_activation_bytes_per_token
 from ptdp_jax.models import model as M
 from ptdp_jax.plan import cost as plan_cost
 from ptdp_jax.plan.hardware import gpu_kind
-from ptdp_jax.sharding import Sharder
+from ptdp_jax.parallel.sharding import Sharder
 
 KEEP = {"train.recompute": "selective", "tuning.keep_ffn_activation": True}
 DROP = {"train.recompute": "selective", "tuning.keep_ffn_activation": False}
@@ -99,8 +99,8 @@ def test_planner_drops_it_only_where_keeping_it_does_not_fit():
     """The 7.5B (1,4,1) zb-phased v 3 micro 2: 66.9 GiB a GPU keeping the activation, 59.7
     without. On a card of 70 GiB (64.4 usable) the planner runs the activation again there
     (shown as selective+mlp) instead of rejecting the layout; on an H100 it keeps it."""
-    from ptdp_jax.config import load_config
-    from ptdp_jax.plan.cli import format_table
+    from ptdp_jax.config.load import load_config
+    from ptdp_jax.cli.plan import format_table
     from ptdp_jax.plan.hardware import with_overrides
     from ptdp_jax.plan.search import plan
     cfg = load_config("configs/gpt-7.5b.yaml", {"train.global_batch_size": 32})

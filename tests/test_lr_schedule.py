@@ -8,10 +8,10 @@ import optax
 import pytest
 
 import helpers_ckpt as H
-from ptdp_jax.config import ConfigError, load_config
-from ptdp_jax.state import lr_schedule
-from ptdp_jax.train import train
-from ptdp_jax.validation import validate
+from ptdp_jax.config.load import ConfigError, load_config
+from ptdp_jax.training.state import lr_schedule
+from ptdp_jax.run.loop import train
+from ptdp_jax.config.validation import validate
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 

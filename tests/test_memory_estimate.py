@@ -1,14 +1,14 @@
-"""ptdp_jax.memory: the estimate against measured peaks (each row with its date and card), and its
+"""ptdp_jax.training.memory: the estimate against measured peaks (each row with its date and card), and its
 structure (1F1B flat in m, GPipe growing, recompute modes ordered, tensor parallelism dividing)."""
 import ast
 from pathlib import Path
 
 import pytest
 
-from ptdp_jax import memory
-from ptdp_jax.config import load_config
+from ptdp_jax.training import memory as memory
+from ptdp_jax.config.load import load_config
 from plan_cases import BENCH_RAN
-from ptdp_jax.memory import (GiB, MemoryEstimate, device_memory_bytes, estimate_memory,
+from ptdp_jax.training.memory import (GiB, MemoryEstimate, device_memory_bytes, estimate_memory,
                              params_per_device)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,7 +169,7 @@ def test_device_memory_bytes_on_cpu():
     assert device_memory_bytes(jax.local_devices()[1]) == n
 
 
-@pytest.mark.parametrize("path", ["ptdp_jax/memory.py", "ptdp_jax/state_memory.py"])
+@pytest.mark.parametrize("path", ["ptdp_jax/training/memory.py", "ptdp_jax/training/state_memory.py"])
 def test_no_jax_at_module_level(path):
     tree = ast.parse((ROOT / path).read_text())
     top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ptdp_jax.config import load_config
-from ptdp_jax.metrics import (MetricsLogger, achieved_flops_per_device, layer_matmul_params,
+from ptdp_jax.config.load import load_config
+from ptdp_jax.training.metrics import (MetricsLogger, achieved_flops_per_device, layer_matmul_params,
                               mfu, model_flops_per_iteration, paper_flops_per_iteration,
                               paper_param_count, peak_flops_per_device, training_days,
                               transformer_flops_per_iteration)
@@ -178,7 +178,7 @@ def test_metrics_logger_disabled(tmp_path):
 def test_logger_without_tensorboardx_still_writes_jsonl(tmp_path, monkeypatch):
     import sys
     import pytest
-    from ptdp_jax.metrics import MetricsLogger
+    from ptdp_jax.training.metrics import MetricsLogger
     monkeypatch.setitem(sys.modules, "tensorboardX", None)       # import now fails
     with pytest.warns(UserWarning, match="tensorboardX is not installed"):
         logger = MetricsLogger(tmp_path, tensorboard=True)
@@ -214,8 +214,8 @@ def test_wandb_gets_the_metrics_of_metrics_jsonl(tmp_path, data_cache, monkeypat
     wandb is not touched; set without the package, the run is refused before compiling."""
     import sys
     import helpers_ckpt as H
-    from ptdp_jax.config import ConfigError
-    from ptdp_jax.train import train
+    from ptdp_jax.config.load import ConfigError
+    from ptdp_jax.run.loop import train
     fake = _FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake.module)
     ov = H.tiny(tmp_path, data_cache, **{"train.steps": 3, "model.num_layers": 1,
@@ -234,7 +234,7 @@ def test_wandb_gets_the_metrics_of_metrics_jsonl(tmp_path, data_cache, monkeypat
           return_params=False)
     assert len(fake.inits) == 1
     monkeypatch.setitem(sys.modules, "wandb", None)
-    monkeypatch.setattr(sys.modules["ptdp_jax.train"], "compile_all", None)   # never reached
+    monkeypatch.setattr(sys.modules["ptdp_jax.run.loop"], "compile_all", None)   # never reached
     with pytest.raises(ConfigError, match=r"run.wandb_project='ptdp-test' needs the wandb "
                                           r"package \(pip install wandb\)"):
         train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())

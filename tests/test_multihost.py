@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 import helpers_ckpt as H      # noqa: F401  (persistent compilation cache for the in-process runs)
-from ptdp_jax import distributed as DIST
-from ptdp_jax.config import ConfigError
-from ptdp_jax.train import train
+from ptdp_jax.parallel import distributed as DIST
+from ptdp_jax.config.load import ConfigError
+from ptdp_jax.run.loop import train
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 N_PROC, LOCAL_DEVICES = 2, 4

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ptdp_jax.config import load_config, parse_cli_overrides
-from ptdp_jax.step import nccl_environment
+from ptdp_jax.config.load import load_config, parse_cli_overrides
+from ptdp_jax.training.step import nccl_environment
 
 
 def gpu_mesh():

@@ -9,14 +9,14 @@ import sys
 import pytest
 
 import helpers_ckpt as H
-from ptdp_jax.config import ConfigError, parse_cli_overrides
+from ptdp_jax.config.load import ConfigError, parse_cli_overrides
 from ptdp_jax.exits import ExitCode
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, data_cache):
     """A tiny GPT trained 2 steps on the embedded byte corpus: checkpoints 1 and 2."""
-    from ptdp_jax.train import train
+    from ptdp_jax.run.loop import train
     tmp = tmp_path_factory.mktemp("trained")
     ov = H.tiny(tmp, data_cache, **{"train.steps": 2, "checkpoint.every": 1,
                                     "model.num_layers": 2})
@@ -29,7 +29,7 @@ def trained_bpe(tmp_path_factory, data_cache):
     """A tiny GPT trained 1 step on a BPE dataset of up to 300 ids (its end of document:
     id 0); model.vocab_size unset: it follows the data."""
     from ptdp_jax.data import prepare_dataset
-    from ptdp_jax.train import train
+    from ptdp_jax.run.loop import train
     tmp = tmp_path_factory.mktemp("trained_bpe")
     (tmp / "a.txt").write_text("Some text for a tokenizer to learn from. " * 200)
     prefix = prepare_dataset([str(tmp / "a.txt")], tmp / "bpe", tokenizer="bpe",
@@ -61,8 +61,8 @@ def _clean(r, code):
 def test_malformed_override_value_is_a_config_error(capsys):
     """A value that is not YAML: ConfigError naming the key and the value, exit 2 from
     ptdp-train (a subprocess: no traceback), ptdp-eval and ptdp-plan."""
-    from ptdp_jax.evaluate import main as eval_main
-    from ptdp_jax.plan.cli import main as plan_main
+    from ptdp_jax.cli.eval import main as eval_main
+    from ptdp_jax.cli.plan import main as plan_main
     items = ["data.path=[data/x", "train.lr={"]
     for item in items:
         value = item.split("=", 1)[1]
@@ -74,7 +74,7 @@ def test_malformed_override_value_is_a_config_error(capsys):
         err = capsys.readouterr().err.splitlines()
         assert err[0].startswith(f"ptdp-eval: config error: override {item}: cannot parse")
         assert err[1].startswith(f"ptdp-plan: config error: override {item}: cannot parse")
-    r = _run(*_tool("ptdp_jax.cli"), "configs/tiny-gpt.yaml", "--print-config", items[0])
+    r = _run(*_tool("ptdp_jax.cli.train"), "configs/tiny-gpt.yaml", "--print-config", items[0])
     _clean(r, ExitCode.CONFIG)
     assert r.stderr.strip() == ("ptdp-train: config error: override data.path=[data/x: cannot "
                                 "parse '[data/x' as a YAML value: expected ',' or ']', but "
@@ -103,16 +103,17 @@ def test_prepare_data_refuses_to_overwrite(tmp_path, capsys):
 
 
 def test_export_refuses_to_overwrite(trained, tmp_path, capsys):
-    from ptdp_jax import export as EX
+    from ptdp_jax.interop import export as EX
+    from ptdp_jax.cli import export as export_cli
     ckpt, _ = trained
     out = tmp_path / "hf"
-    assert EX.main([str(ckpt), str(out)]) == 0
+    assert export_cli.main([str(ckpt), str(out)]) == 0
     before = H.snapshot(out)
-    assert EX.main([str(ckpt / "1"), str(out)]) == ExitCode.CONFIG
+    assert export_cli.main([str(ckpt / "1"), str(out)]) == ExitCode.CONFIG
     err = capsys.readouterr().err
     assert f"'{out}' already holds an export (config.json," in err and "--overwrite" in err
     assert H.snapshot(out) == before
-    assert EX.main([str(ckpt / "1"), str(out), "--overwrite"]) == 0
+    assert export_cli.main([str(ckpt / "1"), str(out), "--overwrite"]) == 0
     assert H.snapshot(out) != before
 
 
@@ -148,7 +149,7 @@ def test_truncated_checkpoint_names_the_failed_read(trained, tmp_path):
     """Truncated array files, read by ptdp-eval: the message says which read failed (not
     a TensorStore repr) and which older step directory to give instead."""
     copy, _ = _damaged_copy(trained, tmp_path, "truncated")
-    r = _run(*_tool("ptdp_jax.evaluate"), copy)
+    r = _run(*_tool("ptdp_jax.cli.eval"), copy)
     _clean(r, ExitCode.CHECKPOINT)
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "TensorStore" not in r.stderr and "pybind11" not in r.stderr, r.stderr
@@ -161,8 +162,8 @@ def test_truncated_checkpoint_names_the_failed_read(trained, tmp_path):
 def test_mismatch_message_compares_resolved_values(trained):
     """A GPT checkpoint against a LLaMA config of the same seq_len: model.seq_len is not
     named (it was 'checkpoint 16, config None'); a different one is, with both values."""
-    from ptdp_jax.ckpt_format import CheckpointError, check_compatible, read_meta
-    from ptdp_jax.config import load_config
+    from ptdp_jax.checkpoint.format import CheckpointError, check_compatible, read_meta
+    from ptdp_jax.config.load import load_config
     meta = read_meta(trained[0] / "2")
     for seq_len, named in ((16, False), (32, True)):
         cfg = load_config("configs/tiny-llama.yaml", {"model.num_layers": 2,
@@ -178,7 +179,7 @@ def test_generate_refuses_a_tokenizer_of_another_vocabulary(trained_bpe, capsys)
     """--tokenizer byte on a model of BPE data printed the prompt alone (the byte decoder
     drops ids >= 256): refused with both sizes; the default is the data's tokenizer."""
     from ptdp_jax.data import TokenDataset
-    from ptdp_jax.generate import main
+    from ptdp_jax.cli.generate import main
     ckpt, prefix = trained_bpe
     args = [str(ckpt), "--prompt", "Some text", "--max-new-tokens", "4"]
     assert main(args + ["--tokenizer", "byte"]) == ExitCode.CONFIG
@@ -193,10 +194,10 @@ def test_generate_refuses_a_tokenizer_of_another_vocabulary(trained_bpe, capsys)
 def test_vocab_size_follows_the_data(trained_bpe, tmp_path):
     """model.vocab_size unset: the data's tokenizer's (the BPE model above trained with
     it); set in the file or the overrides: kept, and too small for the data an error."""
-    from ptdp_jax.checkpoint import checkpoint_config
-    from ptdp_jax.config import load_config
+    from ptdp_jax.checkpoint.manager import checkpoint_config
+    from ptdp_jax.config.load import load_config
     from ptdp_jax.data import TokenDataset
-    from ptdp_jax.feed import open_streams
+    from ptdp_jax.run.feed import open_streams
     ckpt, prefix = trained_bpe
     ids = TokenDataset(prefix).vocab_size
     assert ids > 257 and checkpoint_config(ckpt / "1").model.vocab_size == ids

@@ -10,10 +10,10 @@ import warnings
 import pytest
 
 import helpers_ckpt as H
-from ptdp_jax import checkpoint as CK
-from ptdp_jax.config import (GONE, MOVED, ConfigError, ConfigWarning, all_keys, load_config,
+from ptdp_jax.checkpoint import manager as CK
+from ptdp_jax.config.load import (GONE, MOVED, ConfigError, ConfigWarning, all_keys, load_config,
                              parse_cli_overrides, to_yaml)
-from ptdp_jax.train import train
+from ptdp_jax.run.loop import train
 
 OLD_YAML = """\
 model: {arch: gpt, attention: xla}
@@ -141,11 +141,11 @@ def test_resuming_a_checkpoint_saved_with_old_keys(tmp_path, data_cache):
 
 
 def test_print_config_shows_every_key(capsys):
-    from ptdp_jax.cli import main
+    from ptdp_jax.cli.train import main
     assert main(["--print-config"]) == 0
     text = capsys.readouterr().out
     import yaml
-    from ptdp_jax.config import flatten
+    from ptdp_jax.config.load import flatten
     assert sorted(flatten(yaml.safe_load(text))) == sorted(all_keys())
     assert text == to_yaml(load_config())
 

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from ptdp_jax.config import ConfigError, load_config
-from ptdp_jax.validation import validate
-from ptdp_jax.metrics import paper_param_count, training_days
+from ptdp_jax.config.load import ConfigError, load_config
+from ptdp_jax.config.validation import validate
+from ptdp_jax.training.metrics import paper_param_count, training_days
 from ptdp_jax.pipeline.schedule import build_schedule
 from ptdp_jax.plan import choose_layout, plan
 from ptdp_jax.plan import cost as plan_cost, play
-from ptdp_jax.plan.cli import main as plan_main
+from ptdp_jax.cli.plan import main as plan_main
 from ptdp_jax.plan.estimate import estimate_step
 from ptdp_jax.plan.hardware import gpu_kind, with_overrides
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ptdp_jax.config import load_config, parse_cli_overrides
+from ptdp_jax.config.load import load_config, parse_cli_overrides
 from ptdp_jax.plan import plan
 from ptdp_jax.plan.estimate import estimate_step
 from ptdp_jax.plan.hardware import gpu_kind

@@ -16,14 +16,14 @@ import pytest
 import yaml
 
 import helpers_ckpt as H
-from ptdp_jax import checkpoint as CK
-from ptdp_jax import decisions as D
-from ptdp_jax.cli import main as cli_main
-from ptdp_jax.config import load_config
+from ptdp_jax.checkpoint import manager as CK
+from ptdp_jax.config import decisions as D
+from ptdp_jax.cli.train import main as cli_main
+from ptdp_jax.config.load import load_config
 from ptdp_jax.exits import ExitCode
-from ptdp_jax.train import resolve_config, train
+from ptdp_jax.run.loop import resolve_config, train
 
-T = importlib.import_module("ptdp_jax.train")
+T = importlib.import_module("ptdp_jax.run.loop")
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
@@ -98,7 +98,7 @@ def test_validation_loss_logged_without_a_bar_and_kept_on_it(tmp_path, data_cach
     v2 = dict(res.val_losses)[2]
     assert f"step 2/4 val loss {v2:.4f} (perplexity {math.exp(v2):.2f})" in log.text
     # with a bar: messages go through the bar's write, the val loss stays on it
-    from ptdp_jax.runlog import RunLog
+    from ptdp_jax.run.runlog import RunLog
     cfg = resolve_config(None, (1, 1, 1), small(tmp_path, data_cache))
     monkeypatch.setattr(D, "progress_bar", lambda stream=None: True)     # as on a terminal
     lines = []
@@ -115,7 +115,7 @@ def test_validation_loss_logged_without_a_bar_and_kept_on_it(tmp_path, data_cach
 
 
 def test_done_line_names_the_step_of_the_val_loss():
-    from ptdp_jax.runlog import RunLog
+    from ptdp_jax.run.runlog import RunLog
     cfg = load_config(overrides={"run.dir": "/tmp/unused"})
     lines = []
     rl = RunLog.__new__(RunLog)
@@ -181,10 +181,10 @@ def test_two_ctrl_c_interrupt_train_at_once(tmp_path, data_cache):
 def test_evaluation_is_the_forward_loss_without_dropout(mesh, extra):
     """The validation loss is the model's forward loss with dropout off, on any layout:
     equal to the one-device forward of the same parameters (model.dropout=0.5 or not)."""
-    from ptdp_jax.evaluate import make_eval_fn
+    from ptdp_jax.training.evaluate import make_eval_fn
     from ptdp_jax.models import model as M
-    from ptdp_jax.sharding import make_mesh
-    from ptdp_jax.state import make_optimizer, state_shardings, stage_params
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training.state import make_optimizer, state_shardings, stage_params
     ov = {"model.num_layers": 4, "model.hidden_size": 32, "model.num_heads": 4,
           "model.seq_len": 16, "train.global_batch_size": 8, "train.micro_batch_size": 2,
           **extra}
@@ -218,7 +218,7 @@ def test_parameters_gathered_only_when_asked(tmp_path, data_cache, monkeypatch):
 # ----------------------------------------------------------------------------- stop, extend
 
 def test_lr_schedule_first_step_decay_steps_and_extension():
-    from ptdp_jax.state import lr_schedule
+    from ptdp_jax.training.state import lr_schedule
     cfg = load_config(overrides={"train.lr": 1.0, "train.warmup_steps": 4, "train.steps": 10,
                                  "train.min_lr_ratio": 0.1})
     lr = lr_schedule(cfg)
@@ -308,7 +308,7 @@ def test_logged_loss_is_the_mean_over_the_interval(tmp_path, data_cache):
 
 
 def test_peak_memory_from_devices_that_report_it():
-    from ptdp_jax.runlog import peak_memory_gib
+    from ptdp_jax.run.runlog import peak_memory_gib
 
     class Dev:
         def __init__(self, stats):
@@ -332,10 +332,11 @@ def trained(tmp_path_factory, data_cache):
 
 
 def test_ptdp_eval_matches_the_runs_validation_loss(trained, capsys):
-    from ptdp_jax import evaluate as EV
+    from ptdp_jax.run import evaluate as EV
+    from ptdp_jax.cli import eval as eval_cli
     d, ov, res = trained
     step, val = res.val_losses[-1]
-    assert EV.main([str(d / "ckpt"), "--mesh", "1,1,2"]) == 0
+    assert eval_cli.main([str(d / "ckpt"), "--mesh", "1,1,2"]) == 0
     out = capsys.readouterr().out
     loss = float(out.split("val loss ")[1].split(",")[0])
     assert abs(loss - val) < 1e-4 and f"step {step}:" in out
@@ -343,15 +344,16 @@ def test_ptdp_eval_matches_the_runs_validation_loss(trained, capsys):
     assert ppl == pytest.approx(math.exp(val), abs=0.01 + 1e-4 * math.exp(val))
     got = EV.evaluate_checkpoint(d / "ckpt", mesh="1,2,1")
     assert got["loss"] == pytest.approx(val, rel=1e-5)
-    assert EV.main([str(d / "ckpt"), "model.hidden_size=64"]) == ExitCode.CONFIG
-    assert EV.main([str(d / "nothing")]) == ExitCode.CHECKPOINT
+    assert eval_cli.main([str(d / "ckpt"), "model.hidden_size=64"]) == ExitCode.CONFIG
+    assert eval_cli.main([str(d / "nothing")]) == ExitCode.CHECKPOINT
 
 
 def test_ptdp_generate(trained, capsys):
-    from ptdp_jax import generate as G
+    from ptdp_jax.run import generate as G
+    from ptdp_jax.cli import generate as generate_cli
     from ptdp_jax.data import ByteTokenizer
     d, ov, res = trained
-    assert G.main([str(d / "ckpt"), "--prompt", "The ", "--max-new-tokens", "12"]) == 0
+    assert generate_cli.main([str(d / "ckpt"), "--prompt", "The ", "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out.rstrip("\n")
     cfg = resolve_config(None, None, ov)
     greedy = G.generate(cfg.model, res.params, ByteTokenizer().encode("The "), 12)
@@ -361,15 +363,15 @@ def test_ptdp_generate(trained, capsys):
     assert sampled[0] == sampled[1] and sampled[0] != greedy
     assert G.generate(cfg.model, res.params, ByteTokenizer().encode("The "), 12,
                       temperature=0.7, top_k=1) == greedy
-    assert G.main([str(d / "ckpt"), "--prompt", "x", "--temperature", "-1"]) == ExitCode.CONFIG
+    assert generate_cli.main([str(d / "ckpt"), "--prompt", "x", "--temperature", "-1"]) == ExitCode.CONFIG
 
 
 def test_processes_agree_on_a_stop_one_check_later(monkeypatch):
     """Several processes: each check dispatches an agreement and reads only the one of the
     check before (so it never waits for the step in flight); a stop agreed at check k is
     taken at check k + 1, on every process, signal or not."""
-    from ptdp_jax import cross_process
-    from ptdp_jax.stopping import Stopper
+    from ptdp_jax.parallel import cross_process as cross_process
+    from ptdp_jax.parallel.stopping import Stopper
 
     other = {3}                          # the checks at which the other process has a signal
     made = []                            # per agreement: [this process's flag, read yet?]

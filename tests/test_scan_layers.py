@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ptdp_jax.config import load_config
+from ptdp_jax.config.load import load_config
 from ptdp_jax.models import model as M
 
 

@@ -55,9 +55,9 @@ def test_evaluation_under_sequence_parallelism():
     """The forward-only ring of evaluate.py (p > 1) gives the one-device loss."""
     import jax
 
-    from ptdp_jax import state as S
-    from ptdp_jax.evaluate import make_eval_fn
-    from ptdp_jax.sharding import make_mesh
+    from ptdp_jax.training import state as S
+    from ptdp_jax.training.evaluate import make_eval_fn
+    from ptdp_jax.parallel.sharding import make_mesh
     from parity import batch_for
 
     def loss(cfg):
@@ -100,7 +100,7 @@ def layer_collectives(cfg, dump_dir, gather_dims=None):
     (b, s/t, h), or (b/t, s, h) where the split is by rows (XLA's GPU pipeline fuses the two
     into a reduce-scatter, ReduceScatterCreator). gather_dims: a list that collects the
     dimension of each all-gather."""
-    from ptdp_jax.sharding import sequence_parallel_rows
+    from ptdp_jax.parallel.sharding import sequence_parallel_rows
     b, s, h = cfg.train.micro_batch_size, cfg.model.seq_len, cfg.model.hidden_size
     t = cfg.parallel.tensor
     bsh = f"f32[{b},{s},{h}]"
@@ -142,7 +142,7 @@ def test_split_by_rows_where_t_divides_the_microbatch(micro, dim, tmp_path):
     transpose around each collective on GPUs, so where t divides the microbatch's rows the
     activations are split by rows (every all-gather along dim 0); otherwise by sequence (dim
     1). Same collectives either way."""
-    from ptdp_jax.sharding import sequence_parallel_rows
+    from ptdp_jax.parallel.sharding import sequence_parallel_rows
     cfg = tiny_config("gpt", (1, 1, 8), **SP, **{"tuning.scan_layers": True,
                                                  "train.micro_batch_size": micro})
     assert sequence_parallel_rows(cfg) == (dim == 0)
@@ -201,8 +201,8 @@ def test_activation_memory_drops_at_1x1x8(arch, recompute):
 
 
 def test_memory_estimate_counts_the_saving():
-    from ptdp_jax.config import load_config
-    from ptdp_jax.memory import estimate_memory, layer_activation_bytes_per_token
+    from ptdp_jax.config.load import load_config
+    from ptdp_jax.training.memory import estimate_memory, layer_activation_bytes_per_token
 
     def cfg(t, sp, recompute="selective", pipe=4):     # XLA's attention: no flash output kept
         return load_config(ROOT / "configs/bench-1.3b.yaml", {     # (head-split, not by sequence)
@@ -225,7 +225,7 @@ def test_rule_table_under_sequence_parallelism():
 
     from ptdp_jax.models.layers import ACT, ACT_FULL, HEADS
     from ptdp_jax.pipeline.executor import MSG, MSG_SCATTERED
-    from ptdp_jax.sharding import logical_to_spec, sequence_parallel_on
+    from ptdp_jax.parallel.sharding import logical_to_spec, sequence_parallel_on
 
     assert logical_to_spec(ACT) == P("data", None, None)
     assert logical_to_spec(ACT, sequence_parallel=True) == P("data", "tensor", None)
@@ -244,7 +244,7 @@ def test_rule_table_under_sequence_parallelism():
 
 
 def test_validation_names_seq_len_and_t():
-    from ptdp_jax.config import ConfigError
+    from ptdp_jax.config.load import ConfigError
     with pytest.raises(ConfigError) as e:
         tiny_config("gpt", (1, 1, 8), **SP, **{"model.seq_len": 12})
     assert "model.seq_len=12" in str(e.value) and "parallel.tensor=8" in str(e.value)
@@ -252,7 +252,7 @@ def test_validation_names_seq_len_and_t():
 
 
 def test_planner_keeps_sequence_parallelism_and_its_divisibility():
-    from ptdp_jax.config import load_config
+    from ptdp_jax.config.load import load_config
     from ptdp_jax.plan import plan
     cfg = load_config(ROOT / "configs/demo.yaml", {"model.seq_len": 6, **SP})   # 4 heads
     rows = plan(cfg, 8, "h100")

@@ -3,8 +3,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ptdp_jax.config import ConfigError, load_config
-from ptdp_jax.validation import validate
+from ptdp_jax.config.load import ConfigError, load_config
+from ptdp_jax.config.validation import validate
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline import balance as B
 from ptdp_jax.pipeline.executor import Branch, control_table, schedule_for

@@ -87,7 +87,7 @@ def test_gpu_compiles_static_stash_with_region_analysis():
     """Without region-based live-range analysis XLA:GPU copies every stash buffer through
     every branch of the 1f1b switch; the step asks for it on GPU."""
     from parity import tiny_config
-    from ptdp_jax.step import compiler_options
+    from ptdp_jax.training.step import compiler_options
 
     cfg = tiny_config("gpt", (1, 2, 1))
     no_merge = {"xla_gpu_dot_merger_threshold_mb": 0}        # tests/test_gemms.py
@@ -103,7 +103,7 @@ def test_gpu_combines_the_collectives_of_zero_1_and_2():
     """zero 1 and 2 without tensor parallelism: XLA's all-gather and reduce-scatter combiners
     up to 512 and 128 MB on GPU; not zero 3, not t > 1."""
     from parity import tiny_config
-    from ptdp_jax.step import compiler_options
+    from ptdp_jax.training.step import compiler_options
 
     no_merge = {"xla_gpu_dot_merger_threshold_mb": 0}
     combine = {"xla_gpu_all_gather_combine_threshold_bytes": 512 * 2 ** 20,
@@ -119,7 +119,7 @@ def test_gpu_combines_the_collectives_of_zero_1_and_2():
 
 def test_memory_estimate_counts_no_trash_slot():
     from parity import tiny_config
-    from ptdp_jax.memory import stash_slots
+    from ptdp_jax.training.memory import stash_slots
     o = {"parallel.schedule": "1f1b-phased", "train.micro_batch_size": 1}
     static = stash_slots(tiny_config("gpt", (1, 4, 1), **o))
     dynamic = stash_slots(tiny_config("gpt", (1, 4, 1), **o, **{"tuning.static_stash": False}))
@@ -148,7 +148,7 @@ def test_auto_is_on_where_the_branches_stay_few():
 
 def test_bad_value_is_refused_before_compiling():
     from parity import tiny_config
-    from ptdp_jax.config import ConfigError
+    from ptdp_jax.config.load import ConfigError
     with pytest.raises(ConfigError, match="tuning.static_stash must be true, false or auto, "
                                           "got 'yes please'"):
         tiny_config("gpt", (1, 2, 1), **{"tuning.static_stash": "yes please"})

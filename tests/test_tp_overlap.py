@@ -69,7 +69,7 @@ def test_layer_gathers_become_permutes():
     ({"parallel.zero": 3, "parallel.data": 2}, "parallel.zero=3"),
 ])
 def test_refused_before_compile(extra, words):
-    from ptdp_jax.config import ConfigError
+    from ptdp_jax.config.load import ConfigError
     mesh = (extra.pop("parallel.data", 1), extra.pop("parallel.pipe", 1),
             extra.pop("parallel.tensor", 2))
     with pytest.raises(ConfigError) as e:
@@ -83,9 +83,9 @@ def test_evaluation_keeps_gspmd_collectives_and_the_loss():
     import jax
 
     from parity import batch_for
-    from ptdp_jax import state as S
-    from ptdp_jax.evaluate import make_eval_fn
-    from ptdp_jax.sharding import make_mesh
+    from ptdp_jax.training import state as S
+    from ptdp_jax.training.evaluate import make_eval_fn
+    from ptdp_jax.parallel.sharding import make_mesh
 
     def loss(cfg):
         mesh, tx = make_mesh(cfg.parallel.mesh_shape), S.make_optimizer(cfg)[0]
@@ -104,7 +104,7 @@ def test_one_index_program_per_block(n):
     import jax
     import numpy as np
     from jax.sharding import PartitionSpec as P
-    from ptdp_jax.sharding import rank_plus
+    from ptdp_jax.parallel.sharding import rank_plus
 
     mesh = jax.make_mesh((n,), ("tensor",), devices=jax.devices()[:n],
                          axis_types=(jax.sharding.AxisType.Auto,))

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ptdp_jax.config import ConfigError, load_config
-from ptdp_jax.sharding import Sharder, tp_overlap_on
-from ptdp_jax.decisions import PERMUTE_PEER_MODE
-from ptdp_jax.step import compiler_options
-from ptdp_jax.validation import validate
+from ptdp_jax.config.load import ConfigError, load_config
+from ptdp_jax.parallel.sharding import Sharder, tp_overlap_on
+from ptdp_jax.config.decisions import PERMUTE_PEER_MODE
+from ptdp_jax.training.step import compiler_options
+from ptdp_jax.config.validation import validate
 
 SP4 = {"parallel.sequence_parallel": True, "parallel.tensor": 4,
        "train.global_batch_size": 16, "train.micro_batch_size": 16}     # m = 1

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ptdp_jax import train
-from ptdp_jax.cli import main as cli_main
+from ptdp_jax.cli.train import main as cli_main
 from ptdp_jax.models.model import param_shapes
 
 TINY = {"model.num_layers": 4, "model.hidden_size": 32, "model.num_heads": 4,

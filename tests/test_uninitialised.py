@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from parity import loss_and_grads, tiny_config
-from ptdp_jax import decisions as D
+from ptdp_jax.config import decisions as D
 from ptdp_jax.pipeline import executor
 
 CASES = [

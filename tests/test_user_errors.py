@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 import helpers_ckpt as H
-from ptdp_jax.cli import main as cli_main
-from ptdp_jax.config import ConfigError, load_config, to_yaml
+from ptdp_jax.cli.train import main as cli_main
+from ptdp_jax.config.load import ConfigError, load_config, to_yaml
 from ptdp_jax.exits import ExitCode
-from ptdp_jax.feed import open_streams
-from ptdp_jax.train import resolve_config, train
+from ptdp_jax.run.feed import open_streams
+from ptdp_jax.run.loop import resolve_config, train
 
 
 def _cli(capsys, *args):
@@ -94,7 +94,7 @@ def test_print_config_round_trips(capsys):
     tree = yaml.safe_load(out)
     assert tree["train"]["steps"] == 7 and tree["parallel"]["pipe"] == 2
     want = resolve_config("configs/demo.yaml", (1, 2, 1), {"train.steps": 7})
-    from ptdp_jax.config import flatten
+    from ptdp_jax.config.load import flatten
     assert load_config(overrides=flatten(tree)) == want
     assert yaml.safe_load(to_yaml(want)) == tree
 
@@ -115,7 +115,7 @@ def test_bfloat16_pipeline_with_tensor_dry_runs(tmp_path, data_cache, mesh):
     here was a C++ abort (SIGABRT) in AllReducePromotion, on the head's psum over 'pipe'."""
     ov = H.tiny(tmp_path, data_cache, **{"checkpoint.dir": "", "train.dtype": "bfloat16"})
     r = subprocess.run(
-        [sys.executable, "-m", "ptdp_jax.cli", "configs/demo.yaml", "--mesh", mesh, "--dry-run",
+        [sys.executable, "-m", "ptdp_jax.cli.train", "configs/demo.yaml", "--mesh", mesh, "--dry-run",
          *[f"{k}={v}" for k, v in ov.items()]],
         cwd=H.REPO, env=H.subprocess_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
@@ -168,7 +168,7 @@ def test_multiprocess_start_without_peers_exits_5(tmp_path, process_id, words):
     not a C++ abort (exit 134)."""
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "ptdp_jax.cli", "--coordinator", f"localhost:{_free_port()}",
+        [sys.executable, "-m", "ptdp_jax.cli.train", "--coordinator", f"localhost:{_free_port()}",
          "--num-processes", "2", "--process-id", str(process_id), "--init-timeout", "2",
          "train.steps=1", f"run.dir={tmp_path / 'run'}"],
         cwd=H.REPO, env=H.subprocess_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True,
@@ -183,8 +183,8 @@ def test_rendezvous_brings_processes_together():
     """The rendezvous itself, in threads: both return once both are there; a third
     process id outside the count is refused by process 0."""
     import threading
-    from ptdp_jax import distributed as DIST
-    from ptdp_jax.rendezvous import rendezvous
+    from ptdp_jax.parallel import distributed as DIST
+    from ptdp_jax.parallel.rendezvous import rendezvous
     port = _free_port()
     setups = [DIST.ProcessSetup(f"localhost:{port}", 2, i, "explicit") for i in range(2)]
     errors, done = [], []
@@ -219,11 +219,11 @@ def test_checkpoint_dir_problems_are_found_before_compiling(tmp_path, data_cache
     step is compiled."""
     import os
     from pathlib import Path
-    from ptdp_jax.ckpt_format import FORMAT, VERSION, _shape_tree
+    from ptdp_jax.checkpoint.format import FORMAT, VERSION, _shape_tree
 
     def no_compile(*args, **kwargs):
         raise AssertionError("compiled before the checkpoint.dir check")
-    monkeypatch.setattr(sys.modules["ptdp_jax.train"], "compile_all", no_compile)
+    monkeypatch.setattr(sys.modules["ptdp_jax.run.loop"], "compile_all", no_compile)
     ckpt = tmp_path / "ckpt"
     if case == "a-file":
         ckpt.write_text("x")

@@ -1,8 +1,8 @@
 """Every constraint is checked before anything compiles; the error names the key and numbers."""
 import pytest
 
-from ptdp_jax.config import ConfigError, load_config, parse_cli_overrides
-from ptdp_jax.validation import validate
+from ptdp_jax.config.load import ConfigError, load_config, parse_cli_overrides
+from ptdp_jax.config.validation import validate
 
 OK = {"model.num_layers": 8, "model.hidden_size": 64, "model.num_heads": 8,
       "train.global_batch_size": 16, "train.micro_batch_size": 2}

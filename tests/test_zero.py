@@ -80,9 +80,9 @@ def test_bfloat16_compute_gathers_what_zero0_uses():
 def test_bfloat16_reduction_inside_a_partly_manual_region_is_refused_on_cpu():
     """XLA's CPU compiler aborts the process on a bfloat16 all-reduce or reduce-scatter in a
     region manual over 'data' but not 'tensor' (t > 1): a ConfigError says so instead."""
-    from ptdp_jax.config import ConfigError
-    from ptdp_jax.sharding import make_mesh
-    from ptdp_jax.step import make_grad_fn
+    from ptdp_jax.config.load import ConfigError
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training.step import make_grad_fn
     cfg = tiny_config("gpt", (4, 1, 2), **{"parallel.grad_reduce_dtype": "bfloat16"})
     with pytest.raises(ConfigError, match="parallel.grad_reduce_dtype=bfloat16"):
         make_grad_fn(cfg, make_mesh((4, 1, 2)))
@@ -98,10 +98,10 @@ def compiled_steps():
     """zero -> (compiled train step, parameter bytes) of LLaMA (h 128, 4 layers) on (8,1,1),
     layers in a scan for every zero value (zero=3 always scans: one layer's weights gathered
     at a time; zero 0 and 1 follow tuning.scan_layers)."""
-    from ptdp_jax import state as S
+    from ptdp_jax.training import state as S
     from ptdp_jax.models import model as M
-    from ptdp_jax.sharding import make_mesh
-    from ptdp_jax.step import compile_all
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training.step import compile_all
     out = {}
     for zero in (0, 1, 3):
         cfg = tiny_config("llama", (8, 1, 1), **MEM_MODEL, **{"parallel.zero": zero,
@@ -167,10 +167,10 @@ def test_zero2_reduces_every_microbatch_and_gathers_once():
     shard-sized ones (at least 3/4 of P less); zero=2's reduce-scatters run inside the
     microbatch loop and its all-gathers outside it (once a step), zero=1's reduce-scatters
     only after it (in the last microbatch's backward)."""
-    from ptdp_jax import state as S
+    from ptdp_jax.training import state as S
     from ptdp_jax.models import model as M
-    from ptdp_jax.sharding import make_mesh
-    from ptdp_jax.step import compile_all
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training.step import compile_all
     exe = {}
     for zero in (1, 2):
         cfg = tiny_config("llama", (8, 1, 1), **MEM_MODEL, **{
@@ -196,9 +196,9 @@ def test_zero2_reduces_every_microbatch_and_gathers_once():
 def test_zero2_unrolled_gathers_each_layer_on_its_own():
     """zero=2 with the layers unrolled: one all-gather per layer and split weight (so later
     layers' gathers can run under earlier layers' forward), not one per stacked weight."""
-    from ptdp_jax import state as S
-    from ptdp_jax.sharding import data_axis, make_mesh
-    from ptdp_jax.step import compile_all
+    from ptdp_jax.training import state as S
+    from ptdp_jax.parallel.sharding import data_axis, make_mesh
+    from ptdp_jax.training.step import compile_all
     cfg = tiny_config("llama", (8, 1, 1), **MEM_MODEL, **{"parallel.zero": 2})
     assert not cfg.scan_layers_on and cfg.num_microbatches == 1
     tx, _ = S.make_optimizer(cfg)
@@ -218,8 +218,8 @@ def test_checkpoints_move_between_zero_values(tmp_path, data_cache):
     """zero=3 on (4,1,2) -> zero=0 on (2,1,4) -> zero=2 on (8,1,1), each resuming from the
     previous one's checkpoint (canonical, full-size tensors on disk): the losses of an
     uninterrupted one-device run. (zero=1 holds the state as zero=2 and 3 do.)"""
-    from ptdp_jax import checkpoint as CK
-    from ptdp_jax.train import train
+    from ptdp_jax.checkpoint import manager as CK
+    from ptdp_jax.run.loop import train
     chain = [((4, 1, 2), {"parallel.zero": 3}), ((2, 1, 4), {"parallel.zero": 0}),
              ((8, 1, 1), {"parallel.zero": 2})]
     ov = H.tiny(tmp_path, data_cache, **{"train.steps": len(chain)})
@@ -253,7 +253,7 @@ def test_scan_layers_auto_scans_for_zero3_only():
 def test_zero_dim_rule():
     """The first (major-most) dim no rule splits (a 'tensor' dim counts as unsplit at t = 1),
     that d divides; none: replicated over 'data'."""
-    from ptdp_jax.sharding import logical_to_spec, zero_axes
+    from ptdp_jax.parallel.sharding import logical_to_spec, zero_axes
     assert zero_axes(("embed", "mlp"), (32, 128), 8, tensor=2) == ("zero", "mlp")
     assert zero_axes(("mlp", "embed"), (128, 32), 8, tensor=2) == ("mlp", "zero")
     assert zero_axes(("mlp", "embed"), (128, 32), 8) == ("zero", "embed")   # t = 1: f, major
@@ -272,8 +272,8 @@ def test_zero_dim_rule():
 
 
 def test_validation_and_estimate():
-    from ptdp_jax.config import ConfigError
-    from ptdp_jax.memory import estimate_memory
+    from ptdp_jax.config.load import ConfigError
+    from ptdp_jax.training.memory import estimate_memory
     with pytest.raises(ConfigError, match=r"parallel.zero=4 is not one of \[0, 1, 2, 3\]"):
         tiny_config("gpt", (8, 1, 1), **{"parallel.zero": 4})
     with pytest.raises(ConfigError, match="parallel.grad_reduce_dtype='float16'"):
@@ -316,9 +316,9 @@ def test_layers_run_without_checkpoint_unless_regathered(zero, wrapped):
     jax.checkpoint that saves everything JAX keeps every GeLU intermediate for the backward (1.3B
     (2,1,1) zero 2 micro 8: 62.4 GiB against 43.3 without it, 2x H200, 2026-11-27). zero=3 keeps the
     checkpoint: its weights are gathered again in the backward, never saved."""
-    from ptdp_jax import state as S
-    from ptdp_jax import step
-    from ptdp_jax.sharding import make_mesh
+    from ptdp_jax.training import state as S
+    from ptdp_jax.training import step as step
+    from ptdp_jax.parallel.sharding import make_mesh
     cfg = tiny_config("gpt", (2, 1, 1), **{"parallel.zero": zero, "train.recompute": "none",
                                             "tuning.scan_layers": False})
     tx, _ = S.make_optimizer(cfg)

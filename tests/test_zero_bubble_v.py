@@ -115,8 +115,8 @@ def test_cli_draws_zb_v(tmp_path, capsys):
     ({"model.num_layers": 6}, ["model.num_layers=6", "2 x 2 = 4"]),
 ])
 def test_zb_v_config_errors_name_key_and_numbers(over, words):
-    from ptdp_jax.config import ConfigError, load_config
-    from ptdp_jax.validation import validate
+    from ptdp_jax.config.load import ConfigError, load_config
+    from ptdp_jax.config.validation import validate
     o = {"model.num_layers": 8, "parallel.pipe": 2, "parallel.schedule": "zb-v",
          "parallel.virtual_stages": 2, "train.global_batch_size": 8, "train.micro_batch_size": 1}
     validate(load_config(overrides=o))
@@ -154,9 +154,9 @@ def test_zb_v_two_permutes_per_tick_and_memory_bounded_in_m():
 def test_a_table_that_cannot_be_built_is_a_config_error(monkeypatch):
     """The table is built by validation, before any compile; should the list scheduler ever
     deadlock, the error names the schedule, p and m."""
-    from ptdp_jax.config import ConfigError, load_config
+    from ptdp_jax.config.load import ConfigError, load_config
     from ptdp_jax.pipeline import schedule
-    from ptdp_jax.validation import validate
+    from ptdp_jax.config.validation import validate
 
     def stuck(p, m):
         raise RuntimeError(f"schedule zb-v p={p} m={m} deadlocks at tick 3")

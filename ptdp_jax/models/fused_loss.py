@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ptdp_jax.sharding import vary, varying_axes
+from ptdp_jax.parallel.sharding import vary, varying_axes
 
 CHUNK_BYTES = 1 << 30       # float32 logits of one chunk: 1 GiB (the f32 gradient accumulators
                             # of the head take a pass per chunk: fewer chunks, fewer passes)

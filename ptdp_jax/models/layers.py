@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from ptdp_jax import decisions as D
+from ptdp_jax.config import decisions as D
 from ptdp_jax.models import tp_overlap
 from ptdp_jax.models.dense import dense  # noqa: F401  (the layers' GEMMs; re-exported)
 from ptdp_jax.models.residuals import Residuals

@@ -22,7 +22,7 @@ from ptdp_jax.models import gpt, llama
 from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax.models.fused_loss import fused_head_loss, num_chunks
 from ptdp_jax.models.layers import FFN_ACT, gather_seq, vocab_parallel_cross_entropy
-from ptdp_jax.sharding import Sharder
+from ptdp_jax.parallel.sharding import Sharder
 
 ARCHS = {"gpt": gpt, "llama": llama}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}     # train.dtype -> compute dtype

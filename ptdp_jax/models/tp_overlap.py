@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models.dense import _input_grad, weight_grad
-from ptdp_jax.sharding import direct_gather, direct_scatter, vary, varying_axes
+from ptdp_jax.parallel.sharding import direct_gather, direct_scatter, vary, varying_axes
 
 AXIS = "tensor"
 # einsum letters of the layers' GEMM specs -> logical axes (layers.HEADS, FFN and the weights)

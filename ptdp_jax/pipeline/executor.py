@@ -82,7 +82,7 @@ from ptdp_jax.pipeline.routing import (  # noqa: F401  (re-exported)
 from ptdp_jax.pipeline.stage_ops import (HeadSums, PipeHead, SplitBackward, StageOps,
                                          WholeBackward)
 from ptdp_jax.pipeline.stash import stash_store
-from ptdp_jax.sharding import vary
+from ptdp_jax.parallel.sharding import vary
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def schedule_for(cfg) -> S.Schedule:
 
 def pipeline_grads(cfg, sh, params, batch_rs1, keys_r, modes: PipelineModes):
     """Loss sum and gradient sums of this data-parallel replica's microbatches: the gradient
-    path of p > 1 (ptdp_jax/grads.py's contract).
+    path of p > 1 (ptdp_jax/training/grads.py's contract).
 
     params: stage-local float32 ('layers' (1, v, Lmax, ...)), varying over 'pipe' and 'data'.
     batch_rs1: this replica's rows (B/d, s+1). Returns (loss_sum, grads) with the structure

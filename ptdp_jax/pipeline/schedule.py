@@ -390,3 +390,18 @@ class Schedule:
     def __str__(self) -> str:
         return (f"{self.name} p={self.p} v={self.v} m={self.m} split_backward={self.split_backward}"
                 f" ticks={self.num_ticks}\n{self.render_text()}")
+
+
+def check_table(cfg) -> None:
+    """ConfigError where the config's schedule has no tick table (zb-v's list scheduler can
+    fail for some p and m), before any compile; the table is cached for the executor."""
+    p = cfg.parallel
+    if p.schedule != "zb-v" or p.virtual_stages != 2 or p.pipe < 2:
+        return
+    try:
+        build_schedule("zb-v", p.pipe, cfg.num_microbatches, 2)
+    except RuntimeError as e:
+        from ptdp_jax.config.schema import ConfigError
+        raise ConfigError(f"parallel.schedule=zb-v has no table for parallel.pipe={p.pipe} and "
+                          f"{cfg.num_microbatches} microbatches ({e}); try another number of "
+                          f"microbatches or parallel.schedule=zb-h1") from None

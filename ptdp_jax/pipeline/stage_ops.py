@@ -34,7 +34,7 @@ from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe
 from ptdp_jax.pipeline.pipe_state import PipeState, f32_add, grads_of
 from ptdp_jax.pipeline.routing import Branch, TickControl
 from ptdp_jax.pipeline.stash import IndexedStash, StaticStash, map_entry
-from ptdp_jax.sharding import vary
+from ptdp_jax.parallel.sharding import vary
 
 Store = IndexedStash | StaticStash
 

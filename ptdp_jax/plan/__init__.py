@@ -6,7 +6,7 @@ stages, recompute, scatter/gather) layout of a model before renting the GPUs.
     choose_layout(cfg, num_devices=4, gpus_per_host=4)  # dotted overrides of the best layout
 
 Pieces: `hardware` (GPU kinds), `cost` (per-op seconds), `play` (tick tables played with those
-costs), `estimate` (one layout's step), `search` (enumerate, reject, rank), `cli` (`ptdp-plan`).
+costs), `estimate` (one layout's step), `search` (enumerate, reject, rank); the command `ptdp-plan` is cli/plan.py.
 """
 from ptdp_jax.plan.search import LAYOUT_KEYS, Candidate, choose_layout, plan
 

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ptdp_jax.memory import (flash_attention_bytes_per_token, layer_activation_bytes_per_token,
+from ptdp_jax.training.memory import (flash_attention_bytes_per_token, layer_activation_bytes_per_token,
                              layer_gemms, params_per_device)
 from ptdp_jax.plan.hardware import GpuKind
 
@@ -232,7 +232,7 @@ def dp_allreduce_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> float:
     reduce-scattered (7.5B (4,1,1) zero 3 micro 1: 2.49-2.67 s on 4x H200, 2026-11-26, 2.24-2.27 s
     by this model). Unrolled layers without recomputation keep their gathered weights for the
     backward, yet ran only 3% faster than with selective: counted as two gathers too."""
-    from ptdp_jax.state import zero_stage
+    from ptdp_jax.training.state import zero_stage
     par = cfg.parallel
     n = sum(params_per_device(cfg).values())
     bw, lat = group_link(gpu, par.tensor, par.data, gpus_per_host)
@@ -270,7 +270,7 @@ def accumulate_seconds(cfg, gpu: GpuKind) -> float:
     of zero 0 (and 1 with its reduction after the backward) adds the GEMM weights' float32
     gradients inside the GEMM (`step._master_grads`) at the pipeline's cost per microbatch
     (`wgrad_accumulate_exposed`); the rest (embedding, norms) takes the passes."""
-    from ptdp_jax.state import zero_stage
+    from ptdp_jax.training.state import zero_stage
     m, z = cfg.num_microbatches, zero_stage(cfg)
     if cfg.parallel.pipe > 1 or m == 1 or z > 1:
         return 0.0

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ptdp_jax import decisions as D
-from ptdp_jax.memory import MemoryEstimate, estimate_memory
-from ptdp_jax.metrics import SECONDS_PER_DAY, model_flops_per_iteration
+from ptdp_jax.config import decisions as D
+from ptdp_jax.training.memory import MemoryEstimate, estimate_memory
+from ptdp_jax.training.metrics import SECONDS_PER_DAY, model_flops_per_iteration
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.pipeline.head import spread_over_pipe
 from ptdp_jax.pipeline.schedule import PHASED, ZERO_BUBBLE

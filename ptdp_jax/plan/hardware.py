@@ -17,7 +17,7 @@ A kind describes one GPU *and the program whose step times calibrated it*:
 
 Memory: what nvidia-smi reports, of which `usable_memory_fraction` is the limit of "fits"
 (XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 as benchmarks/*.sh set it; JAX's own default is 0.75).
-What a layout needs is always ptdp_jax's (`ptdp_jax/memory.py`), for a100 too.
+What a layout needs is always ptdp_jax's (`ptdp_jax/training/memory.py`), for a100 too.
 
 Links: NCCL bus bandwidth per GPU inside a host (NVLink through NVSwitch) and across hosts
 (one InfiniBand NIC per GPU: DGX A100 8x HDR 200 Gb/s, DGX H100/H200 8x NDR 400 Gb/s), with
@@ -175,7 +175,7 @@ def detect_gpu_kind(device=None) -> GpuKind:
     plan as h100 with the device's memory."""
     import jax
 
-    from ptdp_jax.memory import device_memory_bytes
+    from ptdp_jax.training.memory import device_memory_bytes
     dev = device if device is not None else jax.local_devices()[0]
     text = str(getattr(dev, "device_kind", "")).lower()
     kind = next((GPU_KINDS[k] for k in ("h200", "h100", "a100") if k in text), GPU_KINDS["h100"])

@@ -10,7 +10,7 @@ Rejected, with the reason in words:
     not divisible        t into heads / FFN / padded vocabulary, p x v into the layers, d x b
                          into the global batch, m into p for the interleaved schedule
     tensor across hosts  t > GPUs per host (the paper: keep t inside a node)
-    does not fit         the memory estimate (ptdp_jax.memory) above the device's memory
+    does not fit         the memory estimate (ptdp_jax.training.memory) above the device's memory
                          (no step time is predicted for these)
 
 Ranked by predicted step time (the global batch is fixed, so tokens/s ranks the same); the
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ptdp_jax.config import ConfigError, ParallelConfig
-from ptdp_jax.validation import validate
-from ptdp_jax.memory import GiB, MemoryEstimate, estimate_memory, params_per_device
+from ptdp_jax.config.load import ConfigError, ParallelConfig
+from ptdp_jax.config.validation import validate
+from ptdp_jax.training.memory import GiB, MemoryEstimate, estimate_memory, params_per_device
 from ptdp_jax.plan.estimate import StepEstimate, estimate_step, on_gpus
 from ptdp_jax.plan.hardware import GpuKind, detect_gpu_kind, gpu_kind
 
@@ -61,7 +61,7 @@ class Candidate:
     reason: str = ""                      # "" = a valid layout
     fits: bool = False
     params_per_device: float = 0.0         # parameters held by the most loaded device
-    memory: MemoryEstimate | None = None    # per device (ptdp_jax.memory), where it was estimated
+    memory: MemoryEstimate | None = None    # per device (ptdp_jax.training.memory), where it was estimated
     estimate: StepEstimate | None = None   # the predicted step, for layouts that fit
     tokens: float = DEFAULT_TOKENS
     tokens_per_step: float = 0.0

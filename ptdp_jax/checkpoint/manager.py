@@ -1,0 +1,401 @@
+"""Checkpoints: asynchronous orbax saves in a layout independent of mesh and schedule.
+
+    ckpt = CheckpointManager.from_config(cfg, compiled.shardings)
+    restored = ckpt.restore_latest()        # (state, step) or None
+    ckpt.save(step, state)                  # returns once the arrays are copied off the devices
+    ckpt.close()                            # waits for the writes in flight
+
+On disk, ``<checkpoint.dir>/<step>/`` is one orbax step directory with these items:
+
+- ``state``: the train state in the *canonical* layout (``TrainState.as_dict()``:
+  ``params``, ``opt``, ``step``, ``bad_steps``): parameters and the AdamW
+  moments (mu, nu) with layers on one leading axis of length L, the optimizer's
+  step count, ``step`` and ``bad_steps``. No per-stage or per-chunk files: a
+  checkpoint written with any (data, pipe, tensor) mesh and schedule restores on
+  any other valid one (it is resharded on the way in).
+- ``meta``: JSON (``ptdp_meta.json``): format tag, step, the data stream's
+  position (consumed samples = step x global batch; batches are a pure function
+  of (seed, step)), the RNG state (the seed; dropout keys are derived from
+  (seed, step, row)), the resolved config (data.path absolute), the layout it was
+  written with, the canonical parameter shapes and the tokenizer ('byte', or the
+  file of the next item).
+- ``tokenizer``: a copy of the training data's ``tokenizer.json`` (and a
+  ``tokenizer_config.json`` beside it), so that eval, generate and export find the
+  tokenizer when the data has moved.
+
+Orbax writes each step into ``<step>.orbax-checkpoint-tmp`` and renames it to
+``<step>`` only after every file is written, so a save interrupted by a crash or
+SIGKILL is never taken for a complete checkpoint (leftover temporary
+directories are ignored and removed by the next run). Loading reads JSON and
+tensorstore arrays, nothing else: no pickle, no code.
+
+A directory that holds something else, a corrupt checkpoint, or one of a
+different model raises ``CheckpointError`` (a ValueError) naming what is wrong,
+before anything is written. A failed write (e.g. a full disk) raises
+``CheckpointError`` at the next ``save`` or at ``close``; the previous
+checkpoints are untouched.
+
+Test hooks (environment variables, read at save time, used by the fault tests):
+``PTDP_TEST_SAVE_DELAY=[STEP:]SECONDS`` sleeps inside the background write of
+the checkpoint (of STEP only, if given), after it has started and before it is
+committed; ``PTDP_TEST_SAVE_FAULT=enospc[:STEP]`` makes that write fail with
+``OSError(ENOSPC)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from ptdp_jax.checkpoint import upgrade as ckpt_upgrade
+from ptdp_jax.config.load import Config, with_absolute_paths
+from ptdp_jax.data import data_state
+from ptdp_jax.pipeline.balance import chunk_layers
+from ptdp_jax.checkpoint.format import (  # noqa: F401  (re-exported: the public checkpoint API)
+    FORMAT, META_FILE, META_ITEM, STATE_ITEM, TOKENIZER_ITEM, VERSION, CheckpointError,
+    _check_writable, _FilesHandler, _FilesSave, _scan, _shape_tree, _short, check_compatible,
+    check_directory, checkpoint_config, checkpoint_tokenizer, config_from_dict, damaged_message,
+    load_checkpoint, load_params, quiet_closed_loop, read_meta, resolve_step_dir, run_tokenizer,
+    stored_shapes, tokenizer_files)
+from ptdp_jax.training.state import (  # noqa: F401  (re-exported: the public checkpoint API)
+    TrainState, canonical_abstract_state, canonical_shardings, make_optimizer,
+    to_canonical_state, to_stage_state, with_shardings as _with_shardings)
+from ptdp_jax.parallel.stopping import StopSignal  # noqa: F401  (re-exported)
+
+# ----------------------------------------------------------------------------- test hooks
+
+def _hook_step(spec: str) -> tuple[int | None, str]:
+    if ":" in spec:
+        a, b = spec.split(":", 1)
+        return int(a), b
+    return None, spec
+
+
+def _test_hooks(step: int) -> None:
+    """Fault injection for the tests (see the module docstring); runs in the write path."""
+    delay = os.environ.get("PTDP_TEST_SAVE_DELAY")
+    if delay:
+        only, seconds = _hook_step(delay)
+        if only is None or only == step:
+            print(f"PTDP_TEST_SAVE_DELAY: checkpoint of step {step} in flight, "
+                  f"sleeping {float(seconds)} s", file=sys.stderr, flush=True)
+            time.sleep(float(seconds))
+    fault = os.environ.get("PTDP_TEST_SAVE_FAULT")
+    if fault:
+        kind, _, only = fault.partition(":")
+        if kind == "enospc" and (not only or int(only) == step):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+class _MetaHandler(ocp.JsonCheckpointHandler):
+    """orbax's JSON handler under our file name, with the test hooks in its
+    (background) write."""
+
+    def __init__(self):
+        super().__init__(META_FILE)
+
+    async def _save_fn(self, x, directory):
+        _test_hooks(int(x["step"]))
+        await super()._save_fn(x, directory)
+
+
+@ocp.args.register_with_handler(_MetaHandler, for_save=True)
+@dataclasses.dataclass
+class _MetaSave(ocp.args.CheckpointArgs):
+    item: dict
+
+
+@ocp.args.register_with_handler(_MetaHandler, for_restore=True)
+@dataclasses.dataclass
+class _MetaRestore(ocp.args.CheckpointArgs):
+    item: Any = None
+
+
+# ----------------------------------------------------------------------------- the manager
+
+class CheckpointManager:
+    """Asynchronous checkpoints of the train state in checkpoint.dir (see module doc)."""
+
+    def __init__(self, cfg: Config, shardings, directory: str | os.PathLike | None = None,
+                 run_id: str | None = None):
+        self.cfg = cfg
+        self.run_id = run_id                  # stored in the metadata; a resumed run keeps it
+        self.shardings = shardings
+        self.directory = Path(os.path.expanduser(directory or cfg.checkpoint.dir)).absolute()
+        self.keep = cfg.checkpoint.keep
+        self.mesh = shardings.step.mesh
+        self.tx, _ = make_optimizer(cfg)
+        check_directory(self.directory)
+        self._canon_sh = canonical_shardings(cfg, self.mesh, self.tx)
+        # what orbax restores: the stored tree (TrainState.as_dict), with the canonical shardings
+        self._abstract = _with_shardings(canonical_abstract_state(cfg, self.tx),
+                                         self._canon_sh).as_dict()
+        self._to_canonical = jax.jit(lambda s: to_canonical_state(cfg, self.tx, s),
+                                     out_shardings=self._canon_sh)
+        self._to_stage = jax.jit(lambda s: to_stage_state(cfg, self.tx, s),
+                                 out_shardings=shardings, donate_argnums=(0,))
+        self._resumed = False
+        self._failed: CheckpointError | None = None
+        self._saved_any = False
+        self._closed = False
+        self._mngr = None
+        self.tokenizer = run_tokenizer(cfg)   # kept in each checkpoint (None: not known)
+        self._tokenizer_files = None
+
+    @classmethod
+    def from_config(cls, cfg: Config, shardings, run_id: str | None = None) -> "CheckpointManager":
+        return cls(cfg, shardings, run_id=run_id)
+
+    # -- orbax
+    def _manager(self) -> ocp.CheckpointManager:
+        if self._mngr is None:
+            opts = ocp.CheckpointManagerOptions(
+                enable_async_checkpointing=True, create=True, cleanup_tmp_directories=True,
+                preservation_policy=ocp.checkpoint_managers.LatestN(n=self.keep),
+                save_root_metadata=False)
+            self._mngr = ocp.CheckpointManager(
+                self.directory, options=opts,
+                item_handlers={STATE_ITEM: ocp.StandardCheckpointHandler(),
+                               META_ITEM: _MetaHandler(), TOKENIZER_ITEM: _FilesHandler()})
+        return self._mngr
+
+    def due(self, step: int) -> bool:
+        """Whether step `step` (1-based) is saved: every checkpoint.every steps and the last."""
+        every = self.cfg.checkpoint.every
+        return step == self.cfg.train.steps or bool(every and step % every == 0)
+
+    def steps(self) -> list[int]:
+        """Step numbers of the complete checkpoints in the directory."""
+        return _scan(self.directory)[0]
+
+    # -- restore
+    def restore_latest(self):
+        """(state, step) from the newest complete checkpoint, in the current layout
+        and shardings; None if there is none. CheckpointError if it is unusable."""
+        steps = self.steps()
+        if not steps:
+            return None
+        step = steps[-1]
+        return self.restore(step), step
+
+    def restore(self, step: int):
+        where = self.directory / str(step)
+        meta = read_meta(where)
+        if int(meta["step"]) != step:
+            raise CheckpointError(f"checkpoint {where} is corrupt: its metadata says step "
+                                  f"{meta['step']}")
+        check_compatible(meta, self.cfg, str(where))
+        old = meta["version"] == 1          # GPT's fused QKV: restored fused, then split
+        abstract = ckpt_upgrade.v1_abstract(self._abstract) if old else self._abstract
+        quiet_closed_loop()
+        try:
+            restored = self._manager().restore(step, args=ocp.args.Composite(**{
+                STATE_ITEM: ocp.args.StandardRestore(abstract)}))[STATE_ITEM]
+        except Exception as e:      # orbax/tensorstore raise many kinds; one clear error
+            self.close()
+            raise CheckpointError(damaged_message(where, e, resuming=True)) from e
+        if old:
+            restored = ckpt_upgrade.from_v1(restored, like=self._abstract)
+        if int(restored["step"]) != step:
+            raise CheckpointError(f"checkpoint {where} is corrupt: its state says step "
+                                  f"{int(restored['step'])}")
+        self._resumed = True
+        return self._to_stage(TrainState.of(restored))
+
+    # -- save
+    def _meta(self, step: int) -> dict:
+        cfg = with_absolute_paths(self.cfg)
+        d, p, t = cfg.parallel.mesh_shape
+        tree = cfg.to_dict()
+        tok = self.tokenizer
+        kept = tok if tok in (None, "byte") else {"file": f"{TOKENIZER_ITEM}/tokenizer.json",
+                                                  "source": tok}
+        return {
+            "format": FORMAT, "version": VERSION, "step": int(step),
+            "data": dict(data_state(step, cfg.train.global_batch_size),
+                         seed=cfg.train.seed, paths=list(cfg.data.path),
+                         weights=list(cfg.data.weights)),
+            "rng": {"seed": cfg.train.seed,
+                    "dropout_keys": "fold_in(fold_in(key(train.seed), step), global row)"},
+            "config": json.loads(json.dumps(tree)),
+            "layout": {"mesh": [d, p, t], "schedule": cfg.parallel.schedule,
+                       "virtual_stages": cfg.parallel.virtual_stages,
+                       "chunk_layers": list(chunk_layers(cfg))},
+            "param_shapes": _shape_tree(cfg.model),
+            "time": time.time(),
+            **({"run_id": self.run_id} if self.run_id else {}),
+            **({"tokenizer": kept} if kept is not None else {}),
+        }
+
+    def _drop_stale(self, step: int) -> None:
+        """A run that did not resume owns the directory from its first save on: checkpoints
+        left by an earlier run are removed, but only with checkpoint.resume=overwrite
+        (check_fresh_start refuses the run before that)."""
+        old_steps = self.steps()
+        if old_steps and not self.cfg.checkpoint.overwrites:
+            raise CheckpointError(_fresh_start_message(self.directory, old_steps))
+        for old in old_steps:
+            where = self.directory / str(old)
+            read_meta(where)              # never delete what is not ours
+            if jax.process_index() == 0:
+                shutil.rmtree(where)
+        if self._mngr is not None:
+            self._mngr.reload()
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices("ptdp_checkpoint_drop_stale")
+
+    def save(self, step: int, state) -> None:
+        """Start an asynchronous save of `state` (a TrainState, or a mapping of its names) as
+        checkpoint `step`. Returns once the arrays are copied to host memory; the files are
+        written in the background. Errors of an earlier save are raised here."""
+        if self._closed:
+            raise CheckpointError("save() after close()")
+        if not self._saved_any and not self._resumed:
+            self._drop_stale(step)
+        canonical = self._to_canonical(TrainState.of(state)).as_dict()
+        if self._failed is not None:
+            raise self._failed
+        if self._tokenizer_files is None:
+            try:
+                self._tokenizer_files = tokenizer_files(self.tokenizer)
+            except OSError:                 # gone since the data was opened: keep none
+                self._tokenizer_files, self.tokenizer = {}, None
+        items = {STATE_ITEM: ocp.args.StandardSave(canonical),
+                 META_ITEM: _MetaSave(self._meta(step))}
+        if self._tokenizer_files:
+            items[TOKENIZER_ITEM] = _FilesSave(self._tokenizer_files)
+        try:
+            self._manager().save(step, args=ocp.args.Composite(**items), force=True)
+        except Exception as e:
+            _reraise_lost_peer(e)
+            self._failed = self._write_error(e)
+            raise self._failed from e
+        self._saved_any = True
+
+    def wait(self) -> None:
+        """Block until every save in flight is written (and raise its error, if any,
+        once)."""
+        if self._mngr is not None and self._failed is None:
+            try:
+                self._mngr.wait_until_finished()
+            except Exception as e:
+                _reraise_lost_peer(e)
+                self._failed = self._write_error(e)
+                raise self._failed from e
+
+    def close(self) -> None:
+        """Wait for the saves in flight, then release orbax's resources. Idempotent.
+        Raises CheckpointError if a save failed (unless save() already raised it)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._mngr is None:
+            return
+        try:
+            self.wait()
+        finally:
+            try:
+                self._mngr.wait_until_finished()      # after a failure: drain orbax's threads
+            except Exception:
+                pass
+            try:
+                self._mngr.close()
+            except Exception:
+                pass
+
+    def _write_error(self, e: BaseException) -> CheckpointError:
+        if isinstance(e, CheckpointError):
+            return e
+        done = self.steps()
+        prev = f"the previous checkpoint (step {done[-1]}) is intact" if done else \
+            "no complete checkpoint was written"
+        what = "disk full" if _is_enospc(e) else "write failed"
+        return CheckpointError(f"checkpoint save to {self.directory} failed ({what}: "
+                               f"{type(e).__name__}: {_short(e)}); {prev}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _reraise_lost_peer(e: BaseException) -> None:
+    """Multi-process: a save that failed in a cross-process operation (a peer died) is
+    not a checkpoint error; the exception goes on to the peer watchdog, which names the
+    lost process (exit code 4)."""
+    from ptdp_jax.parallel.watchdog import _looks_like_lost_peer
+    if jax.process_count() > 1 and _looks_like_lost_peer(e):
+        raise e
+
+
+def _is_enospc(e: BaseException | None) -> bool:
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
+
+# ----------------------------------------------------------------------------- a fresh start
+
+def _fresh_start_message(directory, steps) -> str:
+    shown = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+    return (f"checkpoint.dir {directory} holds checkpoints of an earlier run (steps {shown}) and "
+            f"this run starts fresh (checkpoint.resume=false, --no-resume); they are kept: "
+            f"use another checkpoint.dir, resume from them (drop --no-resume), or set "
+            f"checkpoint.resume=overwrite to remove them at this run's first save")
+
+
+def check_fresh_start(cfg: Config) -> list[int]:
+    """Before a run: with checkpoint.resume=false and a checkpoint.dir that holds
+    checkpoints, CheckpointError unless checkpoint.resume=overwrite. Returns the steps
+    that this run will remove at its first save ([] if none)."""
+    if not cfg.checkpoint.dir or cfg.checkpoint.resumes:
+        return []
+    directory = Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
+    check_directory(directory)
+    steps = _scan(directory)[0]
+    if steps and not cfg.checkpoint.overwrites:
+        raise CheckpointError(_fresh_start_message(directory, steps))
+    return steps
+
+
+def check_checkpoint_dir(cfg: Config) -> list[int]:
+    """Before a run compiles: CheckpointError for a checkpoint.dir that cannot serve it (a
+    file, not writable, holding files of something else, or, when resuming, a newest
+    checkpoint that is unreadable or of another model); with checkpoint.resume false or
+    overwrite, check_fresh_start. Returns the steps this run will remove at its first save."""
+    if not cfg.checkpoint.dir:
+        return []
+    directory = Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
+    _check_writable(directory)
+    check_directory(directory)
+    if not cfg.checkpoint.resumes:
+        return check_fresh_start(cfg)
+    steps = _scan(directory)[0]
+    if steps:
+        where = directory / str(steps[-1])
+        check_compatible(read_meta(where), cfg, str(where))
+    return []
+
+
+__all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "check_checkpoint_dir",
+           "check_fresh_start",
+           "checkpoint_config", "checkpoint_tokenizer",
+           "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "stored_shapes", "to_canonical_state",
+           "to_stage_state"]

@@ -1,0 +1,2 @@
+"""The commands (console scripts): argument parsing, messages and exit codes around the
+library; nothing else imports them."""

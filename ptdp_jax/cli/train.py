@@ -1,0 +1,103 @@
+"""`ptdp-train [CONFIG] [--mesh d,p,t] [key=value ...]`: a thin shell over train().
+
+    ptdp-train configs/demo.yaml --print-config     # the resolved config as YAML, then exit
+    ptdp-train configs/demo.yaml --dry-run          # validate, compile, memory and FLOPs; exit
+
+Exit codes: ptdp_jax.exits.ExitCode.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ptdp_jax.config.load import ConfigError, parse_cli_overrides, parse_mesh
+from ptdp_jax.exits import ExitCode
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="ptdp-train", description="Train a GPT or LLaMA model with PTD-P parallelism.",
+        epilog="example: ptdp-train configs/demo.yaml --mesh 2,2,2 train.steps=50 "
+               "parallel.schedule=1f1b parallel.virtual_stages=1")
+    ap.add_argument("config", nargs="?", help="YAML file of overrides (default: built-in defaults)")
+    ap.add_argument("--mesh", help="data,pipe,tensor sizes, e.g. 2,2,2 (default: the config's)")
+    ap.add_argument("--resume", dest="resume", action="store_true", default=None,
+                    help="resume from the newest checkpoint in checkpoint.dir (the default)")
+    ap.add_argument("--no-resume", dest="resume", action="store_false",
+                    help="start fresh; refused if checkpoint.dir holds checkpoints (with "
+                         "checkpoint.resume=overwrite they are removed at the first save)")
+    ap.add_argument("--print-config", action="store_true",
+                    help="print the resolved config as YAML and exit")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="validate, build the mesh, compile the step, report memory per device "
+                         "and FLOPs per step, then exit")
+    ap.add_argument("--coordinator", help="host:port of process 0 (multi-process runs)")
+    ap.add_argument("--num-processes", type=int, help="number of processes (multi-process runs)")
+    ap.add_argument("--process-id", type=int, help="this process's index (multi-process runs)")
+    ap.add_argument("--heartbeat-timeout", type=float, metavar="S",
+                    help="multi-process: stop when another process is silent this long "
+                         "(default 60 s, or PTDP_HEARTBEAT_TIMEOUT)")
+    ap.add_argument("--init-timeout", type=int, metavar="S",
+                    help="multi-process: wait this long for every process to connect "
+                         "(default 300 s, or PTDP_INIT_TIMEOUT)")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides")
+    args = ap.parse_intermixed_args(argv)
+    # A first positional of the form key=value is an override, not a config path.
+    if args.config and "=" in args.config:
+        args.overrides.insert(0, args.config)
+        args.config = None
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from ptdp_jax.parallel import distributed as distributed
+    rc, why = _main(args)
+    # Multi-process: tell the other processes and leave (a failed one at once, so they stop
+    # too; a clean one in order, so that no process prints gRPC errors on the way out).
+    distributed.finish(rc == 0, why, exit_code=rc)
+    return rc
+
+
+def _fail(code: ExitCode, what: str) -> tuple[int, str]:
+    print(f"ptdp-train: {what}", file=sys.stderr)
+    return code, what
+
+
+def _main(args) -> tuple[int, str]:
+    from ptdp_jax.checkpoint.manager import CheckpointError
+    from ptdp_jax.parallel.distributed import maybe_initialize
+    from ptdp_jax.parallel.rendezvous import DistributedError
+    from ptdp_jax.run.loop import TrainingStopped, dry_run, resolve_config, train
+    try:
+        overrides = parse_cli_overrides(args.overrides)
+        if args.resume is not None:
+            overrides["checkpoint.resume"] = args.resume
+        mesh = parse_mesh(args.mesh) if args.mesh else None
+        if args.print_config:
+            from ptdp_jax.config.load import to_yaml
+            print(to_yaml(resolve_config(args.config, mesh, overrides)), end="")
+            return ExitCode.OK, ""
+        maybe_initialize(args.coordinator, args.num_processes, args.process_id,
+                         heartbeat_timeout=args.heartbeat_timeout, init_timeout=args.init_timeout)
+        if args.dry_run:
+            dry_run(args.config, mesh_shape=mesh, overrides=overrides)
+        else:
+            train(args.config, mesh_shape=mesh, overrides=overrides, return_params=False)
+    except ConfigError as e:
+        return _fail(ExitCode.CONFIG, f"config error: {e}")
+    except TrainingStopped as e:
+        return _fail(ExitCode.STOPPED, f"stopped: {e}")
+    except DistributedError as e:
+        return _fail(ExitCode.DISTRIBUTED_INIT, str(e))
+    except CheckpointError as e:
+        return _fail(ExitCode.CHECKPOINT, f"checkpoint error: {e}")
+    except KeyboardInterrupt:
+        return _fail(ExitCode.INTERRUPTED, "interrupted (a second Ctrl-C, or one before "
+                                           "training started): stopped at once, without a "
+                                           "checkpoint")
+    return ExitCode.OK, ""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

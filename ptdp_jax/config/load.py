@@ -1,0 +1,428 @@
+"""One typed, frozen config tree: defaults in code, YAML overrides, dotted overrides.
+
+    cfg = load_config("configs/demo.yaml", overrides={"train.steps": 10})
+    cfg.model.hidden_size, cfg.parallel.mesh_shape, cfg.num_microbatches
+
+Keys of earlier versions load through `migrate` (MOVED, GONE, FIXED): one ConfigWarning a
+config says what replaced them; a value that can no longer be honoured is a ConfigError.
+
+Every constraint is checked by `validation.validate(cfg, num_devices)` before anything is
+compiled; a violation raises `ConfigError` (a ValueError) naming the key and the numbers.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import types
+import typing
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from ptdp_jax.config import decisions as D
+from ptdp_jax.config.schema import (CheckpointConfig, Config, ConfigError, DataConfig,  # noqa: F401
+                                  ModelConfig, ParallelConfig, RunConfig, TrainConfig,
+                                  TuningConfig)
+
+CHOICES = {
+    "model.arch": ("gpt", "llama"),
+    "train.dtype": ("auto", "float32", "bfloat16"),
+    "train.recompute": ("auto", "none", "selective", "full"),
+    "train.lr_schedule": ("cosine", "linear", "constant", "wsd"),
+    "parallel.schedule": ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v",
+                          "zb-phased"),
+    "parallel.layout": ("manual", "auto"),
+    "parallel.zero": (0, 1, 2, 3),
+    "parallel.grad_reduce_dtype": ("float32", "bfloat16"),
+    "checkpoint.resume": (True, False, "overwrite"),
+    "tuning.attention": ("auto", "xla", "cudnn"),
+}
+
+
+class ConfigWarning(UserWarning):
+    """A config that names keys of an earlier version: what replaced them."""
+
+
+# ----------------------------------------------------------------------------- earlier keys
+
+# Keys that moved: the value is carried to the new key.
+MOVED = {
+    "model.attention": "tuning.attention",
+    "train.keep_ffn_activation": "tuning.keep_ffn_activation",
+    "train.scan_layers": "tuning.scan_layers",
+    "train.skip_memory_check": "tuning.skip_memory_check",
+    "parallel.static_stash": "tuning.static_stash",
+    "parallel.overlap_grad_reduce": "tuning.overlap_grad_reduce",
+    "parallel.tp_comm_overlap": "tuning.tp_comm_overlap",
+    "parallel.allow_cross_host_tensor": "tuning.allow_cross_host_tensor",
+}
+# Keys whose every value gave the same results: what the code does now instead.
+GONE = {
+    "parallel.empty_buffers": "buffers start empty where tensor is 1 (decisions.empty_buffers)",
+    "parallel.overlap_p2p": "the phased schedules overlap their messages (decisions.overlap_p2p)",
+    "train.dispatch_ahead": "the loop always dispatches the next step before reading the last",
+    "parallel.zero_ring": "ZeRO's collectives are NCCL's (the rings measured +2.9%)",
+    "parallel.tp_overlap_sends": "the tensor ring sends each block straight to every rank",
+    "parallel.nccl_channels": "64 NCCL channels with tensor > 1 (decisions.nccl_environment); "
+                              "NCCL_MIN_NCHANNELS in the environment overrides it",
+    "run.progress": "a progress bar on a terminal, lines otherwise (decisions.progress_bar)",
+    "run.tensorboard": "TensorBoard events where tensorboardX is installed",
+}
+# Keys fixed to one value now: another can no longer be honoured (a ConfigError).
+FIXED = {
+    "train.max_bad_steps": (D.MAX_BAD_STEPS, f"a run stops after {D.MAX_BAD_STEPS} non-finite "
+                                             f"steps in a row"),
+    "data.cache_dir": ("~/.cache/ptdp_jax", "the embedded corpus is cached in $PTDP_CACHE_DIR "
+                                            "(default ~/.cache/ptdp_jax): set that instead"),
+    "train.sample_prompt": (D.SAMPLE_PROMPT, "the end-of-run sample starts from 'The ' "
+                                             "(ptdp-generate CHECKPOINT --prompt ... for another)"),
+    "train.sample_temperature": (D.SAMPLE_TEMPERATURE, "the end-of-run sample is at temperature "
+                                                       "0.6, top-k 20 (ptdp-generate for others)"),
+    "train.sample_top_k": (D.SAMPLE_TOP_K, "the end-of-run sample is at temperature 0.6, top-k 20 "
+                                           "(ptdp-generate for others)"),
+}
+BETAS = ("train.beta1", "train.beta2")
+
+
+def _same(value, now) -> bool:
+    try:
+        return value == now or (isinstance(now, str) and os.path.expanduser(str(value))
+                                == os.path.expanduser(now))
+    except TypeError:
+        return False
+
+
+def migrate(flat: Mapping[str, Any], strict: bool = True,
+            where=lambda key: "") -> tuple[dict[str, Any], list[str]]:
+    """(flat with the keys of earlier versions replaced, a note for each). strict: a value
+    that can no longer be honoured is a ConfigError naming the key (a file or an override);
+    otherwise it is left out with its note (a checkpoint's saved config)."""
+    out, notes = {}, []
+    for key, value in flat.items():
+        if key in MOVED:
+            out.setdefault(MOVED[key], value)
+            notes.append(f"{key} is now {MOVED[key]}")
+        elif key in GONE:
+            notes.append(f"{key} is gone: {GONE[key]}")
+        elif key in FIXED:
+            now, why = FIXED[key]
+            if strict and not _same(value, now):
+                raise ConfigError(f"{where(key)}{key}={value!r} can no longer be set: {why}")
+            notes.append(f"{key} is gone: {why}")
+        elif key not in BETAS and key != "checkpoint.overwrite":
+            out[key] = value
+    _merge_betas(flat, out, notes)
+    _merge_overwrite(flat, out, notes)
+    return out, notes
+
+
+def _merge_betas(flat, out, notes) -> None:
+    if not any(k in flat for k in BETAS):
+        return
+    default = TrainConfig().adam_betas
+    if "train.adam_betas" not in out:
+        out["train.adam_betas"] = [flat.get(k, d) for k, d in zip(BETAS, default)]
+    notes.append("train.beta1 and train.beta2 are now train.adam_betas: [beta1, beta2]")
+
+
+def _merge_overwrite(flat, out, notes) -> None:
+    if "checkpoint.overwrite" not in flat:
+        return
+    if str(flat["checkpoint.overwrite"]).lower() in ("true", "1", "yes", "on") and \
+            str(out.get("checkpoint.resume", True)).lower() in ("false", "0", "no", "off"):
+        out["checkpoint.resume"] = "overwrite"
+    notes.append("checkpoint.overwrite=true is now checkpoint.resume=overwrite")
+
+
+def warn_old_keys(notes: list[str], what: str) -> None:
+    """One warning for a config's keys of earlier versions."""
+    if notes:
+        import warnings
+        warnings.warn(ConfigWarning(f"{what}: keys of an earlier version: " + "; ".join(notes)),
+                      stacklevel=4)
+
+
+# ----------------------------------------------------------------------------- overrides
+
+def _field_types(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Turn a YAML/CLI value into the field's type, or raise ConfigError."""
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):           # X | None, X | str
+        if type(None) in args and (value is None or (isinstance(value, str)
+                                                     and value.lower() in ("none", "null"))):
+            return None
+        options = [a for a in args if a is not type(None)]
+        for i, option in enumerate(options):
+            try:
+                return _coerce(key, value, option)
+            except ConfigError:
+                if i == len(options) - 1:
+                    raise
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return tuple(_coerce(key, v, args[0]) for v in value)
+    try:
+        if typ is bool:
+            if isinstance(value, str):
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if typ is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(value)
+            if isinstance(value, str):
+                value = float(value) if any(c in value for c in ".eE") else value
+            return int(value)
+        if typ is float:
+            return float(value)
+        if typ is str:
+            return str(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: cannot read {value!r} as {typ.__name__}") from None
+    return value
+
+
+def all_keys() -> list[str]:
+    """Every dotted config key ('model.hidden_size', ...)."""
+    cfg = Config()
+    return [f"{f.name}.{name}" for f in fields(Config)
+            for name in _field_types(type(getattr(cfg, f.name)))]
+
+
+def did_you_mean(key: str) -> str:
+    """' (did you mean 'train.steps'?)' for a near miss of a known key, else ''."""
+    keys = all_keys()
+    close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
+    if not close and "." in key:                 # a right name in a wrong or misspelt section
+        name = key.split(".", 1)[1]
+        close = [k for k in keys if k.split(".", 1)[1] == name][:1] or \
+            difflib.get_close_matches(name, [k.split(".", 1)[1] for k in keys], n=1, cutoff=0.75)
+        close = [k for k in keys if k.split(".", 1)[1] in close][:1]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _apply(cfg: Config, overrides: Mapping[str, Any], where=lambda key: "") -> Config:
+    """Apply dotted overrides; `where(key)` prefixes an error's message (file and line)."""
+    sections = {f.name: f.type for f in fields(Config)}
+    updates: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if len(parts) != 2 or parts[0] not in sections:
+            raise ConfigError(f"{where(key)}unknown config key {key!r}{did_you_mean(key)}; "
+                              f"sections are {sorted(sections)}")
+        section, name = parts
+        types_ = _field_types(type(getattr(cfg, section)))
+        if name not in types_:
+            raise ConfigError(f"{where(key)}unknown config key {key!r}{did_you_mean(key)}; "
+                              f"{section} has {sorted(types_)}")
+        try:
+            updates.setdefault(section, {})[name] = _coerce(key, value, types_[name])
+        except ConfigError as e:
+            raise ConfigError(f"{where(key)}{e}") from None
+    return replace(cfg, **{s: replace(getattr(cfg, s), **u) for s, u in updates.items()})
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'model': {'hidden_size': 8}} -> {'model.hidden_size': 8}."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def parse_mesh(text: str) -> tuple[int, int, int]:
+    """'2,2,2' -> (2, 2, 2); ConfigError otherwise."""
+    try:
+        mesh = tuple(int(x) for x in str(text).split(","))
+    except ValueError:
+        raise ConfigError(f"--mesh {text!r} is not three comma-separated ints") from None
+    if len(mesh) != 3:
+        raise ConfigError(f"--mesh {text!r} needs three sizes: data,pipe,tensor")
+    if any(x < 1 for x in mesh):
+        raise ConfigError(f"--mesh {text!r}: every size must be positive")
+    return mesh
+
+
+def parse_cli_overrides(items: list[str]) -> dict[str, str]:
+    """['train.steps=5', ...] -> {'train.steps': 5}, each value read as YAML; ConfigError
+    naming the key for a value that is not YAML (as read_yaml does for a file)."""
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+        except yaml.YAMLError as e:
+            what = " ".join(str(getattr(e, "problem", None) or e).split())
+            raise ConfigError(f"override {k.strip()}={v}: cannot parse {v!r} as a YAML "
+                              f"value: {what}") from None
+    return out
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A key given twice in one mapping (YAML itself would keep the last value)."""
+
+    def __init__(self, key: str, line: int, first: int):
+        super().__init__(problem=f"duplicate key {key!r}")
+        self.key, self.line, self.first = key, line, first
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (a section given
+    twice, or `steps: 5` then `steps: 7`) instead of silently keeping the last."""
+
+    def construct_mapping(self, node, deep=False):
+        paths = self.__dict__.setdefault("_paths", {})       # mapping node -> 'section.'
+        prefix = paths.get(id(node), "")
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":      # '<<: *base' may override
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise DuplicateKeyError(f"{prefix}{key}", line, seen[key])
+                seen[key] = line
+            except TypeError:                    # an unhashable key: SafeLoader reports it
+                continue
+            if isinstance(value_node, yaml.MappingNode):
+                paths[id(value_node)] = f"{prefix}{key}."
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_lines(text: str) -> dict[str, int]:
+    """Dotted key -> line number (1-based) of every key in a YAML text."""
+    out: dict[str, int] = {}
+
+    def walk(node, prefix):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{prefix}{k.value}"
+                out[key] = k.start_mark.line + 1
+                walk(v, key + ".")
+    try:
+        walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
+    except yaml.YAMLError:
+        pass
+    return out
+
+
+def read_yaml(path: "str | os.PathLike") -> tuple[dict[str, Any], dict[str, int]]:
+    """(dotted overrides, key -> line) of a config file; ConfigError naming the file and
+    line for anything that is not a YAML mapping of sections."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a directory; give a YAML file "
+                          f"(e.g. configs/demo.yaml)")
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(path)!r} cannot be read: {e}") from None
+    try:
+        tree = yaml.load(text, Loader=UniqueKeyLoader)
+    except DuplicateKeyError as e:
+        raise ConfigError(f"config file {str(path)!r}, line {e.line}: {e.key!r} is given twice "
+                          f"(first on line {e.first}); YAML would keep only the last one, so "
+                          f"remove or merge one of them") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise ConfigError(f"config file {str(path)!r}{where}: YAML syntax error: {what}") from None
+    tree = tree or {}
+    if not isinstance(tree, Mapping):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of sections "
+                          f"(model:, train:, ...), not a {type(tree).__name__}")
+    lines = _yaml_lines(text)
+    sections = {f.name: f.type for f in fields(Config)}
+    for name, value in tree.items():
+        if name in sections and not isinstance(value, Mapping) and value is not None:
+            example = next(iter(_field_types(type(getattr(Config(), name)))))
+            raise ConfigError(
+                f"config file {str(path)!r}, line {lines.get(str(name), '?')}: section {name!r} "
+                f"must be a mapping of keys (indented lines such as '  {example}: ...' under "
+                f"'{name}:'), got {value!r}")
+    flat = flatten({k: v for k, v in tree.items() if v is not None or k not in sections})
+    return flat, lines
+
+
+def _data_vocab_size(paths) -> int | None:
+    """The largest vocabulary of the prepared datasets `paths`; None if there are none or
+    one cannot be read (the data checks before training name that one)."""
+    from ptdp_jax.data.dataset import TokenDataset
+    try:
+        return max(TokenDataset(p).vocab_size for p in paths) if paths else None
+    except (OSError, ValueError):
+        return None
+
+
+def load_config(config: "str | os.PathLike | Config | None" = None,
+                overrides: Mapping[str, Any] | None = None, *, strict: bool = True,
+                origin: str = "") -> Config:
+    """Defaults, then a YAML file (or a Config), then dotted overrides. A model.vocab_size
+    that neither the file nor the overrides set follows data.path's tokenizer (a value
+    set too small for the data stays an error, raised when the data is opened). Keys of
+    earlier versions: `migrate` (one ConfigWarning, naming `origin` if given); strict=False
+    for a saved config."""
+    return load_with_keys(config, overrides, strict=strict, origin=origin)[0]
+
+
+def load_with_keys(config: "str | os.PathLike | Config | None" = None,
+                   overrides: Mapping[str, Any] | None = None, *, strict: bool = True,
+                   origin: str = "") -> tuple[Config, frozenset[str]]:
+    """(load_config's Config, the dotted keys that the file or the overrides set; every key
+    when `config` is a Config)."""
+    overrides, notes = migrate(dict(overrides or {}), strict)
+    if isinstance(config, Config):
+        warn_old_keys(notes, origin or "the overrides")
+        return _apply(config, overrides), frozenset(all_keys())
+    cfg, flat = Config(), {}
+    if config is not None:
+        flat, lines = read_yaml(config)
+        where = lambda key: f"config file {str(config)!r}, line {lines.get(key, '?')}: "
+        flat, file_notes = migrate(flat, strict, where)
+        notes = file_notes + notes
+        cfg = _apply(cfg, flat, where)
+    warn_old_keys(notes, origin or (f"config file {str(config)!r}" if config is not None
+                                    else "the overrides"))
+    cfg = _apply(cfg, overrides)
+    if "model.vocab_size" not in flat and "model.vocab_size" not in overrides:
+        vocab = _data_vocab_size(cfg.data.path)
+        if vocab is not None:
+            cfg = replace(cfg, model=replace(cfg.model, vocab_size=vocab))
+    return cfg, frozenset(flat) | frozenset(overrides)
+
+
+def with_absolute_paths(cfg: Config) -> Config:
+    """cfg with data.path absolute (relative paths: to the working directory), as a run
+    saves it (checkpoint, run.dir), so that the saved config names the same files from any
+    directory."""
+    paths = tuple(os.path.abspath(os.path.expanduser(p)) for p in cfg.data.path)
+    return cfg if paths == cfg.data.path else replace(cfg, data=replace(cfg.data, path=paths))
+
+
+def to_yaml(cfg: Config) -> str:
+    """The whole resolved config as YAML (load_config of it gives cfg back)."""
+    return yaml.safe_dump(json.loads(json.dumps(cfg.to_dict())), sort_keys=False)

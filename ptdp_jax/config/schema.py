@@ -1,0 +1,232 @@
+"""The config tree's types: frozen dataclasses, every default visible. What a user sets: the
+model, the batch, the precision, recomputation, the layout, data, checkpoints and the run;
+`tuning` holds the expert overrides of decisions.py's rules, which resolve the `auto` values.
+Loading, YAML, dotted overrides and old keys are in `ptdp_jax.config.load`, which re-exports these
+names; checks are in `ptdp_jax.config.validation`."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from ptdp_jax.config import decisions as D
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the key and the numbers."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = "gpt"                    # gpt | llama
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_heads: int = 4
+    num_kv_heads: int | None = None      # llama: key/value heads (grouped-query attention); None: num_heads
+    ffn_hidden_size: int | None = None   # None: 4h for gpt, 2/3*4h rounded up to 256 for llama
+    vocab_size: int = 257                # the byte tokenizer's (256 + eos); unset: data.path's
+    seq_len: int = 128
+    dropout: float = 0.0
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+
+    @property
+    def ffn(self) -> int:
+        if self.ffn_hidden_size is not None:
+            return self.ffn_hidden_size
+        if self.arch == "llama":
+            return 256 * math.ceil(int(2 * 4 * self.hidden_size / 3) / 256)
+        return 4 * self.hidden_size
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: num_kv_heads, or num_heads (no grouped-query attention)."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocabulary padded to a multiple of 128 (Megatron); layout independent
+        so parameters are the same whatever the tensor-parallel size."""
+        return 128 * math.ceil(self.vocab_size / 128)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 200                     # the run ends after this many steps (of the whole run)
+    decay_steps: int | None = None       # the lr reaches lr * min_lr_ratio at this step (warm-up
+                                         # included), constant after; None: train.steps
+    stop_at_step: int = 0                # stop early (checkpoint, exit 0) at this step; 0: never
+    stop_after_minutes: float = 0.0      # stop (checkpoint, exit 0) after this long; 0: never
+    global_batch_size: int = 16
+    micro_batch_size: int = 4            # sequences a microbatch; unset with --mesh on GPUs: the
+                                         # planner's (decisions.layout_source)
+    lr: float = 3e-3
+    lr_schedule: str = "cosine"          # after the warm-up: cosine | linear (to lr * min_lr_ratio at
+                                         # decay_steps) | constant | wsd (constant, then linear down
+                                         # over the last decay_fraction)
+    decay_fraction: float = 0.1          # wsd: the decay's share of decay_steps (default train.steps)
+    min_lr_ratio: float = 0.1            # cosine, linear and wsd decay to lr * min_lr_ratio
+    warmup_steps: int = 20               # linear warm-up from 0 over this many steps, however short
+                                         # the run (a 5-step run of a 2000-step warm-up: tiny lr)
+    weight_decay: float = 0.1
+    adam_betas: tuple[float, ...] = (0.9, 0.95)  # AdamW's (beta1, beta2)
+    grad_clip: float = 1.0
+    seed: int = 0
+    dtype: str = "auto"                  # auto (bfloat16 on GPUs, float32 on CPUs) | float32 |
+                                         # bfloat16 (bf16 compute, fp32 master weights)
+    fp8: bool = False                    # the transformer layers' GEMMs on FP8 operands (E4M3
+                                         # forward, E5M2 gradients, per-tensor current scaling)
+    recompute: str = "auto"              # auto (the least that fits by the memory estimate) | none |
+                                         # selective | full
+    eval_every: int = 50                 # 0: never
+    eval_batches: int = 2
+    log_every: int = 1
+    sample_tokens: int = 0               # at the end, print this many tokens sampled after "The "
+                                         # (0: none; ptdp-generate samples a checkpoint at will)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    data: int = 1
+    pipe: int = 1
+    tensor: int = 1
+    schedule: str = "1f1b"               # gpipe | 1f1b | 1f1b-phased | interleaved | zb-h1 | zb-v | zb-phased
+    virtual_stages: int = 1              # model chunks a stage: interleaved, 1f1b-phased (v > 1), zb-v (2)
+    scatter_gather: bool = False         # pipelines with tensor > 1: stage messages split over
+                                         # 'tensor' (1/t of the bytes), gathered on arrival
+    sequence_parallel: bool = False      # split norms, dropout, residual stream by sequence over
+                                         # 'tensor' (Megatron's --sequence-parallel); t = 1: no-op
+    # Layers of each model chunk, p x v counts in chunk order (chunk c on stage c % p; zb-v: stage c
+    # for c < p, 2p-1-c after), summing to num_layers; () = even; "auto" = balanced with the head.
+    stage_layers: tuple[int, ...] | str = ()
+    layout: str = "manual"               # manual (as written; on GPUs a config without a mesh, or
+                                         # whose mesh needs more devices than there are, gets the
+                                         # planner's) | auto: ptdp-plan's best layout for the devices
+                                         # at hand (keys given as overrides or --mesh still win)
+    zero: int = 0                        # 0: state replicated over 'data'; 1: optimizer state split
+                                         # over 'data'; 2: also the gradients; 3: also the weights (FSDP)
+    grad_reduce_dtype: str = "float32"   # float32 | bfloat16: the data-parallel gradient reduction
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        return (self.data, self.pipe, self.tensor)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: tuple[str, ...] = ()           # token-file prefixes (ptdp-prepare-data); empty: the embedded
+                                         # corpus, built once in $PTDP_CACHE_DIR (~/.cache/ptdp_jax)
+    weights: tuple[float, ...] = ()      # blend weights, one per path (empty: equal)
+    val_fraction: float = 0.05
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str = ""                        # empty: no checkpoints
+    every: int = 0                       # 0: only at the end
+    keep: int = 3
+    resume: bool | str = True            # true: from the newest checkpoint in dir | false: start
+                                         # fresh, refused while dir holds checkpoints | overwrite:
+                                         # start fresh, the earlier run's removed at the first save
+
+    @property
+    def resumes(self) -> bool:
+        return self.resume is True
+
+    @property
+    def overwrites(self) -> bool:
+        return self.resume == "overwrite"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    dir: str = "runs/latest"             # metrics.jsonl, TensorBoard events (with tensorboardX), the
+                                         # resolved config; a progress bar on a terminal
+    compile_cache: bool | str = "auto"   # auto (true) | false (off) | DIR: compiled steps on disk
+    wandb_project: str = ""              # Weights & Biases project for metrics.jsonl's metrics (needs
+                                         # the wandb package; the run id is the W&B run's); empty: off
+
+
+@dataclass(frozen=True)
+class TuningConfig:
+    """Expert settings: each overrides one rule of `ptdp_jax/config/decisions.py` (the rule and the
+    measurement behind it are that function's docstring), for a machine where the rule is
+    wrong. `auto` follows the rule. None of them changes what is computed, only how (the loss
+    and gradients agree to rounding) or whether a run is refused."""
+    attention: str = "auto"              # auto (cuDNN's flash attention on GPUs in 16-bit, XLA's
+                                         # elsewhere: decisions.attention) | xla | cudnn
+    static_stash: bool | str = "auto"    # pipelines: a switch branch per (op, stash slot), residuals
+                                         # in place; auto: 1f1b and the phased schedules
+    scan_layers: bool | str = "auto"     # p = 1: the layers in a lax.scan (shorter compile, slower
+                                         # step); auto: only with parallel.zero=3
+    keep_ffn_activation: bool | str = "auto"  # selective: keep the MLP activation (auto: on); false
+                                         # runs it again in the backward (2 T f bytes a layer less)
+    overlap_grad_reduce: bool | str = "auto"  # ZeRO without pipelining: reduce-scatters inside the
+                                         # last backward; false (zero 1 only): after it
+    tp_comm_overlap: bool | str = "auto"  # sequence parallelism's collectives as rings of permutes
+                                         # around the GEMMs; auto: m = 1 on GPUs of one process
+    skip_memory_check: bool = False      # run even where the memory estimate (or XLA's analysis)
+                                         # says the step does not fit a device
+    allow_cross_host_tensor: bool = False  # multi-process: let 'tensor' span hosts (warns; slow)
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    tuning: TuningConfig = field(default_factory=TuningConfig)
+
+    # The rules below are decisions.py's; these names only save the callers an import.
+    @property
+    def scan_layers_on(self) -> bool:
+        return D.scan_layers(self)
+
+    @property
+    def tp_comm_overlap_on(self) -> bool:
+        return D.tp_comm_overlap(self)
+
+    @property
+    def static_stash_on(self) -> bool:
+        return D.static_stash(self)
+
+    @property
+    def stash_chunk_pools(self) -> bool:
+        return D.stash_chunk_pools(self)
+
+    @property
+    def overlap_grad_reduce_on(self) -> bool:
+        return D.overlap_grad_reduce(self)
+
+    @property
+    def keeps_ffn_activation(self) -> bool:
+        return D.keep_ffn_activation(self)
+
+    @property
+    def remat(self) -> str:
+        """The layers' policy (models/model.py REMAT_POLICIES): recompute or selective+act."""
+        return D.remat(self)
+
+    @property
+    def recompute(self) -> str:
+        """train.recompute resolved (auto before train() resolves it: none, decisions.recompute)."""
+        return D.recompute(self.train.recompute)
+
+    @property
+    def compute_dtype(self) -> str:
+        """train.dtype resolved (auto: by jax's platform, decisions.dtype)."""
+        return D.dtype(self.train.dtype)
+
+    @property
+    def num_microbatches(self) -> int:
+        t = self.train
+        return t.global_batch_size // (t.micro_batch_size * self.parallel.data)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

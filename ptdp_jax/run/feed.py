@@ -1,0 +1,87 @@
+"""The data of a run as sharded global batches: `Feed(cfg).batch(step)`.
+
+Opens ``data.path`` (or the embedded corpus), checks it against the model (vocabulary,
+sequence length, one tokenizer for every blended dataset) and raises ConfigError naming
+the key otherwise; then hands out the global batch of a step as one array sharded over
+'data', each process reading from disk only the rows of its own devices.
+"""
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ptdp_jax.config import decisions as D
+from ptdp_jax.config.load import Config, ConfigError
+from ptdp_jax.data import (BlendedStream, batch_for_step, check_same_tokenizer, open_datasets,
+                           validate_data_config)
+
+
+def open_streams(cfg: Config):
+    """(datasets, train stream, validation stream); ConfigError for data that cannot
+    serve this model."""
+    paths = list(cfg.data.path)
+    names = paths or ["<embedded corpus>"]
+    s = cfg.model.seq_len
+    try:
+        weights = validate_data_config(paths, list(cfg.data.weights) or None, s,
+                                       cfg.data.val_fraction)
+        datasets = open_datasets(paths, D.cache_dir())
+        check_same_tokenizer(names, datasets)
+        for name, ds in zip(names, datasets):
+            if ds.vocab_size > cfg.model.vocab_size:
+                raise ValueError(f"data.path {name!r} has vocabulary {ds.vocab_size} but "
+                                 f"model.vocab_size={cfg.model.vocab_size} is smaller")
+            if ds.num_windows(s) < 2:
+                raise ValueError(f"data {name!r} has {ds.num_tokens} tokens: fewer than two "
+                                 f"sequences of model.seq_len={s} (one to train on, one to "
+                                 f"validate on; it needs at least {2 * s + 1} tokens)")
+        mk = lambda split: BlendedStream(datasets, weights, s, cfg.train.seed, split=split,
+                                         val_fraction=cfg.data.val_fraction)
+        return datasets, mk("train"), mk("val")
+    except (ValueError, FileNotFoundError) as e:
+        msg = str(e)
+        if "seq_len" in msg and "model.seq_len" not in msg:
+            msg += f" (model.seq_len={s})"
+        raise ConfigError(msg) from None
+
+
+def global_batch(stream, step: int, cfg: Config, sharding: NamedSharding):
+    """The global batch of `step` as a sharded array; each device's rows are read
+    from disk by the process that owns it (so a host reads only its own part)."""
+    B, s = cfg.train.global_batch_size, cfg.model.seq_len
+    cache: dict[tuple[int, int], np.ndarray] = {}       # devices holding the same rows: one read
+
+    def rows(index):
+        sl = index[0]
+        key = (sl.start or 0, sl.stop or B)
+        if key not in cache:
+            cache[key] = batch_for_step(stream, step, B, rows=slice(*key))
+        return cache[key]
+
+    return jax.make_array_from_callback((B, s + 1), sharding, rows)
+
+
+class Feed:
+    """Train and validation batches of a run (see the module doc)."""
+
+    def __init__(self, cfg: Config, mesh=None):
+        self.cfg = cfg
+        self.datasets, self.train_stream, self.val_stream = open_streams(cfg)
+        self.sharding = None if mesh is None else NamedSharding(mesh, P("data"))
+
+    def use_mesh(self, mesh) -> "Feed":
+        self.sharding = NamedSharding(mesh, P("data"))
+        return self
+
+    def batch(self, step: int):
+        """The training batch of `step` (a pure function of seed and step)."""
+        return global_batch(self.train_stream, step, self.cfg, self.sharding)
+
+    def val_batch(self, i: int):
+        """The i-th validation batch (the same ones at every evaluation)."""
+        return global_batch(self.val_stream, i, self.cfg, self.sharding)
+
+    @property
+    def tokenizer_spec(self) -> str:
+        return self.datasets[0].tokenizer_spec

@@ -1,0 +1,182 @@
+"""What a run tells its user: the progress bar on a terminal (otherwise a line every 10 steps:
+decisions.progress_bar), metrics.jsonl and TensorBoard, the resolved config in run.dir, and
+messages that go through the bar's own write so that they never run into it.
+
+    runlog = RunLog(cfg, log, start_step, run_id)
+    runlog.message("...")                             # above the bar
+    runlog.step(step, out, seconds, val_loss=None)    # after each step (1-based)
+    runlog.close()
+
+With run.wandb_project the lines of metrics.jsonl go to Weights & Biases too.
+The loss in metrics.jsonl and on screen is the mean over the steps since the previous
+line (train.log_every for the metrics; 10 steps, or the bar's refresh, on screen);
+steps whose update was skipped (non-finite) are left out of the mean. The validation
+loss stays on the bar until the next evaluation and is logged as its own line without
+a bar. Each line of metrics.jsonl carries the run id (see MetricsLogger).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from ptdp_jax.config import decisions as D
+from ptdp_jax.training import metrics as MX
+from ptdp_jax.config.load import Config, to_yaml, with_absolute_paths
+
+
+def new_run_id() -> str:
+    """'YYYYmmdd-HHMMSS-xxxxxx': process 0's clock and 24 random bits (the same on every
+    process)."""
+    ids = np.array([int(time.time()), int.from_bytes(os.urandom(3), "big")], np.int64)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        ids = np.asarray(multihost_utils.broadcast_one_to_all(ids))
+    return time.strftime("%Y%m%d-%H%M%S", time.localtime(int(ids[0]))) + f"-{int(ids[1]):06x}"
+
+
+def peak_memory_gib(devices=None) -> float | None:
+    """The largest peak of device memory in use over this process's devices (GiB), from
+    memory_stats(); None where the devices do not report it (CPU)."""
+    peaks = []
+    for d in devices if devices is not None else jax.local_devices():
+        try:
+            stats = d.memory_stats()
+        except Exception:
+            stats = None
+        if stats and "peak_bytes_in_use" in stats:
+            peaks.append(stats["peak_bytes_in_use"])
+    return max(peaks) / 2**30 if peaks else None
+
+
+class _Mean:
+    """Mean of the finite values since the last take()."""
+
+    def __init__(self):
+        self.values: list[float] = []
+
+    def add(self, x: float, finite: bool = True):
+        if finite and math.isfinite(x):
+            self.values.append(x)
+
+    def take(self) -> float:
+        out = sum(self.values) / len(self.values) if self.values else float("nan")
+        self.values = []
+        return out
+
+
+class RunLog:
+    def __init__(self, cfg: Config, log, start: int, run_id: str, enabled: bool = True):
+        self.cfg, self.log, self.start, self.run_id, self.enabled = cfg, log, start, run_id, enabled
+        t = cfg.train
+        self.total = t.steps
+        self.metrics = MX.MetricsLogger(cfg.run.dir, tensorboard=D.tensorboard(),
+                                        enabled=enabled, run_id=run_id,
+                                        resume_step=start if start > 0 else None,
+                                        wandb_project=cfg.run.wandb_project,
+                                        config=with_absolute_paths(cfg).to_dict())
+        if enabled:
+            run_dir = Path(cfg.run.dir)
+            (run_dir / f"config-{run_id}.yaml").write_text(
+                f"# ptdp_jax run {run_id}: the resolved config\n" + to_yaml(with_absolute_paths(cfg)))
+        self.n_dev = math.prod(cfg.parallel.mesh_shape)
+        self.flops = MX.model_flops_per_iteration(cfg, recompute=False)
+        self.peak = MX.peak_flops_per_device(jax.devices()[0])
+        self.tokens_per_step = t.global_batch_size * cfg.model.seq_len
+        self._log_mean, self._print_mean = _Mean(), _Mean()
+        self.last_val: tuple[int, float] | None = None
+        self.last_loss = float("nan")
+        self.bar = None
+        if D.progress_bar() and enabled:
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=t.steps, initial=start, unit="step", dynamic_ncols=True)
+
+    # -- text
+    def message(self, text: str) -> None:
+        """A line for the user, above the progress bar if there is one."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            self.log(text)
+
+    def header(self) -> None:
+        cfg = self.cfg
+        d, p, t = cfg.parallel.mesh_shape
+        v = cfg.parallel.virtual_stages
+        self.message(
+            f"ptdp_jax: {cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden_size}, "
+            f"mesh (data, pipe, tensor) = ({d}, {p}, {t}), schedule {cfg.parallel.schedule}"
+            f"{' v=%d' % v if v > 1 else ''}, {cfg.num_microbatches} microbatches of "
+            f"{cfg.train.micro_batch_size}, {cfg.train.dtype}, recompute {cfg.train.recompute}"
+            f"{', zero %d' % cfg.parallel.zero if cfg.parallel.zero and d > 1 else ''}; "
+            f"run {self.run_id}, metrics in {Path(cfg.run.dir) / 'metrics.jsonl'}")
+
+    # -- per step
+    def step(self, step: int, out, seconds: float, lr: float, val_loss: float | None = None):
+        """Record step `step` (1-based): its outputs ('loss', 'grad_norm', 'finite'), time,
+        learning rate and, if it was evaluated, the validation loss."""
+        if not self.enabled:
+            return
+        loss, finite = float(out["loss"]), bool(out["finite"])
+        self._log_mean.add(loss, finite)
+        self._print_mean.add(loss, finite)
+        if val_loss is not None:
+            self.last_val = (step, val_loss)
+        record = {"loss": loss, "lr": lr, "grad_norm": float(out["grad_norm"]),
+                  "step_time_s": seconds, "tokens_per_s": self.tokens_per_step / seconds,
+                  "tflops_per_device": self.flops / seconds / self.n_dev / 1e12}
+        if self.peak:
+            record["mfu"] = self.flops / seconds / self.n_dev / self.peak
+        mem = peak_memory_gib()
+        if mem is not None:
+            record["peak_mem_gib"] = mem
+        if not finite:
+            record["skipped_nonfinite"] = 1.0
+        if val_loss is not None:
+            record["val_loss"] = val_loss
+        log_every = self.cfg.train.log_every
+        if step % log_every == 0 or val_loss is not None or step == self.total:
+            record["loss"] = self._log_mean.take()
+            self.metrics.log(step, record)
+        self.last_loss = loss
+        speed = (f"{record['mfu']:.1%} MFU" if "mfu" in record
+                 else f"{record['tokens_per_s']:.0f} tok/s")
+        if self.bar is not None:
+            self.bar.update(1)
+            post = {"loss": f"{self._print_mean.take():.4f}", "speed": speed}
+            if self.last_val is not None:
+                post["val"] = f"{self.last_val[1]:.4f}@{self.last_val[0]}"
+            self.bar.set_postfix(post, refresh=False)
+            self.bar.refresh()
+        else:
+            if step % max(log_every, 10) == 0 or step == self.start + 1:
+                self.log(f"step {step}/{self.total} loss {self._print_mean.take():.4f} {speed}")
+            if val_loss is not None:
+                self.log(f"step {step}/{self.total} val loss {val_loss:.4f} "
+                         f"(perplexity {math.exp(min(val_loss, 700.0)):.2f})")
+
+    def done(self, losses: list[float], stopped: str | None = None) -> None:
+        """The closing line: steps, first and last loss, the latest validation loss and
+        the step it was measured at."""
+        if not losses:
+            return
+        end = self.start + len(losses)
+        val = ""
+        if self.last_val is not None:
+            s, v = self.last_val
+            val = f", val {v:.4f}" + ("" if s == end else f" (at step {s})")
+        how = f"stopped at step {end} ({stopped})" if stopped else f"done at step {end}"
+        self.message(f"done: {len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}{val}; "
+                     f"{how}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        self.metrics.close()

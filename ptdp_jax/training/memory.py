@@ -1,0 +1,323 @@
+"""Memory per device of a training layout, estimated before anything compiles.
+
+    est = estimate_memory(cfg)          # bytes on the most loaded device of cfg's layout
+    est.total, est.describe()           # "params 2.41 + grads 1.53 + ... = 9.55 GiB"
+    device_memory_bytes()               # what the device has (None if unknown)
+
+The model (bytes per device; the most loaded device of the layout):
+
+* params, grads, optimizer: the float32 master weights, the weights in the compute dtype,
+  the float32 gradient accumulators and AdamW's m and v, by parallel.zero
+  (`ptdp_jax/training/state_memory.py`).
+  The parameters held by a device: the layers of its pipeline stage in the padded stage layout
+  (p, v, max layers per chunk, ...) of `ptdp_jax.pipeline.balance.chunk_layers`, plus the
+  embedding and head, which every pipeline stage holds today; each tensor divided by t along
+  the dimensions that `sharding.LOGICAL_RULES` maps to 'tensor' (heads, mlp, vocab).
+* activations: the residuals one layer keeps for its backward, per token of a microbatch, by
+  train.recompute (16-bit compute; for float32 compute twice that):
+
+      selective  the 4 GEMM outputs and the layer input: 2 (3h + (3h + f)/t) bytes for GPT,
+                 2 (3h + (3h + 2f)/t) for LLaMA (= 20 h at t = 1, f = 4h); plus, where the
+                 attention is cuDNN's flash kernel, its output and softmax statistics,
+                 (2 h + 4 n) / t (`flash_attention_bytes_per_token`);
+      none       78 (10 h + 24 h / t) / 34 bytes: Korthikanti et al.'s 34 s b h with flash
+                 attention (no 5 a s^2 b term), scaled to the 78 h bytes measured here at t = 1
+                 in the pipeline (the executor's per-layer vjp keeps float32 LayerNorm and GeLU
+                 intermediates that Megatron's fused kernels do not); 40 instead of 78 without
+                 pipelining (autodiff through the unrolled layers keeps about Korthikanti's 34);
+      full       the layer input only, 2 h bytes, plus one layer's `none` residuals while that
+                 layer is recomputed in the backward (in `workspace`);
+
+  with parallel.sequence_parallel (t > 1) the terms not yet divided by t are divided by t
+  too (Korthikanti et al.'s 34 s b h / t): the (b, s, h) residuals each tensor rank kept whole
+  (layer input, norms, dropout) are split by sequence, as in the compiled step
+  (tests/test_sequence_parallel.py). Exception, on GPU: without pipelining and without
+  recomputation XLA keeps the two gathered GEMM inputs (the norms' outputs, 2 x 2 h bytes)
+  whole for the weight gradients, so 4 h (1 - 1/t) bytes are added back
+  (`SP_GATHERED_BYTES_PER_H`), except where the tensor ring (`tuning.tp_comm_overlap`)
+  gathers them again in the backward (its blocks are not kept);
+  times the layers of the largest model chunk times the stash slots of the schedule
+  (`Schedule.num_stash_slots`, + the executor's trash slot unless tuning.static_stash;
+  one microbatch without pipelining),
+  plus, for zero-bubble tables, the W stash (each GEMM's input and output gradient kept from
+  B to W, `wstash_bytes`),
+  plus the executor's stage-to-stage message buffers (split by sequence too under sequence
+  parallelism), plus the float32 logits of one microbatch on the last stage, b s V / t x 4
+  bytes (V / (t p) when the head is spread over the pipeline stages, `pipeline/head.py`;
+  otherwise the fused head loss holds one chunk of them, `models/fused_loss.py`);
+* workspace: 0.5 GiB for XLA's temporaries and the allocator (fitted), plus the recomputation
+  transient of `full`.
+
+How close it gets, against the step's measured `peak_bytes_in_use` (GPT 1.3B and 7.5B, bf16,
+s 2048, on H100 and H200, 2026-11-26; the rows are in tests/test_memory_estimate.py): within 4%
+where the chunks are even; over by up to 9% for uneven chunks (the stash is allocated for the
+largest chunk). Not modelled: zero=3 with unrolled layers, and zero=2 without recomputation,
+keep more than estimated (XLA gathers several layers' weights early; under by 8-22%, 7.5B
+(4,1,1) on 4x H200, 2026-11-27), and some layouts without recomputation are overestimated by
+up to 19% (1.3B (4,1,1) and (1,1,4) on 4x H200, 2026-11-26).
+No jax at module level: the model's parameter shapes and the chunk layout are imported when
+an estimate is made.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+GiB = 1024 ** 3
+
+LOGITS_BYTES = 4                    # float32 logits of one microbatch
+NONE_BYTES_PER_H_AT_T1 = 78.0       # recompute=none residuals per token per layer, in units of h
+                                    # bytes (16-bit compute, t = 1), fitted to 1.3B (1,4,1) none
+NONE_BYTES_PER_H_NO_PIPE = 40.0     # the same without pipelining (autodiff through the layers),
+                                    # fitted to 1.3B (1,1,1) none micro 8 (53.43 GiB)
+SP_GATHERED_BYTES_PER_H = 4.0       # sequence parallelism, p = 1, recompute=none: the two
+                                    # gathered GEMM inputs XLA keeps whole (16-bit), fitted to
+                                    # 1.3B and 7.5B (1,1,4) on 4x H200, 2026-11-26
+SCAN_RESIDUAL_COPIES = 2            # zero=3's layer scan (p = 1): the residuals twice, fitted
+                                    # to the 7.5B (4,1,1) zero=3 selective (46.17 GiB on 4x H200,
+                                    # 2026-11-26); applied to that layout only
+WORKSPACE_BYTES = int(0.5 * GiB)    # XLA temporaries and allocator slack (fitted)
+MESSAGE_BUFFERS = 6                 # executor's (b, s, h) send/receive/mid/head_y buffers
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per device, for the most loaded device of the layout."""
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    workspace: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.workspace
+
+    def describe(self) -> str:
+        parts = ("params", "grads", "optimizer", "activations", "workspace")
+        text = " + ".join(f"{k} {getattr(self, k) / GiB:.2f}" for k in parts)
+        return f"{text} = {self.total / GiB:.2f} GiB per device"
+
+
+# ----------------------------------------------------------------------------- parameters
+
+def _tensor_sharded(names: tuple, shape: tuple, ways: dict) -> float:
+    """Elements of one tensor on one device: each dim divided by the size of the mesh axis
+    the rule table maps its logical axis to (ways: {'tensor': t, 'data': d})."""
+    from ptdp_jax.parallel.sharding import LOGICAL_RULES
+    n = 1.0
+    for name, size in zip(names, shape):
+        n *= size / ways.get(LOGICAL_RULES.get(name), 1)
+    return n
+
+
+def params_per_device(cfg, state: bool = False) -> dict[str, float]:
+    """Parameters held by one device, by group: {'layers', 'embed', 'head'} (elements).
+    Layers: the stage's padded v x max-chunk-layers slots; embed and head on every stage.
+    state: as the train state holds them (parallel.zero >= 1: split over 'data' too), not as
+    the model uses them."""
+    from ptdp_jax.models.model import arch
+    from ptdp_jax.pipeline.balance import chunk_layers
+    from ptdp_jax.parallel.sharding import zero_axes
+    from ptdp_jax.training.state import zero_stage
+    m, par = cfg.model, cfg.parallel
+    split = state and zero_stage(cfg) > 0
+    ways = {"tensor": par.tensor, "data": par.data if split else 1}
+    specs = arch(m).param_specs(m)
+    counts = chunk_layers(cfg)
+    layer_slots = par.virtual_stages * max(counts)
+    out = {}
+    for group, spec_group in (("embed", "embed"), ("layers", "layer"), ("head", "head")):
+        n = sum(_tensor_sharded(zero_axes(names, shape, par.data, par.tensor) if split
+                                else names, shape, ways)
+                for shape, names, _ in specs[spec_group].values())
+        out[group] = n * (layer_slots if group == "layers" else 1)
+    return out
+
+
+# ----------------------------------------------------------------------------- activations
+
+def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float:
+    """Residuals one layer keeps for its backward, bytes per token of a microbatch (one device)."""
+    m, t = cfg.model, cfg.parallel.tensor
+    h, f = m.hidden_size, m.ffn
+    mode = recompute or cfg.recompute
+    scale = (4 if cfg.compute_dtype == "float32" else 2) / 2      # 16-bit is the unit
+    sp = t if _sequence_parallel(cfg) else 1                   # divides the replicated part
+    if mode == "full":
+        return 2.0 * h / sp * scale
+    if mode == "selective":
+        kv = getattr(m, "kv_heads", None) or m.num_heads     # grouped-query K and V
+        qkv = h + 2 * h * kv // m.num_heads
+        sharded = qkv + (2 * f if m.arch == "llama" else f)
+        sharded += f if cfg.keeps_ffn_activation else 0      # the activation's output
+        return 2.0 * (3 * h / sp + sharded / t) * scale + flash_attention_bytes_per_token(cfg)
+    if mode == "none":
+        per_h = NONE_BYTES_PER_H_AT_T1 if cfg.parallel.pipe > 1 else NONE_BYTES_PER_H_NO_PIPE
+        gathered = SP_GATHERED_BYTES_PER_H * h * (1 - 1 / t) \
+            if sp > 1 and cfg.parallel.pipe == 1 and not cfg.tp_comm_overlap_on else 0.0
+        return (per_h * (10 * h / sp + 24 * h / t) / 34 + gathered) * scale
+    raise ValueError(f"train.recompute={mode!r} is not one of ['none', 'selective', 'full']")
+
+
+def flash_attention_bytes_per_token(cfg) -> float:
+    """What selective recomputation keeps of a fused (cuDNN flash) attention, per token and
+    layer: its output (h / t values in the compute dtype) and softmax statistics (n / t
+    float32), `models.model.FLASH_ATTENTION_FWD`, also where it runs in the per-device region
+    (t > 1 with pipelining or data parallelism: `layers.keeps_residuals`). 0 where the
+    attention is XLA's (float32, tuning.attention=xla)."""
+    m, par = cfg.model, cfg.parallel
+    if cfg.tuning.attention == "xla" or cfg.compute_dtype == "float32":
+        return 0.0
+    return (2.0 * m.hidden_size + 4.0 * m.num_heads) / par.tensor
+
+
+def _sequence_parallel(cfg) -> bool:
+    from ptdp_jax.parallel.sharding import sequence_parallel_on
+    return sequence_parallel_on(cfg.parallel)
+
+
+def stash_slots(cfg) -> int:
+    """Microbatch-chunk residual sets held at once on the busiest stage: the schedule's
+    in-flight bound, plus the executor's trash slot for a dynamically indexed stash
+    (tuning.static_stash=false); 1 without pipelining."""
+    par = cfg.parallel
+    if par.pipe == 1:
+        return 1
+    from ptdp_jax.pipeline.balance import chunk_layers
+    return _stash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
+                        min(chunk_layers(cfg)) >= 2, cfg.stash_chunk_pools) + (
+                            0 if cfg.static_stash_on else 1)
+
+
+@functools.lru_cache(maxsize=1024)
+def _wstash_slots(schedule: str, p: int, m: int, v: int, pools: bool = False) -> int:
+    """Schedule.num_wstash_slots (zero-bubble tables: B-to-W sets held at once)."""
+    from ptdp_jax.pipeline.schedule import build_schedule
+    return build_schedule(schedule, p, m, v, chunk_pools=pools).num_wstash_slots
+
+
+def wstash_bytes(cfg) -> float:
+    """Zero-bubble tables: the W stash of the most loaded device, each GEMM's input and output
+    gradient (b s (K + N) in the compute dtype) from B to W, for the layers of the largest
+    chunk, in num_wstash_slots slots (indexed per tick: + 1, the executor's trash slot); 0
+    otherwise."""
+    from ptdp_jax.pipeline.balance import chunk_layers
+    from ptdp_jax.pipeline.schedule import ZERO_BUBBLE
+    par = cfg.parallel
+    if par.pipe == 1 or par.schedule not in ZERO_BUBBLE:
+        return 0.0
+    dtype_bytes = 4 if cfg.compute_dtype == "float32" else 2
+    per_layer = sum(M * (K + N) for M, K, N in layer_gemms(cfg)) * dtype_bytes
+    slots = (_wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
+                           cfg.stash_chunk_pools)
+             + (0 if cfg.static_stash_on else 1))       # indexed: and the trash slot
+    return slots * max(chunk_layers(cfg)) * per_layer
+
+
+@functools.lru_cache(maxsize=1024)
+def _stash_slots(schedule: str, p: int, m: int, v: int, split: bool, pools: bool = False) -> int:
+    """Schedule.num_stash_slots. 1F1B and interleaved stop growing once m reaches a few rounds
+    of p (their bound is about p, Megatron's warm-up), so a bigger m is counted at m = 4p."""
+    from ptdp_jax.pipeline.schedule import build_schedule
+    if schedule in ("1f1b", "interleaved") and m > 4 * p:
+        m = 4 * p
+    return build_schedule(schedule, p, m, v, split_backward=split,
+                          chunk_pools=pools).num_stash_slots
+
+
+def layer_gemms(cfg) -> list[tuple[int, int, int]]:
+    """(M, K, N) of a layer's forward GEMMs on one tensor rank, M = b s tokens."""
+    m, t = cfg.model, cfg.parallel.tensor
+    h, f = m.hidden_size, m.ffn
+    T = cfg.train.micro_batch_size * m.seq_len
+    if m.arch == "llama":       # K and V narrower under grouped-query attention (kv_heads)
+        kv = getattr(m, "kv_heads", None) or m.num_heads
+        kv_width = kv * (h // m.num_heads) // t
+        return ([(T, h, h // t), (T, h, kv_width), (T, h, kv_width), (T, h // t, h)]
+                + [(T, h, f // t)] * 2 + [(T, f // t, h)])
+    return [(T, h, h // t)] * 3 + [(T, h // t, h), (T, h, f // t), (T, f // t, h)]
+
+
+def _head_spread(cfg) -> bool:
+    par = cfg.parallel
+    return par.pipe > 1 and cfg.model.padded_vocab_size % (par.pipe * par.tensor) == 0
+
+
+def activation_bytes(cfg) -> float:
+    """Stash + message buffers + logits of the most loaded device."""
+    from ptdp_jax.pipeline.balance import chunk_layers
+    m, par, tr = cfg.model, cfg.parallel, cfg.train
+    tokens = tr.micro_batch_size * m.seq_len
+    dtype_bytes = 4 if tr.dtype == "float32" else 2
+    if par.pipe == 1:
+        stash = m.num_layers * layer_activation_bytes_per_token(cfg) * tokens
+        # zero=3's layer scan: the residuals twice (likely the stacked buffers the forward scan
+        # writes and the backward scan reads); measured only there
+        from ptdp_jax.training.state import zero_stage
+        stash *= SCAN_RESIDUAL_COPIES if cfg.scan_layers_on and zero_stage(cfg) == 3 else 1
+        buffers = 0.0
+    else:
+        per_layer = layer_activation_bytes_per_token(cfg) * tokens
+        stash = stash_slots(cfg) * max(chunk_layers(cfg)) * per_layer
+        # fwd/bwd receive buffers (a few slots each) and the per-tick messages, (b, s, h) each
+        buffers = (2 * 2 + MESSAGE_BUFFERS) * tokens * m.hidden_size * dtype_bytes
+        buffers /= par.tensor if _sequence_parallel(cfg) else 1      # messages split by sequence
+    vocab_share = m.padded_vocab_size / (par.tensor * (par.pipe if _head_spread(cfg) else 1))
+    logits = tokens * vocab_share * LOGITS_BYTES
+    if not _head_spread(cfg):        # the fused head loss: one chunk of the sequence at a time
+        from ptdp_jax.models.fused_loss import num_chunks
+        logits /= num_chunks(tr.micro_batch_size, m.seq_len, m.padded_vocab_size)
+    return stash + wstash_bytes(cfg) + buffers + logits
+
+
+# ----------------------------------------------------------------------------- the estimate
+
+def estimate_memory(cfg) -> MemoryEstimate:
+    """Bytes per device of cfg's layout (cfg: a `ptdp_jax.config.load.Config`), most loaded device."""
+    from ptdp_jax.training.state import zero_stage
+    from ptdp_jax.training.state_memory import state_bytes
+    # one device's parameters as the model uses them, and as its train state holds them
+    used = params_per_device(cfg)
+    held = params_per_device(cfg, state=True) if zero_stage(cfg) else used
+    params, grads, optimizer = state_bytes(cfg, used, sum(held.values()))
+    workspace = WORKSPACE_BYTES
+    if cfg.recompute == "full":     # one layer's full residuals while it is recomputed
+        tokens = cfg.train.micro_batch_size * cfg.model.seq_len
+        workspace += layer_activation_bytes_per_token(cfg, "none") * tokens
+    return MemoryEstimate(
+        params=int(params),
+        grads=int(grads),
+        optimizer=int(optimizer),
+        activations=int(activation_bytes(cfg)),
+        workspace=int(workspace))
+
+
+def device_memory_bytes(device=None) -> int | None:
+    """Memory of one device: a GPU's `memory_stats()['bytes_limit']` when it reports one; a CPU
+    device: the host's RAM (os.sysconf) divided by the number of local devices; None if unknown.
+    device: a jax Device (None: the first local device)."""
+    import jax
+    dev = device if device is not None else jax.local_devices()[0]
+    if dev.platform == "cpu":
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+        cpus = [d for d in jax.local_devices() if d.platform == "cpu"]
+        return int(ram // max(1, len(cpus)))
+    try:
+        stats = dev.memory_stats() or {}
+    except Exception:          # backends without memory stats
+        return None
+    limit = stats.get("bytes_limit")
+    return int(limit) if limit else None
+
+
+def gib(n_bytes: float) -> float:
+    return n_bytes / GiB
+
+
+__all__ = ["MemoryEstimate", "estimate_memory", "device_memory_bytes", "params_per_device",
+           "layer_activation_bytes_per_token", "flash_attention_bytes_per_token", "stash_slots", "activation_bytes", "GiB", "gib"]

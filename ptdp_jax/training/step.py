@@ -1,0 +1,217 @@
+"""The train step: gradients of one global batch, then one AdamW update.
+
+Gradients are computed inside a `jax.shard_map` that is manual over 'data' and
+'pipe' ('tensor' stays automatic, so tensor parallelism is GSPMD's work from the
+sharding annotations). Each data-parallel replica accumulates float32 gradients
+over its microbatches locally; they are all-reduced over 'data' once per step
+(in parallel.grad_reduce_dtype). With p > 1 the microbatches run through the
+pipeline executor. With parallel.zero >= 1 the state is split over 'data' and
+gradients are reduce-scattered instead (ptdp_jax/training/zero.py); the AdamW update, outside
+the shard_map, then runs on each replica's shard.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from ptdp_jax.training import grads as G
+from ptdp_jax.models import model as M
+from ptdp_jax.models.dense import MasterGrad
+from ptdp_jax.training import zero as Z
+from ptdp_jax.config.load import ConfigError
+from ptdp_jax.config import decisions as D
+from ptdp_jax.parallel.sharding import Sharder, manual_axes, psum_over, tp_overlap_on, vary
+from ptdp_jax.training.state import (TrainState, init_state, stage_state_specs, state_shardings,
+                            zero_stage)
+
+
+def row_keys(seed, step, row_ids):
+    """One dropout key per sample row: a function of (seed, step, global row)."""
+    base = jax.random.fold_in(jax.random.key(seed), step)
+    return jax.vmap(lambda r: jax.random.fold_in(base, r))(row_ids)
+
+
+def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
+    """p == 1: the microbatches' loss and gradients summed in float32, no communication (the
+    gradient path of ptdp_jax/training/grads.py)."""
+    dtype = M.DTYPES[cfg.compute_dtype]
+    mbs, keys = G.microbatches(batch_rs1, keys_r, cfg.num_microbatches)
+    params = dict(params, layers=jax.tree.map(lambda x: x[0, 0], params["layers"]))
+
+    # unrolled layers: each layer's gradient taken and summed on its own, stacked once after
+    # the loop (M.unstack_layers); the GEMM weights as (compute copy made once a step, float32
+    # master) pairs, so that their gradients come out of the GEMM in float32 and the sums
+    # below take them inside the GEMM (cuBLAS beta = 1), as the pipeline executor's do
+    # (tuning.tp_comm_overlap's rings take plain weights)
+    split = (lambda t: t) if cfg.scan_layers_on else M.per_layer
+    plain = cfg.scan_layers_on or sh.tp_overlap
+    wrap = (lambda layers: layers) if plain else _master_grads(cfg, params, dtype)
+
+    def loss_fn(prm, tokens_bs1, key_rows):
+        prm = dict(prm, layers=wrap(prm["layers"]))
+        return M.loss_sum(cfg.model, prm, tokens_bs1[:, :-1], tokens_bs1[:, 1:], sh,
+                          cfg.remat, dtype, key_rows, cfg.scan_layers_on)
+
+    def one(tokens, key_rows):
+        return jax.value_and_grad(loss_fn)(split(params), tokens, key_rows)
+
+    zero = G.f32_zeros((jnp.zeros(()), split(params)), manual)
+    loss, grads = G.accumulate(one, zero, mbs, keys)
+    grads = M.stack_layers(grads)
+    grads = dict(grads, layers=jax.tree.map(lambda x: x[None, None], grads["layers"]))
+    return loss, grads
+
+
+def _master_grads(cfg, params, dtype):
+    """per-layer float32 layer params -> the same with each GEMM weight as
+    MasterGrad(compute copy, float32 master); the compute copies are made here, once."""
+    dense = M.dense_weight_names(cfg.model)
+    copies = M.cast(M.unstack_layers(params["layers"]), dtype)
+    return lambda layers: [{k: MasterGrad(c[k], v) if k in dense else v for k, v in lp.items()}
+                           for c, lp in zip(copies, layers)]
+
+
+def make_grad_fn(cfg, mesh):
+    """(params, batch (B, s+1), step) -> (mean loss, mean gradients), jit-able."""
+    manual = manual_axes(mesh)                       # see sharding.manual_axes
+    _check_reduce_dtype(cfg, mesh, manual)
+    sh = Sharder.for_config(cfg, mesh).inside(manual)
+    pspecs = stage_state_specs(cfg)      # as the state holds them (ZeRO: split over 'data')
+    manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
+    data_spec = P("data") if "data" in manual else P()
+    n_tokens = cfg.train.global_batch_size * cfg.model.seq_len
+    use_dropout = cfg.model.dropout > 0
+    zero = zero_stage(cfg)
+    lay = Z.layouts(cfg, sh, pspecs)     # per parameter: its logical names and ZeRO dim
+    reduce_dtype = M.DTYPES[cfg.parallel.grad_reduce_dtype]
+    # ZeRO reduce-scatters inside the last backward (zero.microbatch_grads), or after it as a
+    # pipeline does (decisions.overlap_grad_reduce: the step of zero=0 with full weights)
+    in_backward = bool(zero) and cfg.overlap_grad_reduce_on
+    path = _grad_path(cfg, sh, manual, lay, zero, in_backward)
+
+    def local(params, batch, keys):
+        keys = _wrap_keys(keys)
+        # Gradients w.r.t. a copy marked varying over 'data' (and 'pipe'): no all-reduce per
+        # microbatch; the reductions happen once, below (ZeRO: reduce-scatters, zero.py).
+        params = jax.tree.map(lambda x: vary(x, manual), params)
+        loss, grads = path(params, batch, keys)
+        grads = (Z.reduce_grads(cfg, grads, lay, reduced=in_backward) if zero
+                 else jax.tree.map(lambda g: g.astype(reduce_dtype), grads))
+        # The one data-parallel reduction. Each gradient is summed over the manual axes its
+        # state is not sharded over: 'data' (unless ZeRO reduce-scattered it); 'pipe' for the
+        # embedding and head (GPT's tied embedding gets its first- and last-chunk parts added;
+        # under zb-v both are on stage 0 and the sum over 'pipe' is the same).
+        grads = jax.tree.map(lambda g, spec: psum_over(g, manual, spec).astype(jnp.float32),
+                             grads, pspecs)
+        loss = psum_over(loss, manual, P())
+        return jax.tree.map(lambda x: x / n_tokens, (loss, grads))
+
+    if manual:
+        fn = jax.shard_map(local, mesh=mesh,
+                           in_specs=(manual_specs, data_spec, data_spec if use_dropout else P()),
+                           out_specs=(P(), manual_specs), axis_names=set(manual))
+    else:
+        fn = local
+
+    def grad_fn(params, batch, step):
+        keys = None
+        if use_dropout:
+            keys = jax.random.key_data(row_keys(cfg.train.seed, step,
+                                                jnp.arange(batch.shape[0], dtype=jnp.int32)))
+        return fn(params, batch, keys)
+
+    return grad_fn
+
+
+def _grad_path(cfg, sh, manual, lay, zero: int, in_backward: bool) -> G.GradPath:
+    """The step's gradient path (ptdp_jax/training/grads.py), chosen once: ZeRO reducing in the
+    backward (p == 1), the microbatch loop (p == 1) or the pipeline executor; with ZeRO
+    otherwise, the (stage's) weights gathered once a step before it."""
+    if in_backward:
+        return partial(Z.microbatch_grads, cfg, sh, manual=manual, lay=lay)
+    if cfg.parallel.pipe == 1:
+        path = partial(_microbatch_grads, cfg, sh, manual=manual)
+    else:
+        from ptdp_jax.pipeline.executor import pipeline_grads
+        path = partial(pipeline_grads, cfg, sh, modes=pipeline_modes(cfg))
+    if not zero:
+        return path
+    return lambda params, batch, keys: path(Z.gather_stage(cfg, params, lay), batch, keys)
+
+
+def pipeline_modes(cfg):
+    """The pipeline executor's modes, resolved from the config (ptdp_jax/config/decisions.py)."""
+    from ptdp_jax.pipeline.executor import PipelineModes
+    return PipelineModes(static_stash=cfg.static_stash_on, overlap_p2p=D.overlap_p2p(cfg),
+                         empty_buffers=D.empty_buffers(cfg))
+
+
+def _check_reduce_dtype(cfg, mesh, manual):
+    """XLA's CPU compiler aborts the process (AllReducePromotion) on a bfloat16 all-reduce
+    or reduce-scatter inside a region manual over 'data' but not 'tensor'; refuse it."""
+    if (cfg.parallel.grad_reduce_dtype == "bfloat16" and "data" in manual
+            and "tensor" not in manual and mesh.devices.flat[0].platform == "cpu"):
+        raise ConfigError(
+            f"parallel.grad_reduce_dtype=bfloat16 with parallel.tensor={mesh.shape['tensor']} "
+            f"> 1 does not compile on CPU devices (XLA's CPU compiler fails on bfloat16 "
+            f"reductions inside a partly manual region); use float32 there, or tensor=1")
+
+
+def _wrap_keys(keys):
+    return None if keys is None else jax.random.wrap_key_data(keys)
+
+
+def make_train_step(cfg, mesh, tx):
+    grad_fn = make_grad_fn(cfg, mesh)
+
+    def step_fn(state: TrainState, batch):
+        loss, grads = grad_fn(state.params, batch, state.step)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        new_state = state.apply_gradients(tx, grads, finite)
+        return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite,
+                           "bad_steps": new_state.bad_steps}
+
+    return step_fn
+
+
+@dataclass(frozen=True)
+class Compiled:
+    step: object          # jitted (TrainState, batch) -> (TrainState, metrics)
+    eval_loss: object     # jitted (params, batch) -> mean token loss: forward only, no dropout
+    init: object          # jitted () -> TrainState
+    shardings: TrainState  # of NamedShardings
+    batch_sharding: object = None
+
+
+def compiler_options(cfg, mesh) -> dict:
+    """XLA options of the train step on `mesh` (decisions.xla_options)."""
+    return D.xla_options(cfg, mesh.devices.flat[0].platform, tp_overlap_on(cfg, mesh))
+
+
+def nccl_environment(cfg, mesh, environ) -> dict[str, str]:
+    """The NCCL settings the step runs with, as variables not yet in `environ`
+    (decisions.nccl_environment)."""
+    return D.nccl_environment(cfg, mesh.devices.flat[0].platform, environ)
+
+
+def compile_all(cfg, mesh, tx):
+    """The step, the evaluation and the state's init, compiled for `mesh`. NCCL reads its
+    settings when it makes its first communicator (the first step's collectives), so
+    nccl_environment's go into the process's environment here, before anything runs."""
+    from ptdp_jax.training.evaluate import make_eval_fn
+    os.environ.update(nccl_environment(cfg, mesh, os.environ))
+    shardings = state_shardings(cfg, mesh, tx)
+    batch_sh = NamedSharding(mesh, P("data"))
+    step = jax.jit(make_train_step(cfg, mesh, tx), in_shardings=(shardings, batch_sh),
+                   out_shardings=(shardings, None), donate_argnums=(0,),
+                   compiler_options=compiler_options(cfg, mesh) or None)
+    eval_loss = jax.jit(make_eval_fn(cfg, mesh), in_shardings=(shardings.params, batch_sh))
+    init = jax.jit(lambda: init_state(cfg, tx), out_shardings=shardings)
+    return Compiled(step, eval_loss, init, shardings, batch_sh)
