@@ -19,7 +19,7 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "ptdp_jax" / "config_tree.py"
+SOURCE = ROOT / "ptdp_jax" / "config" / "schema.py"
 OUT = ROOT / "docs" / "configuration.md"
 sys.path.insert(0, str(ROOT))
 

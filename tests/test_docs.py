@@ -1,5 +1,5 @@
 """The user's documentation keeps up with the code: README.md and docs/ name files that exist
-and keys that the config has; docs/configuration.md is generated from config_tree.py and
+and keys that the config has; docs/configuration.md is generated from config/schema.py and
 current; the exit-code table is ExitCode's; every command the README names answers --help; the
 API example sets XLA_FLAGS before importing ptdp_jax; `make demo` installs no torch."""
 import dataclasses
