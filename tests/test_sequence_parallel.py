@@ -255,12 +255,14 @@ def test_planner_keeps_sequence_parallelism_and_its_divisibility():
     from ptdp_jax.config.load import load_config
     from ptdp_jax.plan import plan
     cfg = load_config(ROOT / "configs/demo.yaml", {"model.seq_len": 6, **SP})   # 4 heads
-    rows = plan(cfg, 8, "h100")
+    pin = {"parallel.sequence_parallel": True}          # searched unless pinned
+    rows = plan(cfg, 8, "h100", fixed=pin)
     assert all("model.seq_len=6 by t=4" in r.reason for r in rows if r.tensor == 4)
     def key(r):
         return (r.data, r.pipe, r.micro_batch_size, r.schedule, r.virtual_stages, r.recompute,
                 r.scatter_gather)
     off = load_config(cfg, {"parallel.sequence_parallel": False})
-    plain = {key(r): r.memory for r in plan(off, 8, "h100") if r.tensor == 2 and r.memory}
+    plain = {key(r): r.memory for r in plan(off, 8, "h100", fixed={
+        "parallel.sequence_parallel": False}) if r.tensor == 2 and r.memory}
     sp = [r for r in rows if r.tensor == 2 and r.memory]
     assert sp and all(r.memory.activations < plain[key(r)].activations for r in sp)

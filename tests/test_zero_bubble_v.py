@@ -152,11 +152,11 @@ def test_zb_v_two_permutes_per_tick_and_memory_bounded_in_m():
 
 
 def test_a_table_that_cannot_be_built_is_a_config_error(monkeypatch):
-    """The table is built by validation, before any compile; should the list scheduler ever
-    deadlock, the error names the schedule, p and m."""
+    """The table is built before any compile (schedule.check_table, which resolving a config
+    for its devices runs); should the list scheduler ever deadlock, the error names the
+    schedule, p and m."""
     from ptdp_jax.config.load import ConfigError, load_config
     from ptdp_jax.pipeline import schedule
-    from ptdp_jax.config.validation import validate
 
     def stuck(p, m):
         raise RuntimeError(f"schedule zb-v p={p} m={m} deadlocks at tick 3")
@@ -164,6 +164,6 @@ def test_a_table_that_cannot_be_built_is_a_config_error(monkeypatch):
     o = {"model.num_layers": 8, "parallel.pipe": 2, "parallel.schedule": "zb-v",
          "parallel.virtual_stages": 2, "train.global_batch_size": 8, "train.micro_batch_size": 2}
     with pytest.raises(ConfigError) as e:
-        validate(load_config(overrides=o))
+        schedule.check_table(load_config(overrides=o))
     for w in ("parallel.schedule=zb-v", "parallel.pipe=2", "4 microbatches", "deadlocks"):
         assert w in str(e.value), str(e.value)

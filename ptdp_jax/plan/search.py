@@ -158,7 +158,8 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
                     continue
                 m = B // (d * b)
                 for sched, v in _schedules(p, L, fixed, schedules, lockstep):
-                    hard = "" if treason.startswith("tensor across hosts") else treason
+                    tensor_hard = "" if treason.startswith("tensor across hosts") else treason
+                    hard = tensor_hard
                     if not hard and L % (p * v):
                         hard = f"not divisible: model.num_layers={L} by p x v = {p} x {v}"
                     if not hard and (sched == "interleaved" or v > 1) and m % p:
@@ -167,7 +168,8 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
                         sgs = [False, True] if (p > 1 and t > 1) else [False]
                         for sg in pick("parallel.scatter_gather", sgs):
                             for z, sp in _zero_sp(d, p, t, model.seq_len, pick):
-                                why = hard or _sp_reason(sp, t, model.seq_len)
+                                why = (tensor_hard or _sp_reason(sp, t, model.seq_len)
+                                       or hard)
                                 c = Candidate(**base, micro_batch_size=b, schedule=sched,
                                               virtual_stages=v, recompute=rc, scatter_gather=sg,
                                               num_microbatches=m, zero=z, sequence_parallel=sp,

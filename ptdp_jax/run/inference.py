@@ -159,7 +159,7 @@ def load(ckpt_dir: str | os.PathLike, mesh_shape=None, *, dtype: str = "float32"
     if mesh_shape is None:
         return Model(cfg, jax.tree.map(jnp.asarray, params), step, step_dir, dtype=dtype)
     from jax.sharding import NamedSharding
-    from ptdp_jax.training.evaluate import layout_for_mesh
+    from ptdp_jax.run.evaluate import layout_for_mesh
     from ptdp_jax.parallel.sharding import make_mesh
     from ptdp_jax.training.state import stage_param_specs, stage_params
     shape = tuple(int(a) for a in mesh_shape)
