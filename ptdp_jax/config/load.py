@@ -32,6 +32,7 @@ CHOICES = {
     "train.dtype": ("auto", "float32", "bfloat16"),
     "train.recompute": ("auto", "none", "selective", "full"),
     "train.lr_schedule": ("cosine", "linear", "constant", "wsd"),
+    "train.fp8_recipe": ("current", "delayed"),
     "parallel.schedule": ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v",
                           "zb-phased"),
     "parallel.layout": ("manual", "auto"),

@@ -78,7 +78,10 @@ class TrainConfig:
     dtype: str = "auto"                  # auto (bfloat16 on GPUs, float32 on CPUs) | float32 |
                                          # bfloat16 (bf16 compute, fp32 master weights)
     fp8: bool = False                    # the transformer layers' GEMMs on FP8 operands (E4M3
-                                         # forward, E5M2 gradients, per-tensor current scaling)
+                                         # forward, E5M2 gradients, per-tensor scales)
+    fp8_recipe: str = "current"          # current (scales from this step's max |x|) | delayed
+                                         # (from an amax history in the train state)
+    fp8_amax_history: int = 16           # delayed: steps of history; a scale fits their largest
     recompute: str = "auto"              # auto (the least that fits by the memory estimate) | none |
                                          # selective | full
     eval_every: int = 50                 # 0: never

@@ -13,7 +13,7 @@ TRISTATE = (True, False, "auto")
 POSITIVE = ("model.num_layers", "model.hidden_size", "model.num_heads", "model.vocab_size",
             "model.seq_len", "train.steps", "train.global_batch_size", "train.micro_batch_size",
             "parallel.data", "parallel.pipe", "parallel.tensor", "parallel.virtual_stages",
-            "train.eval_batches", "checkpoint.keep")
+            "train.eval_batches", "checkpoint.keep", "train.fp8_amax_history")
 NON_NEGATIVE = ("train.warmup_steps", "train.eval_every", "train.sample_tokens",
                 "checkpoint.every", "train.weight_decay", "train.grad_clip", "model.dropout",
                 "train.stop_at_step", "train.stop_after_minutes")

@@ -16,6 +16,7 @@ weight argument chooses how the backward treats the weight:
                             output gradient dy as the "gradients" of the two zero taps, for a
                             later weight-gradient op (the zero-bubble B / W split)
     Probe(w, name, record)  plain, and records x's and y's shapes under name (to size taps)
+    WithMeta(w, meta)       any of these, with the GEMM's delayed FP8 scaling rows
 
 With fp8 (train.fp8) the GEMMs take FP8 operands (models/fp8.py) in every one of these forms;
 the taps then export the FP8-rounded x and dy, which `weight_grad(..., fp8=True)` rounds again
@@ -44,6 +45,11 @@ class Taps(NamedTuple):
     g_tap: jax.Array       # zeros shaped like the GEMM output; its "gradient" is dy
 
 
+class WithMeta(NamedTuple):
+    w: object              # a weight in any of these forms
+    meta: jax.Array        # (2, NBINS): with fp8, delayed scaling's rows (models/fp8.py)
+
+
 class Probe(NamedTuple):
     w: jax.Array
     name: str
@@ -52,14 +58,20 @@ class Probe(NamedTuple):
 
 def dense(spec: str, x, w, b=None, fp8: bool = False):
     """x @ w (+ b), named "dense": selective recomputation keeps it with the bias added, so
-    the backward does not add the bias again (the GEMM's epilogue adds it). fp8: FP8 operands."""
-    if isinstance(w, MasterGrad):
+    the backward does not add the bias again (the GEMM's epilogue adds it). fp8: FP8 operands,
+    with delayed scaling where w comes as WithMeta, else current scaling."""
+    meta = None
+    if isinstance(w, WithMeta):
+        w, meta = w.w, w.meta
+    if isinstance(w, Probe):
+        y = jnp.einsum(spec, x, w.w)
+        w.record[w.name] = (x.shape, y.shape)
+    elif fp8 and meta is not None:
+        y = _delayed(spec, x, w, meta)
+    elif isinstance(w, MasterGrad):
         y = (_master_grad_fp8 if fp8 else _master_grad)(spec, x, w.w, w.master)
     elif isinstance(w, Taps):
         y = (_taps_fp8 if fp8 else _taps)(spec, x, w.w, w.x_tap, w.g_tap)
-    elif isinstance(w, Probe):
-        y = jnp.einsum(spec, x, w.w)
-        w.record[w.name] = (x.shape, y.shape)
     else:
         y = F8.einsum(spec, x, w) if fp8 else jnp.einsum(spec, x, w)
     if b is not None:
@@ -140,3 +152,44 @@ def _taps_fp8_bwd(spec, res, g):
 
 
 _taps_fp8.defvjp(lambda spec, x, w, x_tap, g_tap: F8.forward(spec, x, w), _taps_fp8_bwd)
+
+
+def _delayed(spec, x, w, meta):
+    """The FP8 GEMM with delayed scaling, in each of dense's weight forms."""
+    if isinstance(w, MasterGrad):
+        return _master_grad_delayed(spec, x, w.w, w.master, meta)
+    if isinstance(w, Taps):
+        return _taps_delayed(spec, x, w.w, w.x_tap, w.g_tap, meta)
+    return F8.delayed_einsum(spec, x, w, meta)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _master_grad_delayed(spec, x, w, master, meta):
+    return F8.delayed_einsum(spec, x, w, meta)
+
+
+def _master_grad_delayed_bwd(spec, res, g):
+    dx, dw, seen, _, _ = F8.delayed_backward(spec, *res, g, master=True)
+    return dx, None, dw, seen
+
+
+_master_grad_delayed.defvjp(
+    lambda spec, x, w, master, meta: F8.delayed_forward(spec, x, w, meta),
+    _master_grad_delayed_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _taps_delayed(spec, x, w, x_tap, g_tap, meta):
+    return F8.delayed_einsum(spec, x, w, meta)
+
+
+def _taps_delayed_bwd(spec, res, g):
+    """The input gradient; the rounded x and dy go to the taps (`weight_grad(..., fp8=True)`
+    rounds them again to the same values: at their own scale, no larger than the history's)."""
+    dx, _, seen, x, gq = F8.delayed_backward(spec, *res, g, master=False)
+    return dx, None, x, gq, seen
+
+
+_taps_delayed.defvjp(
+    lambda spec, x, w, x_tap, g_tap, meta: F8.delayed_forward(spec, x, w, meta),
+    _taps_delayed_bwd)

@@ -121,3 +121,77 @@ def _einsum_bwd(spec, res, g):
 
 
 einsum.defvjp(forward, _einsum_bwd)
+
+
+# ------------------------------------------------------------- delayed scaling (train.fp8_recipe)
+#
+# An activation's and an output gradient's scale come from the amax history in the train state
+# (training/fp8_state.py), handed to each GEMM as `meta`, (2, NBINS) one-hot rows (x, dy) of the
+# scale's exponent (all zeros: no history yet, so the tensor's own scale, as current scaling: a
+# fresh run's first step). The backward returns as meta's "gradient"
+# the exponents this microbatch needed, one-hot: the sums that the gradient path takes over
+# microbatches, data replicas and pipeline stages then hold a count per exponent, whose highest
+# nonzero bin is the max over the whole batch, as one device sees it. Weights keep current
+# scaling (they are quantized once a step; a history would only add error).
+
+NBINS, E_MIN = 256, -128     # scale exponents -128 .. 127
+
+
+def exponent(s):
+    """The integer e of a power of two s = 2^e."""
+    return jnp.frexp(s)[1] - 1
+
+
+def scale_from_bins(row, x, fmt):
+    """The scale a one-hot row of exponent bins names; where the row is all zeros (no history
+    yet), x's own (current scaling)."""
+    row = row.astype(jnp.float32)
+    e = jnp.sum(row * (jnp.arange(NBINS, dtype=jnp.float32) + E_MIN)).astype(jnp.int32)
+    return jnp.where(jnp.sum(row) > 0, jnp.ldexp(jnp.float32(1.0), e), scale_of(x, fmt))
+
+
+def bins_seen(x, fmt):
+    """(NBINS,) float32 one-hot of the exponent of scale_of(x, fmt); zeros where x is all zero
+    or not finite (no observation: a non-finite step is skipped and leaves no history)."""
+    amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+    e = jnp.clip(exponent(scale_of(x, fmt)) - E_MIN, 0, NBINS - 1)
+    seen = jax.nn.one_hot(e, NBINS, dtype=jnp.float32)
+    return jnp.where(jnp.isfinite(amax) & (amax > 0), seen, 0.0)
+
+
+def delayed_forward(spec, x, w, meta):
+    """(y, residuals) of `delayed_einsum`: x rounded at its history's scale (saturating), w at
+    its own."""
+    sx = scale_from_bins(meta[0], x, E4M3)
+    qx = _stored(quantize(x, E4M3, sx))
+    qw, sw = _quantized(w, E4M3)
+    y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, w.dtype))
+    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, w.dtype),
+               bins_seen(x, E4M3), meta)
+
+
+def delayed_backward(spec, qx, sx, qw, sw, seen_x, meta, g, master: bool):
+    """(dx, dw, what the GEMM saw) from `delayed_forward`'s residuals; g rounded to E5M2 at its
+    history's scale. dw in float32 where `master`, else in the compute dtype."""
+    dt = g.dtype
+    sg = scale_from_bins(meta[1], g, E5M2)
+    gq = dequantize(_stored(quantize(g, E5M2, sg)), sg, dt)
+    x, w = operand(qx, sx, dt), operand(qw, sw, dt)
+    dw = weight_grad(x, gq)
+    seen = jnp.stack([seen_x, bins_seen(g, E5M2)]).astype(meta.dtype)
+    return input_grad(spec, gq, w), (dw if master else dw.astype(dt)), seen, x, gq
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def delayed_einsum(spec: str, x, w, meta):
+    """einsum(spec, x, w) on E4M3 operands, x at the scale meta[0] names; the backward's dy in
+    E5M2 at meta[1]'s; meta's cotangent: the exponents seen (see above)."""
+    return delayed_forward(spec, x, w, meta)[0]
+
+
+def _delayed_bwd(spec, res, g):
+    dx, dw, seen, _, _ = delayed_backward(spec, *res, g, master=False)
+    return dx, dw, seen
+
+
+delayed_einsum.defvjp(delayed_forward, _delayed_bwd)

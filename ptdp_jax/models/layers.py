@@ -9,7 +9,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.config import decisions as D
 from ptdp_jax.models import tp_overlap
-from ptdp_jax.models.dense import dense  # noqa: F401  (the layers' GEMMs; re-exported)
+from ptdp_jax.models.dense import WithMeta, dense  # noqa: F401  (the layers' GEMMs; re-exported)
 from ptdp_jax.models.residuals import Residuals
 
 ACT = ("act_batch", "act_seq", "embed")      # (b, s, h) residual stream, norms, dropout: split
@@ -170,7 +170,8 @@ def column_dense(sh, y_bsh, gemms, out_names):
         return tuple(sh.constrain(y, out_names)
                      for y in tp_overlap.gather_dense(sh, y_bsh, gemms, ACT))
     return column_parallel(sh, y_bsh, lambda y: tuple(
-        sh.constrain(dense(spec, y, w, b, fp8=_fp8(sh)), out_names) for spec, w, b in gemms))
+        sh.constrain(dense(spec, y, w, b, fp8=_fp8(sh)), out_names)
+        for spec, w, b in gemms))
 
 
 def row_dense(sh, z, spec, w, b=None):
@@ -180,6 +181,16 @@ def row_dense(sh, z, spec, w, b=None):
     if _overlap(sh):
         return sh.constrain(tp_overlap.scatter_dense(sh, z, spec, w, b, ACT), ACT)
     return sh.constrain(dense(spec, z, w, b, fp8=_fp8(sh)), ACT)
+
+
+def weight(p, name):
+    """Layer params p's GEMM weight `name`, paired with its delayed-scaling rows where the
+    train step put them beside it (`fp8_<name>`, training/fp8_state.py)."""
+    meta = p.get(META_PREFIX + name)
+    return p[name] if meta is None else WithMeta(p[name], meta)
+
+
+META_PREFIX = "fp8_"     # layer params key of a GEMM weight's delayed-scaling rows
 
 
 def _fp8(sh) -> bool:

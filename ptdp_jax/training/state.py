@@ -27,7 +27,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
-from ptdp_jax.parallel.sharding import logical_to_spec, zero_axes
+from ptdp_jax.parallel.sharding import STACK_AXES, logical_to_spec, zero_axes
+from ptdp_jax.training import fp8_state as FS
 
 
 # ----------------------------------------------------------------------------- the state
@@ -43,47 +44,53 @@ class TrainState:
     opt: Any                # `make_optimizer`'s optax state: AdamW moments mirror params
     step: Any               # () int32 updates run (non-finite ones skipped but counted)
     bad_steps: Any          # () int32 non-finite steps in a row
+    fp8: Any = None         # delayed FP8 scaling's amax history (training/fp8_state.py), or None
 
-    def apply_gradients(self, tx, grads, finite) -> "TrainState":
-        """One optimizer update from float32 mean gradients. A non-finite step (finite False)
-        leaves parameters and optimizer state unchanged and counts in bad_steps."""
+    def apply_gradients(self, tx, grads, finite, fp8_seen=None) -> "TrainState":
+        """One optimizer update from float32 mean gradients (and the FP8 history's from what the
+        GEMMs saw). A non-finite step (finite False) leaves parameters, optimizer state and
+        history unchanged and counts in bad_steps."""
         updates, new_opt = tx.update(grads, self.opt, self.params)
         new_params = optax.apply_updates(self.params, updates)
         keep = partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
+        fp8 = None if self.fp8 is None else FS.update(self.fp8, fp8_seen, finite)
         return TrainState(params=keep(new_params, self.params), opt=keep(new_opt, self.opt),
                           step=self.step + 1,
-                          bad_steps=jnp.where(finite, 0, self.bad_steps + 1))
+                          bad_steps=jnp.where(finite, 0, self.bad_steps + 1), fp8=fp8)
 
     def replace(self, **changes) -> "TrainState":
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict:
-        """The tree a checkpoint stores."""
-        return {k: getattr(self, k) for k in FIELDS}
+        """The tree a checkpoint stores (with 'fp8' only where there is a history)."""
+        return {k: getattr(self, k) for k in self.keys()}
 
     @classmethod
     def of(cls, tree) -> "TrainState":
-        """A TrainState from itself or from a mapping of the four names (a restored tree)."""
-        return tree if isinstance(tree, cls) else cls(**{k: tree[k] for k in FIELDS})
+        """A TrainState from itself or from a mapping of its names (a restored tree)."""
+        if isinstance(tree, cls):
+            return tree
+        return cls(**{k: tree[k] for k in FIELDS}, fp8=tree.get("fp8"))
 
     def keys(self):
-        return FIELDS
+        return FIELDS if self.fp8 is None else FIELDS + ("fp8",)
 
     def __getitem__(self, name: str):
-        if name not in FIELDS:
+        if name not in self.keys():
             raise KeyError(name)
         return getattr(self, name)
 
     def __iter__(self):
-        return iter(FIELDS)
+        return iter(self.keys())
 
     def __len__(self) -> int:
-        return len(FIELDS)
+        return len(self.keys())
 
 
 FIELDS = ("params", "opt", "step", "bad_steps")
-_LEAF_ORDER = tuple(sorted(FIELDS))     # as a dict of these names flattens: the same leaves in
-                                        # the same order, so the compiled step's arguments too
+_LEAF_ORDER = tuple(sorted(FIELDS + ("fp8",)))   # as a dict of these names flattens (None: no
+                                        # leaves): the same leaves in the same order, so the
+                                        # compiled step's arguments too
 jax.tree_util.register_pytree_with_keys(
     TrainState,
     lambda s: (tuple((jax.tree_util.GetAttrKey(k), getattr(s, k)) for k in _LEAF_ORDER), None),
@@ -154,26 +161,36 @@ def make_optimizer(cfg):
     return tx, schedule
 
 
-def _fresh(params, tx) -> TrainState:
+def _fresh(params, tx, fp8=None) -> TrainState:
     return TrainState(params=params, opt=tx.init(params), step=jnp.zeros((), jnp.int32),
-                      bad_steps=jnp.zeros((), jnp.int32))
+                      bad_steps=jnp.zeros((), jnp.int32), fp8=fp8)
+
+
+def fresh_fp8(cfg, stage_layout: bool = True):
+    """A fresh run's FP8 amax history (training/fp8_state.py), or None without one."""
+    if not FS.delayed(cfg):
+        return None
+    history = FS.init_history(cfg)
+    return stage_layers(cfg, history) if stage_layout else history
 
 
 # ----------------------------------------------------------------------------- init
 
 def init_state(cfg, tx):
     """A fresh train state in stage layout (parameters from train.seed)."""
-    return _fresh(stage_params(cfg, M.init_params(cfg.model, cfg.train.seed)), tx)
+    return _fresh(stage_params(cfg, M.init_params(cfg.model, cfg.train.seed)), tx,
+                  fresh_fp8(cfg))
 
 
 def state_from_params(cfg, tx, canonical):
     """A fresh train state (step 0, new optimizer moments) around canonical parameters."""
-    return _fresh(stage_params(cfg, canonical), tx)
+    return _fresh(stage_params(cfg, canonical), tx, fresh_fp8(cfg))
 
 
 def canonical_abstract_state(cfg, tx):
     """ShapeDtypeStructs of the canonical train state (no shardings)."""
-    return jax.eval_shape(lambda: _fresh(M.init_params(cfg.model, cfg.train.seed), tx))
+    return jax.eval_shape(lambda: _fresh(M.init_params(cfg.model, cfg.train.seed), tx,
+                                         fresh_fp8(cfg, stage_layout=False)))
 
 
 def abstract_state(cfg, tx, shardings=None):
@@ -215,18 +232,26 @@ def stage_state_specs(cfg):
                         is_leaf=lambda x: isinstance(x, tuple))
 
 
-def _state_shardings(cfg, mesh, tx, param_sh, abstract):
+def _state_shardings(cfg, mesh, tx, param_sh, abstract, fp8_spec=P()):
     rep = NamedSharding(mesh, P())
     opt_sh = optax.tree_map_params(tx, lambda _, s: s, abstract.opt, param_sh,
                                    transform_non_params=lambda _: rep)
-    return TrainState(params=param_sh, opt=opt_sh, step=rep, bad_steps=rep)
+    fp8_sh = (None if abstract.fp8 is None
+              else {k: NamedSharding(mesh, fp8_spec) for k in abstract.fp8})
+    return TrainState(params=param_sh, opt=opt_sh, step=rep, bad_steps=rep, fp8=fp8_sh)
+
+
+def fp8_stage_spec():
+    """The PartitionSpec of the FP8 history (and rows) in stage layout: the layer stack's."""
+    return logical_to_spec(STACK_AXES + FS.TAIL_AXES)
 
 
 def state_shardings(cfg, mesh, tx):
     """NamedShardings of the stage-layout train state (optimizer state mirrors params;
     with parallel.zero >= 1 both split over 'data' as well)."""
     param_sh = jax.tree.map(lambda s: NamedSharding(mesh, s), stage_state_specs(cfg))
-    return _state_shardings(cfg, mesh, tx, param_sh, jax.eval_shape(lambda: init_state(cfg, tx)))
+    return _state_shardings(cfg, mesh, tx, param_sh, jax.eval_shape(lambda: init_state(cfg, tx)),
+                            fp8_stage_spec())
 
 
 def canonical_shardings(cfg, mesh, tx):
@@ -249,8 +274,12 @@ def with_shardings(abstract, shardings):
 
 def stage_params(cfg, params):
     """Canonical parameters (layers (L, ...)) -> stage layout (p, v, Lmax, ...)."""
-    return dict(params, layers=M.to_stage_layout(params["layers"], chunk_layers(cfg),
-                                                 cfg.parallel.pipe, chunk_placement(cfg)))
+    return dict(params, layers=stage_layers(cfg, params["layers"]))
+
+
+def stage_layers(cfg, layers):
+    """A canonical layer stack {name: (L, ...)} -> stage layout (p, v, Lmax, ...)."""
+    return M.to_stage_layout(layers, chunk_layers(cfg), cfg.parallel.pipe, chunk_placement(cfg))
 
 
 def canonical_params(cfg, params):
@@ -272,7 +301,8 @@ def _map_layers(cfg, tx, state, fn):
               for g, grp in state.params.items()}
     opt = optax.tree_map_params(tx, lambda x, is_layer: fn(x) if is_layer else x,
                                 state.opt, marks, transform_non_params=lambda x: x)
-    return state.replace(params=params, opt=opt)
+    fp8 = None if state.fp8 is None else {k: fn(x) for k, x in state.fp8.items()}
+    return state.replace(params=params, opt=opt, fp8=fp8)
 
 
 def to_canonical_state(cfg, tx, state):

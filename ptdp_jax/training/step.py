@@ -27,8 +27,9 @@ from ptdp_jax.training import zero as Z
 from ptdp_jax.config.load import ConfigError
 from ptdp_jax.config import decisions as D
 from ptdp_jax.parallel.sharding import Sharder, manual_axes, psum_over, tp_overlap_on, vary
-from ptdp_jax.training.state import (TrainState, init_state, stage_state_specs, state_shardings,
-                            zero_stage)
+from ptdp_jax.training import fp8_state as FS
+from ptdp_jax.training.state import (TrainState, fp8_stage_spec, init_state, stage_state_specs,
+                                     state_shardings, zero_stage)
 
 
 def row_keys(seed, step, row_ids):
@@ -83,6 +84,8 @@ def make_grad_fn(cfg, mesh):
     _check_reduce_dtype(cfg, mesh, manual)
     sh = Sharder.for_config(cfg, mesh).inside(manual)
     pspecs = stage_state_specs(cfg)      # as the state holds them (ZeRO: split over 'data')
+    if FS.delayed(cfg):                  # the GEMMs' FP8 rows beside the layer weights
+        pspecs["layers"].update({k: fp8_stage_spec() for k in FS.meta_names(cfg)})
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
     data_spec = P("data") if "data" in manual else P()
     n_tokens = cfg.train.global_batch_size * cfg.model.seq_len
@@ -171,14 +174,32 @@ def make_train_step(cfg, mesh, tx):
     grad_fn = make_grad_fn(cfg, mesh)
 
     def step_fn(state: TrainState, batch):
-        loss, grads = grad_fn(state.params, batch, state.step)
+        loss, grads = grad_fn(with_fp8_rows(state), batch, state.step)
+        grads, seen = split_fp8_seen(grads, state.fp8)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        new_state = state.apply_gradients(tx, grads, finite)
+        new_state = state.apply_gradients(tx, grads, finite, seen)
         return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite,
                            "bad_steps": new_state.bad_steps}
 
     return step_fn
+
+
+def with_fp8_rows(state: TrainState):
+    """The parameters the gradient path takes: with delayed FP8 scaling, each GEMM weight's
+    rows (`fp8_<w>`, training/fp8_state.py) beside the layer weights."""
+    if state.fp8 is None:
+        return state.params
+    return dict(state.params, layers={**state.params["layers"], **FS.meta_rows(state.fp8)})
+
+
+def split_fp8_seen(grads, history):
+    """(the parameters' gradients, what the FP8 GEMMs saw: the rows' "gradients", or None)."""
+    if history is None:
+        return grads, None
+    layers = dict(grads["layers"])
+    seen = {k: layers.pop(k) for k in history}
+    return dict(grads, layers=layers), seen
 
 
 @dataclass(frozen=True)

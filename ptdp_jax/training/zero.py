@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from ptdp_jax.training import fp8_state as FS
 from ptdp_jax.training import grads as G
 from ptdp_jax.models import model as M
 from ptdp_jax.parallel.sharding import Sharder, data_axis, vary
@@ -70,7 +71,9 @@ def layouts(cfg, sh, specs):
     def one(names, spec):
         dim = data_axis(spec)
         return Layout(sh, tuple(names), None if dim is None else dim - len(names))
-    return map2(one, M.param_logical_axes(cfg.model, True), specs)
+    axes = M.param_logical_axes(cfg.model, True)
+    axes["layers"].update({k: n for k, n in FS.logical_axes(cfg).items() if k in specs["layers"]})
+    return map2(one, axes, specs)
 
 
 def gather(x, dtype, lay):
