@@ -56,7 +56,10 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jax.sharding import NamedSharding, PartitionSpec as P
+
 from ptdp_jax.checkpoint import upgrade as ckpt_upgrade
+from ptdp_jax.training import fp8_state as FS
 from ptdp_jax.config.load import Config, with_absolute_paths
 from ptdp_jax.data import data_state
 from ptdp_jax.pipeline.balance import chunk_layers
@@ -196,6 +199,7 @@ class CheckpointManager:
         check_compatible(meta, self.cfg, str(where))
         old = meta["version"] == 1          # GPT's fused QKV: restored fused, then split
         abstract = ckpt_upgrade.v1_abstract(self._abstract) if old else self._abstract
+        abstract = self._with_stored_fp8(abstract, config_from_dict(meta["config"]))
         quiet_closed_loop()
         try:
             restored = self._manager().restore(step, args=ocp.args.Composite(**{
@@ -205,11 +209,19 @@ class CheckpointManager:
             raise CheckpointError(damaged_message(where, e, resuming=True)) from e
         if old:
             restored = ckpt_upgrade.from_v1(restored, like=self._abstract)
+        restored = dict(restored, fp8=FS.for_config(self.cfg, restored.get("fp8")))
         if int(restored["step"]) != step:
             raise CheckpointError(f"checkpoint {where} is corrupt: its state says step "
                                   f"{int(restored['step'])}")
         self._resumed = True
         return self._to_stage(TrainState.of(restored))
+
+    def _with_stored_fp8(self, abstract: dict, saved: Config) -> dict:
+        """The stored tree's abstract: with the FP8 history that the checkpoint's run kept (which
+        this run may keep longer, shorter or not at all: FS.for_config)."""
+        out = {k: v for k, v in abstract.items() if k != "fp8"}
+        stored = FS.stored_abstract(saved, NamedSharding(self.mesh, P()))
+        return out if stored is None else dict(out, fp8=stored)
 
     # -- save
     def _meta(self, step: int) -> dict:

@@ -66,3 +66,28 @@ def update(history: dict, seen: dict, finite) -> dict:
         new = jnp.concatenate([s[..., None].astype(h.dtype), h[..., :-1]], axis=-1)
         return jnp.where(finite, new, h)
     return {k: one(h, seen[k]) for k, h in history.items()}
+
+
+def stored_abstract(cfg_saved, sharding) -> dict | None:
+    """ShapeDtypeStructs of the canonical history a checkpoint written under cfg_saved holds
+    (None: its run kept none)."""
+    if not delayed(cfg_saved):
+        return None
+    shape = (cfg_saved.model.num_layers, 2, cfg_saved.train.fp8_amax_history)
+    return {k: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)
+            for k in meta_names(cfg_saved)}
+
+
+def for_config(cfg, history: dict | None) -> dict | None:
+    """A restored canonical history made fit for cfg: dropped where cfg keeps none, fresh where
+    the checkpoint had none, cut or padded (no history: zeros) to train.fp8_amax_history."""
+    if not delayed(cfg):
+        return None
+    if history is None:
+        return init_history(cfg)
+    h_len = cfg.train.fp8_amax_history
+
+    def fit(h):
+        h = h[..., :h_len]
+        return jnp.pad(h, [(0, 0)] * (h.ndim - 1) + [(0, h_len - h.shape[-1])])
+    return {k: fit(h) for k, h in history.items()}

@@ -1,0 +1,118 @@
+"""train.fp8_recipe=delayed: scales from an amax history in the train state
+(training/fp8_state.py, models/fp8.py). The history's arithmetic; a fresh history is current
+scaling; every kind of layout computes one device's loss, gradients and next history from the
+same history (one with a scale too small, so saturation, and one too large); resume is exact."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from parity import assert_close, batch_for, reference, tiny_config
+from ptdp_jax.config.load import ConfigError
+from ptdp_jax.models import fp8 as F8
+from ptdp_jax.models import model as M
+from ptdp_jax.parallel.sharding import make_mesh
+from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
+from ptdp_jax.training import fp8_state as FS
+from ptdp_jax.training import state as S
+from ptdp_jax.training import step
+
+FP8_TOL = 5e-4          # as test_fp8.py (its docstring says why)
+DELAYED = {"train.fp8": True, "train.fp8_recipe": "delayed"}
+
+
+def test_update_keeps_the_largest_exponent_seen_and_drops_the_oldest():
+    hist = {"fp8_w": jnp.asarray([[[4.0, 2.0, 1.0], [0.5, 0.0, 0.0]]])}     # (L=1, 2, H=3)
+    seen = np.zeros((1, 2, F8.NBINS), np.float32)
+    seen[0, 0, [3 - F8.E_MIN, 5 - F8.E_MIN]] = [2.0, 0.25]    # x needed 2^3 and 2^5: 2^5
+    new = FS.update(hist, {"fp8_w": jnp.asarray(seen)}, jnp.asarray(True))["fp8_w"]
+    np.testing.assert_array_equal(new, [[[32.0, 4.0, 2.0], [0.0, 0.5, 0.0]]])  # dy: none seen
+    same = FS.update(hist, {"fp8_w": jnp.asarray(seen)}, jnp.asarray(False))["fp8_w"]
+    np.testing.assert_array_equal(same, hist["fp8_w"])          # a non-finite step: unchanged
+
+
+def test_rows_name_the_largest_scale_and_an_empty_row_means_the_own_scale():
+    rows = FS.meta_rows({"fp8_w": jnp.asarray([[[0.25, 2.0], [0.0, 0.0]]])})["fp8_w"][0]
+    x = jnp.asarray([3.0, -1000.0])
+    assert float(F8.scale_from_bins(rows[0], x, F8.E4M3)) == 2.0
+    assert float(F8.scale_from_bins(rows[1], x, F8.E4M3)) == float(F8.scale_of(x, F8.E4M3))
+    seen = F8.bins_seen(x, F8.E4M3)
+    assert float(seen.sum()) == 1.0 and float(F8.bins_seen(jnp.zeros(2), F8.E4M3).sum()) == 0.0
+
+
+def test_recipe_and_history_are_checked():
+    with pytest.raises(ConfigError, match="train.fp8_recipe='later' is not one of"):
+        tiny_config("gpt", (1, 1, 1), **{"train.fp8": True, "train.fp8_recipe": "later"})
+    with pytest.raises(ConfigError, match="train.fp8_amax_history must be positive, got 0"):
+        tiny_config("gpt", (1, 1, 1), **{"train.fp8_amax_history": 0})
+
+
+def delayed_step(cfg, history):
+    """(loss, canonical gradients, canonical next history) of one step's gradient path from a
+    canonical history."""
+    tx, _ = S.make_optimizer(cfg)
+    state = jax.jit(lambda: S.init_state(cfg, tx))()
+    hist = S.stage_layers(cfg, history)
+    loss, grads = jax.jit(step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_shape)))(
+        step.with_fp8_rows(state.replace(fp8=hist)), batch_for(cfg), 0)
+    grads, seen = step.split_fp8_seen(grads, hist)
+    seen = M.to_canonical_layout(seen, chunk_layers(cfg), cfg.parallel.pipe, chunk_placement(cfg))
+    return (float(loss), jax.tree.map(np.asarray, S.canonical_params(cfg, grads)),
+            jax.tree.map(np.asarray, FS.update(history, seen, True)))
+
+
+def _reference_history(arch):
+    """A history from one device's first step: x's scales a quarter of what x needs (its
+    largest values saturate), dy's four times (its smallest lose bits)."""
+    cfg = tiny_config(arch, (1, 1, 1), **DELAYED)
+    _, _, first = delayed_step(cfg, FS.init_history(cfg))
+    return {k: jnp.asarray(h) * jnp.asarray([0.25, 4.0])[:, None] for k, h in first.items()}
+
+
+def test_a_fresh_history_is_current_scaling():
+    cfg = tiny_config("llama", (1, 1, 1), **DELAYED)
+    loss, grads, nxt = delayed_step(cfg, FS.init_history(cfg))
+    assert_close((loss, grads), reference("llama", (("train.fp8", True),)), rtol=1e-6,
+                 atol_frac=1e-6)
+    assert all((h[..., 0] > 0).all() and (h[..., 1:] == 0).all() for h in nxt.values())
+
+
+LAYOUTS = [
+    ((2, 1, 1), {}),
+    ((2, 1, 1), {"parallel.zero": 3}),
+    ((1, 1, 2), {"parallel.sequence_parallel": True}),
+    ((1, 2, 1), {"parallel.schedule": "zb-phased"}),
+    ((1, 2, 1), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
+    ((2, 2, 2), {"parallel.sequence_parallel": True}),
+]
+
+
+@pytest.mark.parametrize("mesh,extra", LAYOUTS,
+                         ids=["data2", "zero3", "tensor2-sp", "zb-phased", "interleaved",
+                              "2x2x2-sp"])
+def test_delayed_parity(mesh, extra):
+    history = _reference_history("llama")
+    loss0, grads0, next0 = delayed_step(tiny_config("llama", (1, 1, 1), **DELAYED), history)
+    loss, grads, nxt = delayed_step(tiny_config("llama", mesh, **DELAYED, **extra), history)
+    assert_close((loss, grads), (loss0, grads0), atol_frac=FP8_TOL)
+    for k in next0:
+        np.testing.assert_array_equal(nxt[k], next0[k], err_msg=k)
+
+
+def test_delayed_resume_is_bit_identical(tmp_path, data_cache):
+    """The history is in the checkpoint: 6 steps in one go == 3, stop, 3 resumed; a checkpoint
+    of current scaling resumes under delayed with a fresh history."""
+    import helpers_ckpt as H
+    from ptdp_jax.run.loop import train
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 6, **DELAYED, "checkpoint.every": 3})
+    mesh = (2, 1, 2)
+    base = train(mesh_shape=mesh, overrides={**ov, "checkpoint.dir": ""}, log=H.Log())
+    first = train(mesh_shape=mesh, overrides={**ov, "train.stop_at_step": 3}, log=H.Log())
+    second = train(mesh_shape=mesh, overrides=ov, log=H.Log())
+    assert second.start_step == 3
+    assert first.losses + second.losses == base.losses
+    assert H.trees_equal(second.params, base.params)
+    other = {**ov, "checkpoint.dir": str(tmp_path / "ck2"), "train.fp8_recipe": "current"}
+    train(mesh_shape=mesh, overrides={**other, "train.stop_at_step": 3}, log=H.Log())
+    resumed = train(mesh_shape=mesh, overrides={**other, **DELAYED}, log=H.Log())
+    assert resumed.start_step == 3 and np.isfinite(resumed.losses).all()
