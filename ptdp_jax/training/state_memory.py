@@ -5,7 +5,9 @@ one device holds are `memory.params_per_device`'s).
 
 * params: float32 master weights (4 B/param) and, with train.dtype=bfloat16, the bf16 compute
   copies made once per step (2 B/param);
-* grads: float32 accumulators (4 B/param); optimizer: AdamW's m and v in float32 (8 B/param).
+* grads: float32 accumulators (4 B/param); optimizer: AdamW's m and v in float32 (8 B/param),
+  and with delayed FP8 scaling the amax history (2 x train.fp8_amax_history float32 values a
+  GEMM weight of a layer: kilobytes).
 * parallel.zero (d > 1) splits the state over 'data' (each tensor by d along its ZeRO dim,
   `sharding.zero_axes`; a tensor with none stays whole): zero=1 holds 1/d of the master weights
   and AdamW moments plus the weights gathered for the step in the compute dtype (full size)
@@ -39,6 +41,22 @@ def state_bytes(cfg, used: dict[str, float], held: float) -> tuple[float, float,
     used: the parameters of one device by group, as the model uses them (no ZeRO split,
     `memory.params_per_device(cfg)`); held: how many of them its train state holds
     (`params_per_device(cfg, state=True)`, summed; read only where parallel.zero >= 1)."""
+    params, grads, opt = _weight_state_bytes(cfg, used, held)
+    return params, grads, opt + fp8_history_bytes(cfg)
+
+
+def fp8_history_bytes(cfg) -> float:
+    """Bytes per device of delayed FP8 scaling's amax history (training/fp8_state.py)."""
+    from ptdp_jax.training.fp8_state import delayed, meta_names
+    if not delayed(cfg):
+        return 0.0
+    from ptdp_jax.pipeline.balance import chunk_layers
+    layers = cfg.parallel.virtual_stages * max(chunk_layers(cfg))
+    return layers * len(meta_names(cfg)) * 2 * cfg.train.fp8_amax_history * 4.0
+
+
+def _weight_state_bytes(cfg, used: dict[str, float], held: float):
+    """state_bytes without the FP8 history."""
     from ptdp_jax.training.state import zero_stage
     n = sum(used.values())
     copies = COMPUTE_COPY_BYTES_PER_PARAM if cfg.compute_dtype == "bfloat16" else 0
