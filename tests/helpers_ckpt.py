@@ -98,3 +98,15 @@ def trees_equal(a, b) -> bool:
     import numpy as np
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb))
+
+
+def assert_resume_exact(overrides: dict, mesh, at: int = 3) -> None:
+    """The run of `overrides` in one go == the same stopped after step `at` and resumed:
+    the losses and parameters exactly equal (checkpoint.every must save step `at`)."""
+    from ptdp_jax.run.loop import train
+    base = train(mesh_shape=mesh, overrides={**overrides, "checkpoint.dir": ""}, log=Log())
+    first = train(mesh_shape=mesh, overrides={**overrides, "train.stop_at_step": at}, log=Log())
+    second = train(mesh_shape=mesh, overrides=overrides, log=Log())
+    assert second.start_step == at
+    assert first.losses + second.losses == base.losses
+    assert trees_equal(second.params, base.params)

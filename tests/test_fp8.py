@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from parity import assert_close, loss_and_grads, reference, tiny_config
+from parity import (FP8_LAYOUT_IDS, FP8_LAYOUTS, assert_close, loss_and_grads, reference,
+                    tiny_config)
 from ptdp_jax.config.load import ConfigError
 from ptdp_jax.models import fp8 as F8
 from ptdp_jax.config.validation import check_fp8_devices
@@ -69,20 +70,8 @@ def test_fp8_changes_the_numbers():
     assert worst > 20 * FP8_TOL
 
 
-LAYOUTS = [
-    ((2, 1, 1), {}),
-    ((2, 1, 1), {"parallel.zero": 3}),
-    ((1, 1, 2), {"parallel.sequence_parallel": True}),
-    ((1, 2, 1), {"parallel.schedule": "zb-phased"}),
-    ((1, 2, 1), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
-    ((2, 2, 2), {"parallel.sequence_parallel": True}),
-]
-
-
 @pytest.mark.parametrize("arch", ["gpt", "llama"])
-@pytest.mark.parametrize("mesh,extra", LAYOUTS,
-                         ids=["data2", "zero3", "tensor2-sp", "zb-phased", "interleaved",
-                              "2x2x2-sp"])
+@pytest.mark.parametrize("mesh,extra", FP8_LAYOUTS, ids=FP8_LAYOUT_IDS)
 def test_fp8_parity(arch, mesh, extra):
     got = loss_and_grads(tiny_config(arch, mesh, **dict(FP8), **extra))
     assert_close(got, reference(arch, FP8), atol_frac=FP8_TOL)
@@ -152,13 +141,5 @@ def test_fp8_resume_is_bit_identical(tmp_path, data_cache):
     """FP8 keeps no state between steps (current scaling): 6 steps in one go == 3, stop, 3
     resumed, losses and parameters exactly equal."""
     import helpers_ckpt as H
-    from ptdp_jax.run.loop import train
-    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 6, "train.fp8": True,
-                                         "checkpoint.every": 3})
-    mesh = (2, 1, 2)
-    base = train(mesh_shape=mesh, overrides={**ov, "checkpoint.dir": ""}, log=H.Log())
-    first = train(mesh_shape=mesh, overrides={**ov, "train.stop_at_step": 3}, log=H.Log())
-    second = train(mesh_shape=mesh, overrides=ov, log=H.Log())
-    assert second.start_step == 3
-    assert first.losses + second.losses == base.losses
-    assert H.trees_equal(second.params, base.params)
+    H.assert_resume_exact(H.tiny(tmp_path, data_cache, **{
+        "train.steps": 6, "train.fp8": True, "checkpoint.every": 3}), (2, 1, 2))

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from parity import assert_close, batch_for, reference, tiny_config
+from parity import (FP8_LAYOUT_IDS, FP8_LAYOUTS, assert_close, batch_for, reference,
+                    tiny_config)
 from ptdp_jax.config.load import ConfigError
 from ptdp_jax.models import fp8 as F8
 from ptdp_jax.models import model as M
@@ -80,20 +81,8 @@ def test_a_fresh_history_is_current_scaling():
     assert all((h[..., 0] > 0).all() and (h[..., 1:] == 0).all() for h in nxt.values())
 
 
-LAYOUTS = [
-    ((2, 1, 1), {}),
-    ((2, 1, 1), {"parallel.zero": 3}),
-    ((1, 1, 2), {"parallel.sequence_parallel": True}),
-    ((1, 2, 1), {"parallel.schedule": "zb-phased"}),
-    ((1, 2, 1), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
-    ((2, 2, 2), {"parallel.sequence_parallel": True}),
-]
-
-
 @pytest.mark.parametrize("arch", ["llama", "gpt"])
-@pytest.mark.parametrize("mesh,extra", LAYOUTS,
-                         ids=["data2", "zero3", "tensor2-sp", "zb-phased", "interleaved",
-                              "2x2x2-sp"])
+@pytest.mark.parametrize("mesh,extra", FP8_LAYOUTS, ids=FP8_LAYOUT_IDS)
 def test_delayed_parity(arch, mesh, extra):
     history = _reference_history(arch)
     loss0, grads0, next0 = delayed_step(tiny_config(arch, (1, 1, 1), **DELAYED), history)
@@ -110,12 +99,7 @@ def test_delayed_resume_is_bit_identical(tmp_path, data_cache):
     from ptdp_jax.run.loop import train
     ov = H.tiny(tmp_path, data_cache, **{"train.steps": 6, **DELAYED, "checkpoint.every": 3})
     mesh = (2, 1, 2)
-    base = train(mesh_shape=mesh, overrides={**ov, "checkpoint.dir": ""}, log=H.Log())
-    first = train(mesh_shape=mesh, overrides={**ov, "train.stop_at_step": 3}, log=H.Log())
-    second = train(mesh_shape=mesh, overrides=ov, log=H.Log())
-    assert second.start_step == 3
-    assert first.losses + second.losses == base.losses
-    assert H.trees_equal(second.params, base.params)
+    H.assert_resume_exact(ov, mesh)
     import ptdp_jax                      # a checkpoint with a history loads for inference
     tokens = np.zeros((1, 8), np.int32)
     assert np.isfinite(ptdp_jax.load(ov["checkpoint.dir"]).logits(tokens)).all()
