@@ -37,10 +37,11 @@ def test_update_keeps_the_largest_exponent_seen_and_drops_the_oldest():
 def test_rows_name_the_largest_scale_and_an_empty_row_means_the_own_scale():
     rows = FS.meta_rows({"fp8_w": jnp.asarray([[[0.25, 2.0], [0.0, 0.0]]])})["fp8_w"][0]
     x = jnp.asarray([3.0, -1000.0])
-    assert float(F8.scale_from_bins(rows[0], x, F8.E4M3)) == 2.0
-    assert float(F8.scale_from_bins(rows[1], x, F8.E4M3)) == float(F8.scale_of(x, F8.E4M3))
-    seen = F8.bins_seen(x, F8.E4M3)
-    assert float(seen.sum()) == 1.0 and float(F8.bins_seen(jnp.zeros(2), F8.E4M3).sum()) == 0.0
+    own, seen = F8.observed(x, F8.E4M3)
+    assert float(own) == float(F8.scale_of(x, F8.E4M3))
+    assert float(F8.scale_from_bins(rows[0], own)) == 2.0
+    assert float(F8.scale_from_bins(rows[1], own)) == float(F8.scale_of(x, F8.E4M3))
+    assert float(seen.sum()) == 1.0 and float(F8.observed(jnp.zeros(2), F8.E4M3)[1].sum()) == 0.0
 
 
 def test_recipe_and_history_are_checked():

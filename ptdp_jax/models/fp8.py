@@ -28,7 +28,10 @@ E5M2 = jnp.float8_e5m2       # output gradients (largest value 57344)
 def scale_of(x, fmt):
     """float32 scalar: the least power of two s with max|x| / s <= finfo(fmt).max (1 where
     x is all zeros; not finite where x is not, so a bad step stays visible)."""
-    amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+    return _scale_of_amax(jnp.max(jnp.abs(x)).astype(jnp.float32), fmt)
+
+
+def _scale_of_amax(amax, fmt):
     mant, exp = jnp.frexp(amax / float(jnp.finfo(fmt).max))
     exp = jnp.where(mant == 0.5, exp - 1, exp)          # an exact power of two: itself
     s = jnp.ldexp(jnp.float32(1.0), exp)
@@ -142,43 +145,46 @@ def exponent(s):
     return jnp.frexp(s)[1] - 1
 
 
-def scale_from_bins(row, x, fmt):
+def scale_from_bins(row, own):
     """The scale a one-hot row of exponent bins names; where the row is all zeros (no history
-    yet), x's own (current scaling)."""
+    yet), `own`, the tensor's own scale (current scaling)."""
     row = row.astype(jnp.float32)
     e = jnp.sum(row * (jnp.arange(NBINS, dtype=jnp.float32) + E_MIN)).astype(jnp.int32)
-    return jnp.where(jnp.sum(row) > 0, jnp.ldexp(jnp.float32(1.0), e), scale_of(x, fmt))
+    return jnp.where(jnp.sum(row) > 0, jnp.ldexp(jnp.float32(1.0), e), own)
 
 
-def bins_seen(x, fmt):
-    """(NBINS,) float32 one-hot of the exponent of scale_of(x, fmt); zeros where x is all zero
-    or not finite (no observation: a non-finite step is skipped and leaves no history)."""
+def observed(x, fmt):
+    """(scale_of(x, fmt), its exponent as an (NBINS,) float32 one-hot), from one pass over x;
+    the one-hot is zeros where x is all zero or not finite (no observation: a non-finite step
+    is skipped and leaves no history)."""
     amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
-    e = jnp.clip(exponent(scale_of(x, fmt)) - E_MIN, 0, NBINS - 1)
-    seen = jax.nn.one_hot(e, NBINS, dtype=jnp.float32)
-    return jnp.where(jnp.isfinite(amax) & (amax > 0), seen, 0.0)
+    own = _scale_of_amax(amax, fmt)
+    seen = jax.nn.one_hot(jnp.clip(exponent(own) - E_MIN, 0, NBINS - 1), NBINS,
+                          dtype=jnp.float32)
+    return own, jnp.where(jnp.isfinite(amax) & (amax > 0), seen, 0.0)
 
 
 def delayed_forward(spec, x, w, meta):
     """(y, residuals) of `delayed_einsum`: x rounded at its history's scale (saturating), w at
     its own."""
-    sx = scale_from_bins(meta[0], x, E4M3)
+    own, seen_x = observed(x, E4M3)
+    sx = scale_from_bins(meta[0], own)
     qx = _stored(quantize(x, E4M3, sx))
     qw, sw = _quantized(w, E4M3)
     y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, w.dtype))
-    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, w.dtype),
-               bins_seen(x, E4M3), meta)
+    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, w.dtype), seen_x, meta)
 
 
 def delayed_backward(spec, qx, sx, qw, sw, seen_x, meta, g, master: bool):
     """(dx, dw, what the GEMM saw) from `delayed_forward`'s residuals; g rounded to E5M2 at its
     history's scale. dw in float32 where `master`, else in the compute dtype."""
     dt = g.dtype
-    sg = scale_from_bins(meta[1], g, E5M2)
+    own, seen_g = observed(g, E5M2)
+    sg = scale_from_bins(meta[1], own)
     gq = dequantize(_stored(quantize(g, E5M2, sg)), sg, dt)
     x, w = operand(qx, sx, dt), operand(qw, sw, dt)
     dw = weight_grad(x, gq)
-    seen = jnp.stack([seen_x, bins_seen(g, E5M2)]).astype(meta.dtype)
+    seen = jnp.stack([seen_x, seen_g]).astype(meta.dtype)
     return input_grad(spec, gq, w), (dw if master else dw.astype(dt)), seen, x, gq
 
 
