@@ -42,6 +42,16 @@ def test_rows_name_the_largest_scale_and_an_empty_row_means_the_own_scale():
     assert float(F8.scale_from_bins(rows[0], own)) == 2.0
     assert float(F8.scale_from_bins(rows[1], own)) == float(F8.scale_of(x, F8.E4M3))
     assert float(seen.sum()) == 1.0 and float(F8.observed(jnp.zeros(2), F8.E4M3)[1].sum()) == 0.0
+    assert float(F8.scale_from_bins(rows[0])) == 2.0           # steady: no fallback needed
+
+
+def test_steady_ready_needs_a_scale_that_outlives_one_more_step():
+    h = jnp.asarray([[[4.0, 0.0, 0.0], [1.0, 2.0, 0.0]]])          # (L=1, 2, H=3)
+    assert bool(FS.steady_ready({"fp8_a": h, "fp8_b": h}))
+    late = h.at[0, 1].set(jnp.asarray([0.0, 0.0, 2.0]))          # only in the oldest entry
+    assert not bool(FS.steady_ready({"fp8_a": h, "fp8_b": late}))
+    assert not bool(FS.steady_ready({"fp8_a": h[..., :1]}))      # a history of one step
+    assert not bool(FS.steady_ready({}))
 
 
 def test_recipe_and_history_are_checked():
@@ -51,13 +61,13 @@ def test_recipe_and_history_are_checked():
         tiny_config("gpt", (1, 1, 1), **{"train.fp8_amax_history": 0})
 
 
-def delayed_step(cfg, history):
+def delayed_step(cfg, history, steady=False):
     """(loss, canonical gradients, canonical next history) of one step's gradient path from a
-    canonical history."""
+    canonical history (steady: the step compiled for a full history)."""
     tx, _ = S.make_optimizer(cfg)
     state = jax.jit(lambda: S.init_state(cfg, tx))()
     hist = S.stage_layers(cfg, history)
-    loss, grads = jax.jit(step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_shape)))(
+    loss, grads = jax.jit(step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_shape), steady))(
         step.with_fp8_rows(state.replace(fp8=hist)), batch_for(cfg), 0)
     grads, seen = step.split_fp8_seen(grads, hist)
     seen = M.to_canonical_layout(seen, chunk_layers(cfg), cfg.parallel.pipe, chunk_placement(cfg))
@@ -91,6 +101,38 @@ def test_delayed_parity(arch, mesh, extra):
     assert_close((loss, grads), (loss0, grads0), atol_frac=FP8_TOL)
     for k in next0:
         np.testing.assert_array_equal(nxt[k], next0[k], err_msg=k)
+
+
+@pytest.mark.parametrize("arch,mesh,extra", [
+    ("llama", (1, 1, 1), {}), ("gpt", (1, 1, 1), {}),
+    ("llama", (1, 2, 1), {"parallel.schedule": "zb-phased"}),
+    ("gpt", (2, 2, 2), {"parallel.sequence_parallel": True})],
+    ids=["llama", "gpt", "zb-phased-llama", "2x2x2-sp-gpt"])
+def test_the_steady_step_is_the_same_step(arch, mesh, extra):
+    """With every row holding a scale, the step compiled without the own-scale fallback gives
+    exactly the numbers of the step with it."""
+    history = _reference_history(arch)
+    cfg = tiny_config(arch, mesh, **DELAYED, **extra)
+    loss, grads, nxt = delayed_step(cfg, history)
+    loss_s, grads_s, nxt_s = delayed_step(cfg, history, steady=True)
+    assert loss_s == loss
+    jax.tree.map(np.testing.assert_array_equal, (grads_s, nxt_s), (grads, nxt))
+
+
+def test_the_loop_switches_to_the_steady_step_without_changing_a_number(tmp_path, data_cache,
+                                                                        monkeypatch):
+    import helpers_ckpt as H
+    from ptdp_jax.run import steps as ST
+    from ptdp_jax.run.loop import train
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 6, **DELAYED, "checkpoint.dir": ""})
+    log = H.Log()
+    steady = train(mesh_shape=(1, 1, 1), overrides=ov, log=log)
+    assert any("steps round without waiting" in line for line in log.lines)
+    monkeypatch.setattr(ST, "READY", "never")
+    log = H.Log()
+    first_only = train(mesh_shape=(1, 1, 1), overrides=ov, log=log)
+    assert not any("steps round without waiting" in line for line in log.lines)
+    assert steady.losses == first_only.losses
 
 
 def test_delayed_resume_is_bit_identical(tmp_path, data_cache):

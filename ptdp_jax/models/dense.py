@@ -56,10 +56,11 @@ class Probe(NamedTuple):
     record: dict           # name -> (x shape, y shape), filled while tracing
 
 
-def dense(spec: str, x, w, b=None, fp8: bool = False):
+def dense(spec: str, x, w, b=None, fp8: bool = False, steady: bool = False):
     """x @ w (+ b), named "dense": selective recomputation keeps it with the bias added, so
     the backward does not add the bias again (the GEMM's epilogue adds it). fp8: FP8 operands,
-    with delayed scaling where w comes as WithMeta, else current scaling."""
+    with delayed scaling where w comes as WithMeta, else current scaling; steady: the delayed
+    rows are known to hold an exponent each (models/fp8.scale_from_bins)."""
     meta = None
     if isinstance(w, WithMeta):
         w, meta = w.w, w.meta
@@ -67,7 +68,7 @@ def dense(spec: str, x, w, b=None, fp8: bool = False):
         y = jnp.einsum(spec, x, w.w)
         w.record[w.name] = (x.shape, y.shape)
     elif fp8 and meta is not None:
-        y = _delayed(spec, x, w, meta)
+        y = _delayed(spec, steady, x, w, meta)
     elif isinstance(w, MasterGrad):
         y = (_master_grad_fp8 if fp8 else _master_grad)(spec, x, w.w, w.master)
     elif isinstance(w, Taps):
@@ -154,42 +155,42 @@ def _taps_fp8_bwd(spec, res, g):
 _taps_fp8.defvjp(lambda spec, x, w, x_tap, g_tap: F8.forward(spec, x, w), _taps_fp8_bwd)
 
 
-def _delayed(spec, x, w, meta):
+def _delayed(spec, steady, x, w, meta):
     """The FP8 GEMM with delayed scaling, in each of dense's weight forms."""
     if isinstance(w, MasterGrad):
-        return _master_grad_delayed(spec, x, w.w, w.master, meta)
+        return _master_grad_delayed(spec, steady, x, w.w, w.master, meta)
     if isinstance(w, Taps):
-        return _taps_delayed(spec, x, w.w, w.x_tap, w.g_tap, meta)
-    return F8.delayed_einsum(spec, x, w, meta)
+        return _taps_delayed(spec, steady, x, w.w, w.x_tap, w.g_tap, meta)
+    return F8.delayed_einsum(spec, steady, x, w, meta)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _master_grad_delayed(spec, x, w, master, meta):
-    return F8.delayed_einsum(spec, x, w, meta)
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _master_grad_delayed(spec, steady, x, w, master, meta):
+    return F8.delayed_einsum(spec, steady, x, w, meta)
 
 
-def _master_grad_delayed_bwd(spec, res, g):
-    dx, dw, seen, _, _ = F8.delayed_backward(spec, *res, g, master=True)
+def _master_grad_delayed_bwd(spec, steady, res, g):
+    dx, dw, seen, _, _ = F8.delayed_backward(spec, steady, *res, g, master=True)
     return dx, None, dw, seen
 
 
 _master_grad_delayed.defvjp(
-    lambda spec, x, w, master, meta: F8.delayed_forward(spec, x, w, meta),
+    lambda spec, steady, x, w, master, meta: F8.delayed_forward(spec, steady, x, w, meta),
     _master_grad_delayed_bwd)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _taps_delayed(spec, x, w, x_tap, g_tap, meta):
-    return F8.delayed_einsum(spec, x, w, meta)
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _taps_delayed(spec, steady, x, w, x_tap, g_tap, meta):
+    return F8.delayed_einsum(spec, steady, x, w, meta)
 
 
-def _taps_delayed_bwd(spec, res, g):
+def _taps_delayed_bwd(spec, steady, res, g):
     """The input gradient; the rounded x and dy go to the taps (`weight_grad(..., fp8=True)`
     rounds them again to the same values: at their own scale, no larger than the history's)."""
-    dx, _, seen, x, gq = F8.delayed_backward(spec, *res, g, master=False)
+    dx, _, seen, x, gq = F8.delayed_backward(spec, steady, *res, g, master=False)
     return dx, None, x, gq, seen
 
 
 _taps_delayed.defvjp(
-    lambda spec, x, w, x_tap, g_tap, meta: F8.delayed_forward(spec, x, w, meta),
+    lambda spec, steady, x, w, x_tap, g_tap, meta: F8.delayed_forward(spec, steady, x, w, meta),
     _taps_delayed_bwd)

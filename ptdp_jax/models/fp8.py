@@ -145,12 +145,14 @@ def exponent(s):
     return jnp.frexp(s)[1] - 1
 
 
-def scale_from_bins(row, own):
+def scale_from_bins(row, own=None):
     """The scale a one-hot row of exponent bins names; where the row is all zeros (no history
-    yet), `own`, the tensor's own scale (current scaling)."""
+    yet), `own`, the tensor's own scale (current scaling). own=None: the row is known to hold
+    an exponent (a steady step), so the rounding need not wait for the tensor's amax."""
     row = row.astype(jnp.float32)
     e = jnp.sum(row * (jnp.arange(NBINS, dtype=jnp.float32) + E_MIN)).astype(jnp.int32)
-    return jnp.where(jnp.sum(row) > 0, jnp.ldexp(jnp.float32(1.0), e), own)
+    named = jnp.ldexp(jnp.float32(1.0), e)
+    return named if own is None else jnp.where(jnp.sum(row) > 0, named, own)
 
 
 def observed(x, fmt):
@@ -164,23 +166,23 @@ def observed(x, fmt):
     return own, jnp.where(jnp.isfinite(amax) & (amax > 0), seen, 0.0)
 
 
-def delayed_forward(spec, x, w, meta):
+def delayed_forward(spec, steady, x, w, meta):
     """(y, residuals) of `delayed_einsum`: x rounded at its history's scale (saturating), w at
-    its own."""
+    its own. steady: every history row holds an exponent (no fallback to x's own scale)."""
     own, seen_x = observed(x, E4M3)
-    sx = scale_from_bins(meta[0], own)
+    sx = scale_from_bins(meta[0], None if steady else own)
     qx = _stored(quantize(x, E4M3, sx))
     qw, sw = _quantized(w, E4M3)
     y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, w.dtype))
     return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, w.dtype), seen_x, meta)
 
 
-def delayed_backward(spec, qx, sx, qw, sw, seen_x, meta, g, master: bool):
+def delayed_backward(spec, steady, qx, sx, qw, sw, seen_x, meta, g, master: bool):
     """(dx, dw, what the GEMM saw) from `delayed_forward`'s residuals; g rounded to E5M2 at its
     history's scale. dw in float32 where `master`, else in the compute dtype."""
     dt = g.dtype
     own, seen_g = observed(g, E5M2)
-    sg = scale_from_bins(meta[1], own)
+    sg = scale_from_bins(meta[1], None if steady else own)
     gq = dequantize(_stored(quantize(g, E5M2, sg)), sg, dt)
     x, w = operand(qx, sx, dt), operand(qw, sw, dt)
     dw = weight_grad(x, gq)
@@ -188,15 +190,15 @@ def delayed_backward(spec, qx, sx, qw, sw, seen_x, meta, g, master: bool):
     return input_grad(spec, gq, w), (dw if master else dw.astype(dt)), seen, x, gq
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def delayed_einsum(spec: str, x, w, meta):
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def delayed_einsum(spec: str, steady: bool, x, w, meta):
     """einsum(spec, x, w) on E4M3 operands, x at the scale meta[0] names; the backward's dy in
     E5M2 at meta[1]'s; meta's cotangent: the exponents seen (see above)."""
-    return delayed_forward(spec, x, w, meta)[0]
+    return delayed_forward(spec, steady, x, w, meta)[0]
 
 
-def _delayed_bwd(spec, res, g):
-    dx, dw, seen, _, _ = delayed_backward(spec, *res, g, master=False)
+def _delayed_bwd(spec, steady, res, g):
+    dx, dw, seen, _, _ = delayed_backward(spec, steady, *res, g, master=False)
     return dx, dw, seen
 
 

@@ -170,7 +170,7 @@ def column_dense(sh, y_bsh, gemms, out_names):
         return tuple(sh.constrain(y, out_names)
                      for y in tp_overlap.gather_dense(sh, y_bsh, gemms, ACT))
     return column_parallel(sh, y_bsh, lambda y: tuple(
-        sh.constrain(dense(spec, y, w, b, fp8=_fp8(sh)), out_names)
+        sh.constrain(dense(spec, y, w, b, fp8=_fp8(sh), steady=_steady(sh)), out_names)
         for spec, w, b in gemms))
 
 
@@ -180,7 +180,7 @@ def row_dense(sh, z, spec, w, b=None):
     tuning.tp_comm_overlap that reduce-scatter decomposed around the GEMM."""
     if _overlap(sh):
         return sh.constrain(tp_overlap.scatter_dense(sh, z, spec, w, b, ACT), ACT)
-    return sh.constrain(dense(spec, z, w, b, fp8=_fp8(sh)), ACT)
+    return sh.constrain(dense(spec, z, w, b, fp8=_fp8(sh), steady=_steady(sh)), ACT)
 
 
 def weight(p, name):
@@ -196,6 +196,11 @@ META_PREFIX = "fp8_"     # layer params key of a GEMM weight's delayed-scaling r
 def _fp8(sh) -> bool:
     """train.fp8: the layers' GEMMs on FP8 operands (models/fp8.py)."""
     return sh is not None and sh.fp8
+
+
+def _steady(sh) -> bool:
+    """Delayed FP8 scaling with every history row holding an exponent (Sharder.fp8_steady)."""
+    return sh is not None and sh.fp8_steady
 
 
 def _overlap(sh) -> bool:

@@ -187,6 +187,7 @@ class Sharder:
     rows: bool = False
     tp_overlap: bool = False    # the tensor ring (models/tp_overlap.py, tp_overlap_on)
     fp8: bool = False           # train.fp8: the layers' GEMMs on FP8 operands (models/fp8.py)
+    fp8_steady: bool = False    # delayed scaling whose history rows all hold an exponent
     attention: str = "auto"     # tuning.attention (decisions.attention)
 
     @classmethod

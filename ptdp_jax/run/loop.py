@@ -23,6 +23,7 @@ it without waiting; stopping.Stopper); train.stop_at_step and checkpoint.every s
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -41,6 +42,7 @@ from ptdp_jax.training.evaluate import evaluate
 from ptdp_jax.run.feed import Feed
 from ptdp_jax.training.metrics import check_wandb
 from ptdp_jax.run.runlog import RunLog, new_run_id
+from ptdp_jax.run.steps import Steps
 from ptdp_jax.parallel.sharding import make_mesh
 from ptdp_jax.training.state import canonical_params, make_optimizer
 from ptdp_jax.training.step import compile_all
@@ -136,6 +138,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     def record(evaluate_now=False):         # read, evaluate, log and count the pending step
         nonlocal pending, ready
         n, metrics, seconds, ready = _read(pending, ready)
+        train_step.saw(metrics)
         pending, val = None, None
         if evaluate_now:                                                     # eval
             val = evaluate(compiled.eval_loss, state.params, feed.val_batch,
@@ -217,19 +220,24 @@ def _prepare(cfg, log):
     run = _setup(cfg)
     t0 = time.perf_counter()
     log("ptdp_jax: compiling the train step ...")           # minutes for deep pipelines
-    train_step = _compile_step(cfg, run.compiled, run.tx)    # and XLA's own memory analysis
+    first = _compile_step(cfg, run.compiled, run.tx)         # and XLA's own memory analysis
     log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s"
         + (f" (compilation cache: {run.cache})" if run.cache else ""))
+    steady = run.compiled.steady_step
+    train_step = Steps(first, steady and partial(_compile_step, cfg, run.compiled, run.tx,
+                                                 steady), log)
     return run.feed, run.compiled, train_step, run.lr, run.replaced
 
 
-def _compile_step(cfg, compiled, tx):
-    """The train step compiled ahead of its first call (the compile training needs anyway),
-    checked against device memory by XLA's memory analysis before it runs."""
+def _compile_step(cfg, compiled, tx, jitted=None):
+    """The train step (or `jitted`, a variant of it) compiled ahead of its first call (the
+    compile training needs anyway), checked against device memory by XLA's memory analysis
+    before it runs."""
     from ptdp_jax.training.state import abstract_state
     batch = jax.ShapeDtypeStruct((cfg.train.global_batch_size, cfg.model.seq_len + 1),
                                  jax.numpy.int32, sharding=compiled.batch_sharding)
-    exe = compiled.step.lower(abstract_state(cfg, tx, compiled.shardings), batch).compile()
+    jitted = jitted or compiled.step
+    exe = jitted.lower(abstract_state(cfg, tx, compiled.shardings), batch).compile()
     preflight.check_compiled(cfg, exe)
     return exe
 

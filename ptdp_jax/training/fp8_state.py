@@ -9,6 +9,10 @@ tensor first; the step's own needs come back through the gradient path and enter
     history = init_history(cfg)                # canonical, all zeros: each tensor's own scale
     rows = meta_rows(history)                  # what each GEMM gets: one-hot exponent rows
     history = update(history, seen, finite)    # after the step; a non-finite step changes nothing
+
+Once every row holds a scale (steady_ready), the train loop runs a second compiled step that
+rounds at the history's scale without first reducing the tensor (Sharder.fp8_steady): the same
+numbers, one pass over each operand fewer.
 """
 from __future__ import annotations
 
@@ -26,6 +30,11 @@ TAIL_AXES = (None, None)      # (operand: x or dy, history step / exponent bin):
 def delayed(cfg) -> bool:
     """Whether the step keeps an amax history (FP8 with the delayed recipe)."""
     return bool(cfg.train.fp8) and cfg.train.fp8_recipe == "delayed"
+
+
+def steady_possible(cfg) -> bool:
+    """Whether a steady step can ever run (steady_ready needs a history of two steps or more)."""
+    return delayed(cfg) and cfg.train.fp8_amax_history >= 2
 
 
 def meta_names(cfg) -> tuple[str, ...]:
@@ -66,6 +75,16 @@ def update(history: dict, seen: dict, finite) -> dict:
         new = jnp.concatenate([s[..., None].astype(h.dtype), h[..., :-1]], axis=-1)
         return jnp.where(finite, new, h)
     return {k: one(h, seen[k]) for k, h in history.items()}
+
+
+def steady_ready(history: dict):
+    """Whether the step after next may run steady (models/fp8.scale_from_bins without the own-
+    scale fallback): every row holds a scale in its newest H - 1 entries, so one more step,
+    which drops the oldest, still leaves one. A loop that reads a step's metrics one step late
+    can switch on it. Always False with a history of one step."""
+    if not history or next(iter(history.values())).shape[-1] < 2:
+        return jnp.bool_(False)
+    return jnp.all(jnp.stack([jnp.all(h[..., :-1].max(-1) > 0) for h in history.values()]))
 
 
 def stored_abstract(cfg_saved, sharding) -> dict | None:

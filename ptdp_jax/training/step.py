@@ -12,7 +12,7 @@ the shard_map, then runs on each replica's shard.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import jax
@@ -78,11 +78,12 @@ def _master_grads(cfg, params, dtype):
                            for c, lp in zip(copies, layers)]
 
 
-def make_grad_fn(cfg, mesh):
-    """(params, batch (B, s+1), step) -> (mean loss, mean gradients), jit-able."""
+def make_grad_fn(cfg, mesh, steady: bool = False):
+    """(params, batch (B, s+1), step) -> (mean loss, mean gradients), jit-able. steady: delayed
+    FP8 rows that all hold an exponent (training/fp8_state.steady_ready)."""
     manual = manual_axes(mesh)                       # see sharding.manual_axes
     _check_reduce_dtype(cfg, mesh, manual)
-    sh = Sharder.for_config(cfg, mesh).inside(manual)
+    sh = replace(Sharder.for_config(cfg, mesh).inside(manual), fp8_steady=steady)
     pspecs = stage_state_specs(cfg)      # as the state holds them (ZeRO: split over 'data')
     if FS.delayed(cfg):                  # the GEMMs' FP8 rows beside the layer weights
         pspecs["layers"].update({k: fp8_stage_spec() for k in FS.meta_names(cfg)})
@@ -170,8 +171,8 @@ def _wrap_keys(keys):
     return None if keys is None else jax.random.wrap_key_data(keys)
 
 
-def make_train_step(cfg, mesh, tx):
-    grad_fn = make_grad_fn(cfg, mesh)
+def make_train_step(cfg, mesh, tx, steady: bool = False):
+    grad_fn = make_grad_fn(cfg, mesh, steady)
 
     def step_fn(state: TrainState, batch):
         loss, grads = grad_fn(with_fp8_rows(state), batch, state.step)
@@ -179,8 +180,11 @@ def make_train_step(cfg, mesh, tx):
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         new_state = state.apply_gradients(tx, grads, finite, seen)
-        return new_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite,
-                           "bad_steps": new_state.bad_steps}
+        metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
+                   "bad_steps": new_state.bad_steps}
+        if new_state.fp8 is not None:
+            metrics["fp8_steady_ready"] = FS.steady_ready(new_state.fp8)
+        return new_state, metrics
 
     return step_fn
 
@@ -209,6 +213,7 @@ class Compiled:
     init: object          # jitted () -> TrainState
     shardings: TrainState  # of NamedShardings
     batch_sharding: object = None
+    steady_step: object = None   # delayed FP8 scaling: `step` for a history that is full
 
 
 def compiler_options(cfg, mesh) -> dict:
@@ -230,9 +235,11 @@ def compile_all(cfg, mesh, tx):
     os.environ.update(nccl_environment(cfg, mesh, os.environ))
     shardings = state_shardings(cfg, mesh, tx)
     batch_sh = NamedSharding(mesh, P("data"))
-    step = jax.jit(make_train_step(cfg, mesh, tx), in_shardings=(shardings, batch_sh),
-                   out_shardings=(shardings, None), donate_argnums=(0,),
-                   compiler_options=compiler_options(cfg, mesh) or None)
+    steps = [jax.jit(make_train_step(cfg, mesh, tx, steady), in_shardings=(shardings, batch_sh),
+                     out_shardings=(shardings, None), donate_argnums=(0,),
+                     compiler_options=compiler_options(cfg, mesh) or None)
+             for steady in ((False, True) if FS.steady_possible(cfg) else (False,))]
     eval_loss = jax.jit(make_eval_fn(cfg, mesh), in_shardings=(shardings.params, batch_sh))
     init = jax.jit(lambda: init_state(cfg, tx), out_shardings=shardings)
-    return Compiled(step, eval_loss, init, shardings, batch_sh)
+    return Compiled(steps[0], eval_loss, init, shardings, batch_sh,
+                    steps[1] if len(steps) > 1 else None)
