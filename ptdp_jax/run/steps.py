@@ -30,7 +30,10 @@ class Steps:
 
     def __call__(self, state, batch):
         if self._pending is not None and (self._ready or self._pending.done()):
-            self._take(self._pending)            # waits where it is not done yet
+            if not self._pending.done():
+                self._log("ptdp_jax: delayed FP8 scaling: waiting for its steady step's compile "
+                          "(once)")
+            self._take(self._pending)
         if self._ready and self.steady is not None:
             if not self.steady_calls:
                 self._log("ptdp_jax: delayed FP8 scaling: every history row holds a scale; the "
