@@ -42,7 +42,7 @@ def test_rows_name_the_largest_scale_and_an_empty_row_means_the_own_scale():
     assert float(F8.scale_from_bins(rows[0], own)) == 2.0
     assert float(F8.scale_from_bins(rows[1], own)) == float(F8.scale_of(x, F8.E4M3))
     assert float(seen.sum()) == 1.0 and float(F8.observed(jnp.zeros(2), F8.E4M3)[1].sum()) == 0.0
-    assert float(F8.scale_from_bins(rows[0])) == 2.0           # steady: no fallback needed
+    assert float(F8.scale_from_bins(rows[0], None)) == 2.0     # steady: no fallback needed
 
 
 def test_steady_ready_needs_a_scale_that_outlives_one_more_step():

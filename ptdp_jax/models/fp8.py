@@ -145,7 +145,7 @@ def exponent(s):
     return jnp.frexp(s)[1] - 1
 
 
-def scale_from_bins(row, own=None):
+def scale_from_bins(row, own):
     """The scale a one-hot row of exponent bins names; where the row is all zeros (no history
     yet), `own`, the tensor's own scale (current scaling). own=None: the row is known to hold
     an exponent (a steady step), so the rounding need not wait for the tensor's amax."""
