@@ -81,6 +81,7 @@ def main(argv=None):
     from ptdp_jax.config.validation import validate
     from ptdp_jax.parallel.sharding import make_mesh
     from ptdp_jax.training.state import make_optimizer
+    from ptdp_jax.training.fp8_state import READY_METRIC
     from ptdp_jax.training.step import compile_all
     from ptdp_jax.run.loop import resolve_config
 
@@ -112,7 +113,7 @@ def main(argv=None):
     float(out["loss"])
     first = time.perf_counter() - t0
     step = c.step          # delayed FP8 scaling: its steady step once the history is full
-    if c.steady_step is not None and bool(out["fp8_steady_ready"]):
+    if c.steady_step is not None and bool(out[READY_METRIC]):
         step = c.steady_step
     times = []
     for i in range(1 + a.steps):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-READY = "fp8_steady_ready"      # the metric training/step.py reports under delayed scaling
+from ptdp_jax.training.fp8_state import READY_METRIC as READY
 
 
 class Steps:
@@ -20,7 +20,7 @@ class Steps:
 
     def __init__(self, first, compile_steady=None, log=print):
         self.first, self.steady = first, None
-        self.steady_calls = 0               # how many steps ran steady
+        self._announced = False
         self._log, self._ready = log, False
         self._pending: Future | None = None
         if compile_steady is not None:
@@ -35,10 +35,10 @@ class Steps:
                           "(once)")
             self._take(self._pending)
         if self._ready and self.steady is not None:
-            if not self.steady_calls:
+            if not self._announced:
+                self._announced = True
                 self._log("ptdp_jax: delayed FP8 scaling: every history row holds a scale; the "
                           "steps round without waiting for each tensor's amax from here")
-            self.steady_calls += 1
             return self.steady(state, batch)
         return self.first(state, batch)
 

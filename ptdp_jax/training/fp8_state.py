@@ -77,6 +77,9 @@ def update(history: dict, seen: dict, finite) -> dict:
     return {k: one(h, seen[k]) for k, h in history.items()}
 
 
+READY_METRIC = "fp8_steady_ready"     # the train step's metric of steady_ready
+
+
 def steady_ready(history: dict):
     """Whether the step after next may run steady (models/fp8.scale_from_bins without the own-
     scale fallback): every row holds a scale in its newest H - 1 entries, so one more step,

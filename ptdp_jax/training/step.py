@@ -183,7 +183,7 @@ def make_train_step(cfg, mesh, tx, steady: bool = False):
         metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
                    "bad_steps": new_state.bad_steps}
         if new_state.fp8 is not None:
-            metrics["fp8_steady_ready"] = FS.steady_ready(new_state.fp8)
+            metrics[FS.READY_METRIC] = FS.steady_ready(new_state.fp8)
         return new_state, metrics
 
     return step_fn
