@@ -150,3 +150,18 @@ def test_delayed_resume_is_bit_identical(tmp_path, data_cache):
     train(mesh_shape=mesh, overrides={**other, "train.stop_at_step": 3}, log=H.Log())
     resumed = train(mesh_shape=mesh, overrides={**other, **DELAYED}, log=H.Log())
     assert resumed.start_step == 3 and np.isfinite(resumed.losses).all()
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_a_history_of_the_steps_own_scales_is_current_scaling(arch):
+    """Each GEMM's row holds its own operands' scales: a step of one microbatch fed the history
+    that this same step (same state, same batch) records rounds every operand as with a fresh
+    history, bit for bit (with more microbatches a row holds their largest scale)."""
+    cfg = tiny_config(arch, (1, 1, 1), **DELAYED, **{"train.micro_batch_size": 8})
+    loss0, grads0, first = delayed_step(cfg, FS.init_history(cfg))
+    for steady in (False, True):
+        loss, grads, nxt = delayed_step(cfg, first, steady)
+        assert loss == loss0
+        jax.tree.map(np.testing.assert_array_equal, grads, grads0)
+        for k, h in nxt.items():
+            np.testing.assert_array_equal(h[..., 0], first[k][..., 0])
