@@ -81,7 +81,7 @@ class TrainConfig:
                                          # forward, E5M2 gradients, per-tensor scales)
     fp8_recipe: str = "current"          # current (scales from this step's max |x|) | delayed
                                          # (from an amax history in the train state)
-    fp8_amax_history: int = 16           # delayed: steps of history; a scale fits their largest
+    fp8_amax_history: int = 4            # delayed: steps of history; a scale fits their largest
     recompute: str = "auto"              # auto (the least that fits by the memory estimate) | none |
                                          # selective | full
     eval_every: int = 50                 # 0: never
