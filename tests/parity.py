@@ -21,13 +21,16 @@ TINY = {
 # FP8's layouts: one of each kind (tests/test_fp8.py, tests/test_fp8_delayed.py)
 FP8_LAYOUTS = [
     ((2, 1, 1), {}),
+    ((2, 1, 1), {"parallel.zero": 1}),
+    ((2, 1, 1), {"parallel.zero": 2}),
     ((2, 1, 1), {"parallel.zero": 3}),
     ((1, 1, 2), {"parallel.sequence_parallel": True}),
     ((1, 2, 1), {"parallel.schedule": "zb-phased"}),
     ((1, 2, 1), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
     ((2, 2, 2), {"parallel.sequence_parallel": True}),
 ]
-FP8_LAYOUT_IDS = ["data2", "zero3", "tensor2-sp", "zb-phased", "interleaved", "2x2x2-sp"]
+FP8_LAYOUT_IDS = ["data2", "zero1", "zero2", "zero3", "tensor2-sp", "zb-phased", "interleaved",
+                  "2x2x2-sp"]
 
 
 def tiny_config(arch="gpt", mesh=(1, 1, 1), **extra):

@@ -14,11 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from parity import (FP8_LAYOUT_IDS, FP8_LAYOUTS, assert_close, loss_and_grads, reference,
-                    tiny_config)
+from parity import (FP8_LAYOUT_IDS, FP8_LAYOUTS, assert_close, batch_for, loss_and_grads,
+                    reference, tiny_config)
 from ptdp_jax.config.load import ConfigError
 from ptdp_jax.models import fp8 as F8
 from ptdp_jax.config.validation import check_fp8_devices
+from ptdp_jax.parallel.sharding import make_mesh
+from ptdp_jax.training import state as S
+from ptdp_jax.training import step
 
 FP8 = (("train.fp8", True),)
 FP8_TOL = 5e-4
@@ -143,3 +146,48 @@ def test_fp8_resume_is_bit_identical(tmp_path, data_cache):
     import helpers_ckpt as H
     H.assert_resume_exact(H.tiny(tmp_path, data_cache, **{
         "train.steps": 6, "train.fp8": True, "checkpoint.every": 3}), (2, 1, 2))
+
+
+def _e4m3_rounding_depths(jaxpr, shapes, depth=0, found=None):
+    """[loop depth] of each rounding to E4M3 of an array shaped like a GEMM weight (a shape in
+    `shapes`), through nested jaxprs; a scan or while body is one loop deeper."""
+    found = [] if found is None else found
+    for eqn in jaxpr.eqns:
+        if (eqn.primitive.name == "convert_element_type"
+                and eqn.params["new_dtype"] == F8.E4M3
+                and tuple(eqn.invars[0].aval.shape) in shapes):
+            found.append(depth)
+        inner = depth + (eqn.primitive.name in ("scan", "while"))
+        for sub in _jaxprs(list(eqn.params.values())):
+            _e4m3_rounding_depths(sub, shapes, inner, found)
+    return found
+
+
+def _jaxprs(values):
+    """The jaxprs among equation parameters (closed ones opened; in lists and tuples too)."""
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            yield from _jaxprs(v)
+        elif hasattr(v, "eqns"):
+            yield v
+        elif hasattr(getattr(v, "jaxpr", None), "eqns"):
+            yield v.jaxpr
+
+
+@pytest.mark.parametrize("mesh,extra", [
+    ((1, 1, 1), {}), ((2, 1, 1), {"parallel.zero": 1}), ((2, 1, 1), {"parallel.zero": 2}),
+    ((1, 2, 1), {"parallel.schedule": "zb-phased"})], ids=["one", "zero1", "zero2", "zb-phased"])
+def test_weights_are_rounded_once_a_step(mesh, extra):
+    """Each GEMM weight is rounded to FP8 once a step, before the loop over microbatches (or
+    pipeline ticks), not in each microbatch's forward and recomputation."""
+    from ptdp_jax.models import model as M
+    cfg = tiny_config("llama", mesh, **dict(FP8), **{"train.recompute": "selective"}, **extra)
+    assert cfg.num_microbatches > 1
+    params = jax.eval_shape(lambda: S.init_state(cfg, S.make_optimizer(cfg)[0])["params"])
+    dense = M.dense_weight_names(cfg.model)
+    shapes = {tuple(a.shape[3:]) for k, a in params["layers"].items() if k in dense}
+    grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_shape))
+    jaxpr = jax.make_jaxpr(grad_fn)(params, batch_for(cfg), 0).jaxpr
+    depths = _e4m3_rounding_depths(jaxpr, shapes)
+    layers_per_stage = cfg.model.num_layers // cfg.parallel.pipe
+    assert depths == [0] * (layers_per_stage * len(dense)), depths

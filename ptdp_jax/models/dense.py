@@ -9,9 +9,10 @@ GEMM outputs). The
 weight argument chooses how the backward treats the weight:
 
     w (an array)            plain autodiff
-    MasterGrad(w, master)   the weight gradient is taken against the float32 master, straight
-                            out of the GEMM in float32, so a caller can add it to a float32
-                            accumulator inside the GEMM (cuBLAS beta = 1)
+    MasterGrad(w, master)   the weight gradient is taken against master, in master's dtype:
+                            for a float32 master straight out of the GEMM in float32, so a
+                            caller can add it to a float32 accumulator inside the GEMM (cuBLAS
+                            beta = 1). With fp8, w may be fp8.Prequantized (rounded once a step)
     Taps(w, x_tap, g_tap)   no weight gradient: the backward exports the GEMM's input x and
                             output gradient dy as the "gradients" of the two zero taps, for a
                             later weight-gradient op (the zero-bubble B / W split)
@@ -65,7 +66,7 @@ def dense(spec: str, x, w, b=None, fp8: bool = False, steady: bool = False):
     if isinstance(w, WithMeta):
         w, meta = w.w, w.meta
     if isinstance(w, Probe):
-        y = jnp.einsum(spec, x, w.w)
+        y = jnp.einsum(spec, x, F8.plain(w.w, x.dtype))
         w.record[w.name] = (x.shape, y.shape)
     elif fp8 and meta is not None:
         y = _delayed(spec, steady, x, w, meta)
@@ -97,12 +98,12 @@ def _master_grad(spec, x, w, master):
 
 
 def _master_grad_fwd(spec, x, w, master):
-    return jnp.einsum(spec, x, w), (x, w)
+    return jnp.einsum(spec, x, w), (x, w, _dtype_of(master))
 
 
 def _master_grad_bwd(spec, res, g):
-    x, w = res
-    return _input_grad(spec, g, w), None, weight_grad(x, g)
+    x, w, master_dtype = res
+    return _input_grad(spec, g, w), None, weight_grad(x, g).astype(master_dtype.dtype)
 
 
 _master_grad.defvjp(_master_grad_fwd, _master_grad_bwd)
@@ -130,13 +131,24 @@ def _master_grad_fp8(spec, x, w, master):
     return F8.einsum(spec, x, w)
 
 
+def _master_grad_fp8_fwd(spec, x, w, master):
+    y, res = F8.forward(spec, x, w)
+    return y, (res, _dtype_of(master))
+
+
 def _master_grad_fp8_bwd(spec, res, g):
+    res, master_dtype = res
     dx, dw = F8.backward(spec, *res, g, master=True)
-    return dx, None, dw
+    return dx, None, dw.astype(master_dtype.dtype)
 
 
-_master_grad_fp8.defvjp(lambda spec, x, w, master: F8.forward(spec, x, w),
-                        _master_grad_fp8_bwd)
+def _dtype_of(master):
+    """An empty array of master's dtype: a residual that tells the backward the dtype of the
+    gradient to give (a float32 master's: the GEMM's own float32)."""
+    return jnp.zeros((0,), master.dtype)
+
+
+_master_grad_fp8.defvjp(_master_grad_fp8_fwd, _master_grad_fp8_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -169,14 +181,18 @@ def _master_grad_delayed(spec, steady, x, w, master, meta):
     return F8.delayed_einsum(spec, steady, x, w, meta)
 
 
+def _master_grad_delayed_fwd(spec, steady, x, w, master, meta):
+    y, res = F8.delayed_forward(spec, steady, x, w, meta)
+    return y, (res, _dtype_of(master))
+
+
 def _master_grad_delayed_bwd(spec, steady, res, g):
+    res, master_dtype = res
     dx, dw, seen, _, _ = F8.delayed_backward(spec, steady, *res, g, master=True)
-    return dx, None, dw, seen
+    return dx, None, dw.astype(master_dtype.dtype), seen
 
 
-_master_grad_delayed.defvjp(
-    lambda spec, steady, x, w, master, meta: F8.delayed_forward(spec, steady, x, w, meta),
-    _master_grad_delayed_bwd)
+_master_grad_delayed.defvjp(_master_grad_delayed_fwd, _master_grad_delayed_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))

@@ -17,6 +17,7 @@ microbatch.
 from __future__ import annotations
 
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -60,6 +61,32 @@ def _quantized(x, fmt):
     return _stored(quantize(x, fmt, s)), s
 
 
+class Prequantized(NamedTuple):
+    """A GEMM weight rounded to E4M3 once a step (`prequantize`), for all its microbatches'
+    GEMMs: the numbers of rounding it in each GEMM, without two passes over it per microbatch
+    (forward and recomputation). It comes in a dense.MasterGrad, whose master receives the
+    gradient; its GEMMs run in the dtype of their x."""
+    q: jax.Array           # E4M3
+    s: jax.Array           # float32 scale
+
+
+def prequantize(w) -> Prequantized:
+    return Prequantized(*_quantized(w, E4M3))
+
+
+def _weight(w, x):
+    """(q, s, the GEMM's dtype for w) of a GEMM weight: as prequantized (x's dtype), else
+    rounded here (current scaling; w's dtype)."""
+    if isinstance(w, Prequantized):
+        return w.q, w.s, x.dtype
+    return (*_quantized(w, E4M3), w.dtype)
+
+
+def plain(w, dtype):
+    """A weight in any form here as an array of dtype (to record shapes)."""
+    return dequantize(w.q, w.s, dtype) if isinstance(w, Prequantized) else w
+
+
 def _stored(q):
     """q materialized as it is (one byte an element): XLA may not fuse its rounding into the
     transposes that the FP8 GEMMs' operand layouts need (2-5x slower kernels there; the
@@ -83,16 +110,17 @@ def weight_grad(x, g):
 def einsum(spec: str, x, w):
     """einsum(spec, x, w) on E4M3 operands; its backward on an E5M2 output gradient. The
     residuals are the FP8 operands and their scales (half the bytes of x and w)."""
-    return jnp.einsum(spec, qdq(x, E4M3), qdq(w, E4M3))
+    return forward(spec, x, w)[0]
 
 
 def forward(spec, x, w):
-    """(y, residuals) of `einsum`: each operand as (FP8 array, scale), recomputed (not named)
-    under selective recomputation; keeping them cost a pipeline stash 25 GiB on LLaMA-3-8B
-    (seq 4096, zb-phased) and saved no time on one GPU."""
-    (qx, sx), (qw, sw) = _quantized(x, E4M3), _quantized(w, E4M3)
-    y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, w.dtype))
-    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, w.dtype))
+    """(y, residuals) of `einsum`: each operand as (FP8 array, scale), x's recomputed (not
+    named) under selective recomputation; keeping them cost a pipeline stash 25 GiB on
+    LLaMA-3-8B (seq 4096, zb-phased) and saved no time on one GPU. w: an array or
+    Prequantized."""
+    (qx, sx), (qw, sw, wdt) = _quantized(x, E4M3), _weight(w, x)
+    y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, wdt))
+    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, wdt))
 
 
 def _residual(q, s, dtype):
@@ -168,13 +196,14 @@ def observed(x, fmt):
 
 def delayed_forward(spec, steady, x, w, meta):
     """(y, residuals) of `delayed_einsum`: x rounded at its history's scale (saturating), w at
-    its own. steady: every history row holds an exponent (no fallback to x's own scale)."""
+    its own (w: an array or Prequantized). steady: every history row holds an exponent (no
+    fallback to x's own scale)."""
     own, seen_x = observed(x, E4M3)
     sx = scale_from_bins(meta[0], None if steady else own)
     qx = _stored(quantize(x, E4M3, sx))
-    qw, sw = _quantized(w, E4M3)
-    y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, w.dtype))
-    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, w.dtype), seen_x, meta)
+    qw, sw, wdt = _weight(w, x)
+    y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, wdt))
+    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, wdt), seen_x, meta)
 
 
 def delayed_backward(spec, steady, qx, sx, qw, sw, seen_x, meta, g, master: bool):

@@ -69,6 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ptdp_jax.models import fp8 as F8
 from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad, Probe
 from ptdp_jax.pipeline import schedule as S
@@ -138,8 +139,11 @@ def _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router) 
     dense = M.dense_weight_names(mc)
 
     def layer_weights(j, l):
-        return {k: MasterGrad(a[0, j, l], params["layers"][k][0, j, l]) if k in dense
+        return {k: MasterGrad(_compute(a[0, j, l]), params["layers"][k][0, j, l]) if k in dense
                 else a[0, j, l] for k, a in w["layers"].items()}
+
+    def _compute(a):         # fp8: the GEMM weight rounded once a step (fp8.Prequantized)
+        return F8.prequantize(a) if sh.fp8 else a
     weights = [[layer_weights(j, l) for l in range(lmax)] for j in range(v)]
     layer = M.layer_fn(mc, sh, cfg.remat)
     pipe_head = None

@@ -17,8 +17,9 @@ Compute, per layer and microbatch of b sequences (T = b s tokens), on one of t t
                them in the backward; with it on, a fitted share of those passes is left).
     FP8        (train.fp8) the layer GEMMs at FP8_GEMM_SPEEDUP x their bf16 rate, plus the
                quantization passes in memory: FP8_QUANT_BYTES per operand element (amax read,
-               scaled read, FP8 write) of each GEMM's input and weight, and of its output
-               gradient in the backward; selective quantizes the inputs again.
+               scaled read, FP8 write) of each GEMM's input, and of its output gradient in
+               the backward (selective quantizes the inputs again); the weights once a step
+               (`fp8_weight_seconds`).
     recompute  none: nothing; selective: element-wise again in the backward, and attention
                unless it is a flash kernel (whose output selective keeps);
                full: the whole forward again, tensor all-reduces included.
@@ -150,7 +151,7 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     quant_fwd = quant_bwd = 0.0
     if tr.fp8:
         gemm_fwd /= FP8_GEMM_SPEEDUP
-        quant_fwd = _memory_seconds(FP8_QUANT_BYTES * sum(M * K + K * N for M, K, N
+        quant_fwd = _memory_seconds(FP8_QUANT_BYTES * sum(M * K for M, K, N
                                                           in layer_gemms(cfg)), gpu)
         quant_bwd = _memory_seconds(FP8_QUANT_BYTES * sum(M * N for M, K, N
                                                           in layer_gemms(cfg)), gpu)
@@ -281,6 +282,15 @@ def accumulate_seconds(cfg, gpu: GpuKind) -> float:
     dense = cfg.model.num_layers * sum(K * N for _, K, N in layer_gemms(cfg)) if in_gemm else 0
     return (m - 1) * _memory_seconds((n - dense) * (2 * 4 + compute), gpu) + \
         m * gpu.wgrad_accumulate_exposed * _memory_seconds(8.0 * dense, gpu)
+
+
+def fp8_weight_seconds(cfg, gpu: GpuKind) -> float:
+    """train.fp8: the device's GEMM weights rounded to FP8 once a step (models/fp8.prequantize)."""
+    if not cfg.train.fp8:
+        return 0.0
+    layers = cfg.model.num_layers / cfg.parallel.pipe
+    return _memory_seconds(FP8_QUANT_BYTES * layers * sum(K * N for _, K, N in layer_gemms(cfg)),
+                           gpu)
 
 
 def optimizer_seconds(cfg, gpu: GpuKind) -> float:

@@ -18,8 +18,8 @@ from ptdp_jax.training.metrics import SECONDS_PER_DAY, model_flops_per_iteration
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.pipeline.head import spread_over_pipe
 from ptdp_jax.pipeline.schedule import PHASED, ZERO_BUBBLE
-from ptdp_jax.plan.cost import (accumulate_seconds, dp_allreduce_seconds, op_costs,
-                                optimizer_seconds, pipe_allreduce_seconds)
+from ptdp_jax.plan.cost import (accumulate_seconds, dp_allreduce_seconds, fp8_weight_seconds,
+                                op_costs, optimizer_seconds, pipe_allreduce_seconds)
 from ptdp_jax.plan.hardware import GpuKind
 from ptdp_jax.plan.play import async_seconds, lockstep_seconds
 
@@ -32,7 +32,8 @@ class StepEstimate:
     bubble: float              # ops of the played table / the busiest stage's ops - 1
     dp_allreduce_s: float
     pipe_allreduce_s: float
-    optimizer_s: float         # AdamW, and zero 0/1 gradient accumulation without pipelining
+    optimizer_s: float         # AdamW, zero 0/1 gradient accumulation without pipelining, and
+                               # the FP8 weights' rounding (once a step)
     overhead_s: float
     ticks: float               # lockstep ticks (or async ops) of the table
     memory: MemoryEstimate
@@ -111,7 +112,8 @@ def estimate_step(cfg, gpu: GpuKind, gpus_per_host: int) -> StepEstimate:
     played, ideal, bubble, ticks = pipeline_seconds(cfg, gpu, gpus_per_host)
     dp = dp_allreduce_seconds(cfg, gpu, gpus_per_host)
     pp = pipe_allreduce_seconds(cfg, gpu, gpus_per_host)
-    opt = optimizer_seconds(cfg, gpu) + accumulate_seconds(cfg, gpu)
+    opt = (optimizer_seconds(cfg, gpu) + accumulate_seconds(cfg, gpu)
+           + fp8_weight_seconds(cfg, gpu))
     step = played + dp + pp + opt + gpu.step_overhead_s
     flops = model_flops_per_iteration(cfg, recompute=cfg.recompute == "full")
     return StepEstimate(step, played, ideal, bubble, dp, pp, opt, gpu.step_overhead_s, ticks,

@@ -21,6 +21,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.training import grads as G
+from ptdp_jax.models import fp8 as F8
 from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax.training import zero as Z
@@ -52,7 +53,7 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     # (tuning.tp_comm_overlap's rings take plain weights)
     split = (lambda t: t) if cfg.scan_layers_on else M.per_layer
     plain = cfg.scan_layers_on or sh.tp_overlap
-    wrap = (lambda layers: layers) if plain else _master_grads(cfg, params, dtype)
+    wrap = (lambda layers: layers) if plain else _master_grads(cfg, params, dtype, sh.fp8)
 
     def loss_fn(prm, tokens_bs1, key_rows):
         prm = dict(prm, layers=wrap(prm["layers"]))
@@ -69,11 +70,14 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     return loss, grads
 
 
-def _master_grads(cfg, params, dtype):
+def _master_grads(cfg, params, dtype, fp8: bool):
     """per-layer float32 layer params -> the same with each GEMM weight as
-    MasterGrad(compute copy, float32 master); the compute copies are made here, once."""
+    MasterGrad(compute copy, float32 master); the compute copies are made here, once (fp8:
+    rounded to FP8 here, once)."""
     dense = M.dense_weight_names(cfg.model)
     copies = M.cast(M.unstack_layers(params["layers"]), dtype)
+    copies = [{k: F8.prequantize(a) if fp8 and k in dense else a for k, a in c.items()}
+              for c in copies]
     return lambda layers: [{k: MasterGrad(c[k], v) if k in dense else v for k, v in lp.items()}
                            for c, lp in zip(copies, layers)]
 

@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from ptdp_jax.models import fp8 as F8
+from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax.training import fp8_state as FS
 from ptdp_jax.training import grads as G
 from ptdp_jax.models import model as M
@@ -132,10 +134,12 @@ def _layers(tree):
 
 
 def _maker(cfg, lay):
-    """make(group, shards) -> that group's compute-dtype weights (layers: one layer's)."""
+    """make(group, shards, fulls, accs, pres) -> that group's compute-dtype weights (layers:
+    one layer's); pres: {name: fp8.Prequantized} of the gathered weights (`_prequantized`),
+    which the GEMMs then take, the gathered weight only receiving their gradient."""
     dtype, rd = M.DTYPES[cfg.compute_dtype], M.DTYPES[cfg.parallel.grad_reduce_dtype]
 
-    def make(group, shards, fulls=None, accs=None):
+    def make(group, shards, fulls=None, accs=None, pres=None):
         out = {}
         for k, s in shards.items():
             la = lay[group][k]
@@ -144,31 +148,60 @@ def _maker(cfg, lay):
             else:
                 out[k] = weight(dtype, rd, la, s, None if fulls is None else fulls[k],
                                 None if accs is None else accs[k])
+            if pres is not None and pres.get(k) is not None:
+                out[k] = MasterGrad(pres[k], out[k])
         return out
     return make
 
 
-def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows):
+def _prequantized(cfg, fulls_layers):
+    """fp8: {name: fp8.Prequantized} per layer (a list, or one (L, ...) stack) of the gathered
+    GEMM weights, rounded once a step for all microbatches; else None."""
+    if not cfg.train.fp8:
+        return None
+    dense = M.dense_weight_names(cfg.model)
+
+    def one(layer):
+        return {k: F8.prequantize(w) for k, w in layer.items() if k in dense and w is not None}
+    if isinstance(fulls_layers, list):
+        return [one(layer) for layer in fulls_layers]
+    return jax.vmap(one)(fulls_layers)
+
+
+def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows, pres=None):
     """Loss sum of one microbatch, the weights made from shards by `make` (layers: one layer
     at a time inside the layer scan, so that the reduce-scatters run in the backward scan);
-    make None: `shards` are the compute weights themselves."""
+    make None: `shards` are the compute weights themselves. pres: the layers' prequantized
+    GEMM weights (`_prequantized`), or None."""
     mc = cfg.model
     grp = lambda t, g: None if t is None else t[g]
     if make is None:                         # the weights themselves
         e, hd, layers = shards["embed"], shards["head"], shards["layers"]
+        if pres is not None:
+            layers = _with_pres(layers, pres)
     else:
         e = make("embed", shards["embed"], grp(fulls, "embed"), grp(accs, "embed"))
         hd = make("head", shards["head"], grp(fulls, "head"), grp(accs, "head"))
-        layers = (shards["layers"], grp(fulls, "layers"), grp(accs, "layers"))
+        layers = (shards["layers"], grp(fulls, "layers"), grp(accs, "layers"), pres)
         if isinstance(shards["layers"], list):      # unrolled: per layer (M.unstack_layers)
-            layers = [(s, _layer(grp(fulls, "layers"), i), _layer(grp(accs, "layers"), i))
-                      for i, s in enumerate(shards["layers"])]
+            layers = [(s, _layer(grp(fulls, "layers"), i), _layer(grp(accs, "layers"), i),
+                       _layer(pres, i)) for i, s in enumerate(shards["layers"])]
     x = M.embed(mc, sh, e, tokens_bs1[:, :-1], key_rows)
     x = M.run_layers(mc, sh, layers, x, cfg.remat, key_rows,
                      scan=cfg.scan_layers_on,     # auto: zero=3 scans (a layer at a time)
                      weights=None if make is None else (lambda lp: make("layers", *lp)),
                      regather=fulls is None)      # zero 3; zero 1, 2 gathered them before
     return M.head_loss(mc, sh, e, hd, x, tokens_bs1[:, 1:])
+
+
+def _with_pres(layers, pres):
+    """The layers' weights (a list, or one stack) with each prequantized GEMM weight as
+    MasterGrad(its Prequantized, the weight), which receives the gradient."""
+    def one(lw, p):
+        return {k: MasterGrad(p[k], w) if k in p else w for k, w in lw.items()}
+    if isinstance(layers, list):
+        return [one(lw, p) for lw, p in zip(layers, pres)]
+    return one(layers, pres)
 
 
 def _layer(stack_or_list, i):
@@ -211,9 +244,12 @@ def _reduce_every_microbatch(cfg, sh, shards, mbs, keys, manual, lay, per_layer)
             # the first (24 ms a step exposed on the 7.5B, 4x H200, 2026-11-27)
             fl["layers"] = _gather_layers(cfg, shards["layers"], lay["layers"])
 
+    pres = None if fl is None else _prequantized(cfg, fl["layers"])
+
     def one(tokens, key_rows):
         return jax.value_and_grad(
-            lambda s: _loss(cfg, sh, make, s, fl, None, tokens, key_rows))(per_layer(shards))
+            lambda s: _loss(cfg, sh, make, s, fl, None, tokens, key_rows, pres))(
+                per_layer(shards))
     loss, grads = G.accumulate(one, G.f32_zeros((jnp.zeros(()), per_layer(shards)), manual),
                                mbs, keys)
     return loss, _unlayers(M.stack_layers(grads))
@@ -225,10 +261,12 @@ def _reduce_last_microbatch(cfg, sh, shards, mbs, keys, manual, lay, per_layer):
     fulls = _gather_all(cfg, shards, lay)
     loss, acc = G.f32_zeros((jnp.zeros(()), per_layer(fulls)), manual)
     m = mbs.shape[0]
+    pres = _prequantized(cfg, per_layer(fulls)["layers"])
     if m > 1:
         def one(tokens, key_rows):
             return jax.value_and_grad(
-                lambda w: _loss(cfg, sh, None, w, None, None, tokens, key_rows))(per_layer(fulls))
+                lambda w: _loss(cfg, sh, None, w, None, None, tokens, key_rows, pres))(
+                    per_layer(fulls))
         (loss, acc) = G.accumulate(one, (loss, acc),
                                    *jax.tree.map(lambda a: a[:-1], (mbs, keys)))
     make = _maker(cfg, lay)
@@ -236,7 +274,8 @@ def _reduce_last_microbatch(cfg, sh, shards, mbs, keys, manual, lay, per_layer):
     fl = _only(fulls, lay)
     ac = _only(acc, lay) if m > 1 else None
     loss_last, g = jax.value_and_grad(
-        lambda s: _loss(cfg, sh, make, s, fl, ac, *last))(per_layer(shards))
+        lambda s: _loss(cfg, sh, make, s, fl, ac, *last, pres=pres))(
+            per_layer(shards))
     g, acc = M.stack_layers(g), M.stack_layers(acc)
     # replicated leaves: their local sums (earlier microbatches added here)
     g = map2(lambda x, a, la: x if la.data_dim is not None else x + a, g, acc, lay)
