@@ -12,16 +12,17 @@ weight argument chooses how the backward treats the weight:
     MasterGrad(w, master)   the weight gradient is taken against master, in master's dtype:
                             for a float32 master straight out of the GEMM in float32, so a
                             caller can add it to a float32 accumulator inside the GEMM (cuBLAS
-                            beta = 1). With fp8, w may be fp8.Prequantized (rounded once a step)
+                            beta = 1)
     Taps(w, x_tap, g_tap)   no weight gradient: the backward exports the GEMM's input x and
                             output gradient dy as the "gradients" of the two zero taps, for a
                             later weight-gradient op (the zero-bubble B / W split)
     Probe(w, name, record)  plain, and records x's and y's shapes under name (to size taps)
     WithMeta(w, meta)       any of these, with the GEMM's delayed FP8 scaling rows
 
-With fp8 (train.fp8) the GEMMs take FP8 operands (models/fp8.py) in every one of these forms;
-the taps then export the FP8-rounded x and dy, which `weight_grad(..., fp8=True)` rounds again
-to the same values (fp8.qdq is idempotent).
+With fp8 (train.fp8) the GEMMs take FP8 operands (models/fp8.py) in every one of these forms
+(the w of MasterGrad and Taps may come as fp8.Prequantized, rounded once a step); the taps then
+export the FP8-rounded x and dy, which `weight_grad(..., fp8=True)` rounds again to the same
+values (fp8.qdq is idempotent).
 """
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ def dense(spec: str, x, w, b=None, fp8: bool = False, steady: bool = False):
     elif fp8 and meta is not None:
         y = _delayed(spec, steady, x, w, meta)
     elif isinstance(w, MasterGrad):
-        y = (_master_grad_fp8 if fp8 else _master_grad)(spec, x, w.w, w.master)
+        y = (_master_grad_fp8 if fp8 else _master_grad)(spec, _dtype(w.master), x, w.w,
+                                                        w.master)
     elif isinstance(w, Taps):
         y = (_taps_fp8 if fp8 else _taps)(spec, x, w.w, w.x_tap, w.g_tap)
     else:
@@ -92,18 +94,24 @@ def weight_grad(x, g, fp8: bool = False):
 _input_grad = F8.input_grad
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _master_grad(spec, x, w, master):
+def _dtype(master):
+    """master's dtype, a static argument of the MasterGrad GEMMs: the dtype of the weight
+    gradient they give (a float32 master's: the GEMM's own float32 output)."""
+    return jnp.dtype(master.dtype)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _master_grad(spec, dt, x, w, master):
     return jnp.einsum(spec, x, w)
 
 
-def _master_grad_fwd(spec, x, w, master):
-    return jnp.einsum(spec, x, w), (x, w, _dtype_of(master))
+def _master_grad_fwd(spec, dt, x, w, master):
+    return jnp.einsum(spec, x, w), (x, w)
 
 
-def _master_grad_bwd(spec, res, g):
-    x, w, master_dtype = res
-    return _input_grad(spec, g, w), None, weight_grad(x, g).astype(master_dtype.dtype)
+def _master_grad_bwd(spec, dt, res, g):
+    x, w = res
+    return _input_grad(spec, g, w), None, weight_grad(x, g).astype(dt)
 
 
 _master_grad.defvjp(_master_grad_fwd, _master_grad_bwd)
@@ -126,29 +134,18 @@ def _taps_bwd(spec, res, g):
 _taps.defvjp(_taps_fwd, _taps_bwd)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _master_grad_fp8(spec, x, w, master):
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _master_grad_fp8(spec, dt, x, w, master):
     return F8.einsum(spec, x, w)
 
 
-def _master_grad_fp8_fwd(spec, x, w, master):
-    y, res = F8.forward(spec, x, w)
-    return y, (res, _dtype_of(master))
-
-
-def _master_grad_fp8_bwd(spec, res, g):
-    res, master_dtype = res
+def _master_grad_fp8_bwd(spec, dt, res, g):
     dx, dw = F8.backward(spec, *res, g, master=True)
-    return dx, None, dw.astype(master_dtype.dtype)
+    return dx, None, dw.astype(dt)
 
 
-def _dtype_of(master):
-    """An empty array of master's dtype: a residual that tells the backward the dtype of the
-    gradient to give (a float32 master's: the GEMM's own float32)."""
-    return jnp.zeros((0,), master.dtype)
-
-
-_master_grad_fp8.defvjp(_master_grad_fp8_fwd, _master_grad_fp8_bwd)
+_master_grad_fp8.defvjp(lambda spec, dt, x, w, master: F8.forward(spec, x, w),
+                        _master_grad_fp8_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -170,29 +167,25 @@ _taps_fp8.defvjp(lambda spec, x, w, x_tap, g_tap: F8.forward(spec, x, w), _taps_
 def _delayed(spec, steady, x, w, meta):
     """The FP8 GEMM with delayed scaling, in each of dense's weight forms."""
     if isinstance(w, MasterGrad):
-        return _master_grad_delayed(spec, steady, x, w.w, w.master, meta)
+        return _master_grad_delayed(spec, steady, _dtype(w.master), x, w.w, w.master, meta)
     if isinstance(w, Taps):
         return _taps_delayed(spec, steady, x, w.w, w.x_tap, w.g_tap, meta)
     return F8.delayed_einsum(spec, steady, x, w, meta)
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _master_grad_delayed(spec, steady, x, w, master, meta):
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _master_grad_delayed(spec, steady, dt, x, w, master, meta):
     return F8.delayed_einsum(spec, steady, x, w, meta)
 
 
-def _master_grad_delayed_fwd(spec, steady, x, w, master, meta):
-    y, res = F8.delayed_forward(spec, steady, x, w, meta)
-    return y, (res, _dtype_of(master))
-
-
-def _master_grad_delayed_bwd(spec, steady, res, g):
-    res, master_dtype = res
+def _master_grad_delayed_bwd(spec, steady, dt, res, g):
     dx, dw, seen, _, _ = F8.delayed_backward(spec, steady, *res, g, master=True)
-    return dx, None, dw.astype(master_dtype.dtype), seen
+    return dx, None, dw.astype(dt), seen
 
 
-_master_grad_delayed.defvjp(_master_grad_delayed_fwd, _master_grad_delayed_bwd)
+_master_grad_delayed.defvjp(
+    lambda spec, steady, dt, x, w, master, meta: F8.delayed_forward(spec, steady, x, w, meta),
+    _master_grad_delayed_bwd)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))

@@ -138,12 +138,12 @@ def _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router) 
     w = M.cast(params, dtype)
     dense = M.dense_weight_names(mc)
 
-    def layer_weights(j, l):
-        return {k: MasterGrad(_compute(a[0, j, l]), params["layers"][k][0, j, l]) if k in dense
-                else a[0, j, l] for k, a in w["layers"].items()}
-
-    def _compute(a):         # fp8: the GEMM weight rounded once a step (fp8.Prequantized)
+    def gemm_weight(a):          # fp8: rounded here, once a step (fp8.Prequantized)
         return F8.prequantize(a) if sh.fp8 else a
+
+    def layer_weights(j, l):
+        return {k: MasterGrad(gemm_weight(a[0, j, l]), params["layers"][k][0, j, l])
+                if k in dense else a[0, j, l] for k, a in w["layers"].items()}
     weights = [[layer_weights(j, l) for l in range(lmax)] for j in range(v)]
     layer = M.layer_fn(mc, sh, cfg.remat)
     pipe_head = None
