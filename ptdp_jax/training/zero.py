@@ -148,9 +148,7 @@ def _maker(cfg, lay):
             else:
                 out[k] = weight(dtype, rd, la, s, None if fulls is None else fulls[k],
                                 None if accs is None else accs[k])
-            if pres is not None and pres.get(k) is not None:
-                out[k] = MasterGrad(pres[k], out[k])
-        return out
+        return out if pres is None else _with_pres(out, pres)
     return make
 
 
@@ -195,7 +193,7 @@ def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows, pres=None):
 
 
 def _with_pres(layers, pres):
-    """The layers' weights (a list, or one stack) with each prequantized GEMM weight as
+    """The layers' weights (a list, or one layer or stack) with each prequantized GEMM weight as
     MasterGrad(its Prequantized, the weight), which receives the gradient."""
     def one(lw, p):
         return {k: MasterGrad(p[k], w) if k in p else w for k, w in lw.items()}
