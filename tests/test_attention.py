@@ -9,6 +9,7 @@ tensor; parity against the one-device model as in tests/test_parity_*.py."""
 import jax
 import pytest
 
+from jaxprs import equations
 from parity import assert_close, batch_for, loss_and_grads, reference, tiny_config
 from ptdp_jax.training import state as S
 from ptdp_jax.training import step as step
@@ -23,21 +24,9 @@ def _score_dots(cfg):
     jaxpr = jax.make_jaxpr(step.make_grad_fn(cfg, mesh))(params, batch_for(cfg), 0)
     s = cfg.model.seq_len
     ss = lambda v: tuple(getattr(v.aval, "shape", ())[-2:]) == (s, s)
-    out, inp = 0, 0
-
-    def walk(jp):
-        nonlocal out, inp
-        for e in jp.eqns:
-            if e.primitive.name == "dot_general":
-                out += ss(e.outvars[0])
-                inp += any(ss(v) for v in e.invars)
-            for v in e.params.values():
-                for sub in (v if isinstance(v, (list, tuple)) else (v,)):
-                    inner = getattr(sub, "jaxpr", sub)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
-    walk(jaxpr.jaxpr)
-    return out, inp
+    dots = [e for e, _ in equations(jaxpr.jaxpr) if e.primitive.name == "dot_general"]
+    return (sum(ss(e.outvars[0]) for e in dots),
+            sum(any(ss(v) for v in e.invars) for e in dots))
 
 
 def test_cudnn_route_backward_does_not_run_the_forward_again(monkeypatch):

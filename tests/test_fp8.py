@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxprs import equations
 from parity import (FP8_LAYOUT_IDS, FP8_LAYOUTS, assert_close, batch_for, loss_and_grads,
                     reference, tiny_config)
 from ptdp_jax.config.load import ConfigError
@@ -148,30 +149,12 @@ def test_fp8_resume_is_bit_identical(tmp_path, data_cache):
         "train.steps": 6, "train.fp8": True, "checkpoint.every": 3}), (2, 1, 2))
 
 
-def _e4m3_rounding_depths(jaxpr, shapes, depth=0, found=None):
+def _e4m3_rounding_depths(jaxpr, shapes):
     """[loop depth] of each rounding to E4M3 of an array shaped like a GEMM weight (a shape in
-    `shapes`), through nested jaxprs; a scan or while body is one loop deeper."""
-    found = [] if found is None else found
-    for eqn in jaxpr.eqns:
-        if (eqn.primitive.name == "convert_element_type"
-                and eqn.params["new_dtype"] == F8.E4M3
-                and tuple(eqn.invars[0].aval.shape) in shapes):
-            found.append(depth)
-        inner = depth + (eqn.primitive.name in ("scan", "while"))
-        for sub in _jaxprs(list(eqn.params.values())):
-            _e4m3_rounding_depths(sub, shapes, inner, found)
-    return found
-
-
-def _jaxprs(values):
-    """The jaxprs among equation parameters (closed ones opened; in lists and tuples too)."""
-    for v in values:
-        if isinstance(v, (list, tuple)):
-            yield from _jaxprs(v)
-        elif hasattr(v, "eqns"):
-            yield v
-        elif hasattr(getattr(v, "jaxpr", None), "eqns"):
-            yield v.jaxpr
+    `shapes`)."""
+    return [depth for eqn, depth in equations(jaxpr)
+            if eqn.primitive.name == "convert_element_type"
+            and eqn.params["new_dtype"] == F8.E4M3 and tuple(eqn.invars[0].aval.shape) in shapes]
 
 
 @pytest.mark.parametrize("mesh,extra", [

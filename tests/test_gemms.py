@@ -6,22 +6,11 @@ off on GPU."""
 import jax
 import jax.numpy as jnp
 
+from jaxprs import equations
 from parity import tiny_config
 from ptdp_jax.models import gpt
 from ptdp_jax.models.model import REMAT_POLICIES, init_params
 from ptdp_jax.parallel.sharding import Sharder
-
-
-def _primitives(jaxpr, out=None):
-    out = [] if out is None else out
-    for eqn in jaxpr.eqns:
-        out.append(eqn)
-        for v in eqn.params.values():
-            for sub in (v if isinstance(v, (list, tuple)) else (v,)):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    _primitives(inner, out)
-    return out
 
 
 def _layer_grad_eqns(recompute):
@@ -37,7 +26,7 @@ def _layer_grad_eqns(recompute):
             f = jax.checkpoint(f, policy=REMAT_POLICIES[recompute])
         return f(lp, x).sum()
 
-    return _primitives(jax.make_jaxpr(jax.grad(loss))(lp, x).jaxpr), m
+    return [e for e, _ in equations(jax.make_jaxpr(jax.grad(loss))(lp, x).jaxpr)], m
 
 
 def test_qkv_are_three_gemms_with_no_slicing_or_packing():
