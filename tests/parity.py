@@ -28,9 +28,13 @@ FP8_LAYOUTS = [
     ((1, 2, 1), {"parallel.schedule": "zb-phased"}),
     ((1, 2, 1), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2}),
     ((2, 2, 2), {"parallel.sequence_parallel": True}),
+    ((1, 1, 2), {"parallel.sequence_parallel": True, "tuning.tp_comm_overlap": True,
+                 "train.micro_batch_size": 2}),                       # the ring, rows split
+    ((2, 1, 2), {"parallel.sequence_parallel": True, "tuning.tp_comm_overlap": True,
+                 "parallel.zero": 1}),                                # the ring, sequence split
 ]
 FP8_LAYOUT_IDS = ["data2", "zero1", "zero2", "zero3", "tensor2-sp", "zb-phased", "interleaved",
-                  "2x2x2-sp"]
+                  "2x2x2-sp", "tensor2-ring", "2x1x2-ring-zero1"]
 
 
 def tiny_config(arch="gpt", mesh=(1, 1, 1), **extra):

@@ -7,6 +7,7 @@ moves a few gradient elements by ~1e-4 of their tensor's largest. FP8 itself mov
 gradient by 1e-2 to 1e-1 against float32 (test_fp8_changes_the_numbers), so FP8_TOL = 5e-4
 still tells a wrong scale, a missed quantization or a wrong reduction from a right one."""
 import warnings
+from collections import Counter
 from types import SimpleNamespace
 
 import jax
@@ -81,13 +82,29 @@ def test_fp8_parity(arch, mesh, extra):
     assert_close(got, reference(arch, FP8), atol_frac=FP8_TOL)
 
 
-def test_fp8_refuses_explicit_tp_overlap():
-    with pytest.raises(ConfigError, match="train.fp8 with tuning.tp_comm_overlap"):
-        tiny_config("gpt", (1, 1, 2), **{"train.fp8": True, "parallel.sequence_parallel": True,
-                                         "tuning.tp_comm_overlap": True})
+def _permuted_dtypes(cfg) -> Counter:
+    params = jax.eval_shape(lambda: S.init_state(cfg, S.make_optimizer(cfg)[0])["params"])
+    grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_shape))
+    jaxpr = jax.make_jaxpr(grad_fn)(params, batch_for(cfg), 0).jaxpr
+    return Counter(str(v.aval.dtype) for eqn, _ in equations(jaxpr)
+                   if eqn.primitive.name == "ppermute" for v in eqn.invars)
+
+
+@pytest.mark.parametrize("arch,t", [("gpt", 2), ("llama", 4)])
+def test_the_tensor_ring_moves_fp8_bytes(arch, t):
+    """With tuning.tp_comm_overlap a layer runs ten rings of t - 1 permutes; under FP8 six of
+    them carry FP8 bytes (x forward and again backward for the two column-parallel rings, dy
+    of the two row-parallel ones), one block for all the GEMMs that read x (QKV; gate and up);
+    the four of partial sums stay in the compute dtype. auto leaves the ring off under FP8."""
+    L, ring = 2, {"parallel.sequence_parallel": True, "tuning.tp_comm_overlap": True,
+                  "model.num_layers": 2, "train.micro_batch_size": 8}
+    plain = _permuted_dtypes(tiny_config(arch, (1, 1, t), **ring))
+    fp8 = _permuted_dtypes(tiny_config(arch, (1, 1, t), **ring, **dict(FP8)))
+    assert plain == {"float32": 10 * L * (t - 1)}, plain
+    assert fp8 == {"uint8": 6 * L * (t - 1), "float32": 4 * L * (t - 1)}, fp8
     cfg = tiny_config("gpt", (1, 1, 2), **{"train.fp8": True, "parallel.sequence_parallel": True,
                                            "train.global_batch_size": 1})
-    assert not cfg.tp_comm_overlap_on       # auto resolves off under FP8
+    assert not cfg.tp_comm_overlap_on
 
 
 def test_fp8_devices():

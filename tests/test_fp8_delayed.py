@@ -106,8 +106,9 @@ def test_delayed_parity(arch, mesh, extra):
 @pytest.mark.parametrize("arch,mesh,extra", [
     ("llama", (1, 1, 1), {}), ("gpt", (1, 1, 1), {}),
     ("llama", (1, 2, 1), {"parallel.schedule": "zb-phased"}),
-    ("gpt", (2, 2, 2), {"parallel.sequence_parallel": True})],
-    ids=["llama", "gpt", "zb-phased-llama", "2x2x2-sp-gpt"])
+    ("gpt", (2, 2, 2), {"parallel.sequence_parallel": True}),
+    ("llama", (1, 1, 2), {"parallel.sequence_parallel": True, "tuning.tp_comm_overlap": True})],
+    ids=["llama", "gpt", "zb-phased-llama", "2x2x2-sp-gpt", "tensor2-ring-llama"])
 def test_the_steady_step_is_the_same_step(arch, mesh, extra):
     """With every row holding a scale, the step compiled without the own-scale fallback gives
     exactly the numbers of the step with it."""

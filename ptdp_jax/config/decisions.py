@@ -138,9 +138,9 @@ def overlap_grad_reduce(cfg) -> bool:
 def tp_comm_overlap(cfg) -> bool:
     """Sequence parallelism's collectives as rings of permutes around the GEMMs (models/
     tp_overlap.py), by the config: on for tensor > 1 without pipelining, unrolled layers and one
-    microbatch a step (1.3B (1,1,4) micro 16 -4.3%, 4x H100, 2026-11-28), not with FP8 (the
-    rings' blockwise GEMMs take no FP8 operands). tuning.tp_comm_overlap overrides it; the
-    devices' part is tp_comm_overlap_devices."""
+    microbatch a step (1.3B (1,1,4) micro 16 -4.3%, 4x H100, 2026-11-28), for BF16 steps: its
+    gain is measured there (tuning.tp_comm_overlap=true runs it with FP8 operands too). The
+    key overrides it; the devices' part is tp_comm_overlap_devices."""
     value, p = cfg.tuning.tp_comm_overlap, cfg.parallel
     if value != "auto":
         return bool(value)

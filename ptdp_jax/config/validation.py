@@ -188,9 +188,6 @@ def _recompute(cfg, n):
 
 def _tp_comm_overlap(cfg, n):
     t, p, tu = cfg.train, cfg.parallel, cfg.tuning
-    need(not (t.fp8 and tu.tp_comm_overlap is True),
-         "train.fp8 with tuning.tp_comm_overlap=true: the overlap rings' blockwise GEMMs take "
-         "no FP8 operands; set tuning.tp_comm_overlap=auto (off with FP8) or false")
     if tu.tp_comm_overlap is not True:
         return
     need(p.sequence_parallel and p.tensor > 1,

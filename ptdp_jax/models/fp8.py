@@ -29,10 +29,17 @@ E5M2 = jnp.float8_e5m2       # output gradients (largest value 57344)
 def scale_of(x, fmt):
     """float32 scalar: the least power of two s with max|x| / s <= finfo(fmt).max (1 where
     x is all zeros; not finite where x is not, so a bad step stays visible)."""
-    return _scale_of_amax(jnp.max(jnp.abs(x)).astype(jnp.float32), fmt)
+    return scale_of_amax(amax_of(x), fmt)
 
 
-def _scale_of_amax(amax, fmt):
+def amax_of(x):
+    """max |x| as a float32 scalar."""
+    return jnp.max(jnp.abs(x)).astype(jnp.float32)
+
+
+def scale_of_amax(amax, fmt):
+    """`scale_of` from a tensor's max |x| (for a tensor split over devices: the max of its
+    blocks')."""
     mant, exp = jnp.frexp(amax / float(jnp.finfo(fmt).max))
     exp = jnp.where(mant == 0.5, exp - 1, exp)          # an exact power of two: itself
     s = jnp.ldexp(jnp.float32(1.0), exp)
@@ -58,7 +65,12 @@ def qdq(x, fmt):
 
 def _quantized(x, fmt):
     s = scale_of(x, fmt)
-    return _stored(quantize(x, fmt, s)), s
+    return rounded(x, fmt, s), s
+
+
+def rounded(x, fmt, s):
+    """A GEMM operand: x / s rounded to fmt and materialized (`_stored`)."""
+    return _stored(quantize(x, fmt, s))
 
 
 class Prequantized(NamedTuple):
@@ -120,10 +132,10 @@ def forward(spec, x, w):
     Prequantized."""
     (qx, sx), (qw, sw, wdt) = _quantized(x, E4M3), _weight(w, x)
     y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, wdt))
-    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, wdt))
+    return y, (*residual(qx, sx, x.dtype), *residual(qw, sw, wdt))
 
 
-def _residual(q, s, dtype):
+def residual(q, s, dtype):
     """An FP8 operand as the backward keeps it: (q, s); on the CPU backend (q dequantized,
     s), since XLA's CPU backend moves FP8 values it rematerializes through an IEEE-style
     E4M3 (largest value 240), which turns E4M3FN's top binade into NaN. The same numbers."""
@@ -187,8 +199,12 @@ def observed(x, fmt):
     """(scale_of(x, fmt), its exponent as an (NBINS,) float32 one-hot), from one pass over x;
     the one-hot is zeros where x is all zero or not finite (no observation: a non-finite step
     is skipped and leaves no history)."""
-    amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
-    own = _scale_of_amax(amax, fmt)
+    return observed_amax(amax_of(x), fmt)
+
+
+def observed_amax(amax, fmt):
+    """`observed` from a tensor's max |x|."""
+    own = scale_of_amax(amax, fmt)
     seen = jax.nn.one_hot(jnp.clip(exponent(own) - E_MIN, 0, NBINS - 1), NBINS,
                           dtype=jnp.float32)
     return own, jnp.where(jnp.isfinite(amax) & (amax > 0), seen, 0.0)
@@ -200,10 +216,10 @@ def delayed_forward(spec, steady, x, w, meta):
     fallback to x's own scale)."""
     own, seen_x = observed(x, E4M3)
     sx = scale_from_bins(meta[0], None if steady else own)
-    qx = _stored(quantize(x, E4M3, sx))
+    qx = rounded(x, E4M3, sx)
     qw, sw, wdt = _weight(w, x)
     y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, wdt))
-    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, wdt), seen_x, meta)
+    return y, (*residual(qx, sx, x.dtype), *residual(qw, sw, wdt), seen_x, meta)
 
 
 def delayed_backward(spec, steady, qx, sx, qw, sw, seen_x, meta, g, master: bool):
@@ -212,7 +228,7 @@ def delayed_backward(spec, steady, qx, sx, qw, sw, seen_x, meta, g, master: bool
     dt = g.dtype
     own, seen_g = observed(g, E5M2)
     sg = scale_from_bins(meta[1], None if steady else own)
-    gq = dequantize(_stored(quantize(g, E5M2, sg)), sg, dt)
+    gq = dequantize(rounded(g, E5M2, sg), sg, dt)
     x, w = operand(qx, sx, dt), operand(qw, sw, dt)
     dw = weight_grad(x, gq)
     seen = jnp.stack([seen_x, seen_g]).astype(meta.dtype)

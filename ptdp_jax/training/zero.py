@@ -152,10 +152,11 @@ def _maker(cfg, lay):
     return make
 
 
-def _prequantized(cfg, fulls_layers):
+def _prequantized(cfg, sh, fulls_layers):
     """fp8: {name: fp8.Prequantized} per layer (a list, or one (L, ...) stack) of the gathered
-    GEMM weights, rounded once a step for all microbatches; else None."""
-    if not cfg.train.fp8:
+    GEMM weights, rounded once a step for all microbatches; else None, and with the tensor
+    ring (models/tp_overlap.py), which rounds its plain weights itself."""
+    if not cfg.train.fp8 or sh.tp_overlap:
         return None
     dense = M.dense_weight_names(cfg.model)
 
@@ -242,7 +243,7 @@ def _reduce_every_microbatch(cfg, sh, shards, mbs, keys, manual, lay, per_layer)
             # the first (24 ms a step exposed on the 7.5B, 4x H200, 2026-11-27)
             fl["layers"] = _gather_layers(cfg, shards["layers"], lay["layers"])
 
-    pres = None if fl is None else _prequantized(cfg, fl["layers"])
+    pres = None if fl is None else _prequantized(cfg, sh, fl["layers"])
 
     def one(tokens, key_rows):
         return jax.value_and_grad(
@@ -259,7 +260,7 @@ def _reduce_last_microbatch(cfg, sh, shards, mbs, keys, manual, lay, per_layer):
     fulls = _gather_all(cfg, shards, lay)
     loss, acc = G.f32_zeros((jnp.zeros(()), per_layer(fulls)), manual)
     m = mbs.shape[0]
-    pres = _prequantized(cfg, per_layer(fulls)["layers"])
+    pres = _prequantized(cfg, sh, per_layer(fulls)["layers"])
     if m > 1:
         def one(tokens, key_rows):
             return jax.value_and_grad(
