@@ -170,7 +170,7 @@ class TuningConfig:
     overlap_grad_reduce: bool | str = "auto"  # ZeRO without pipelining: reduce-scatters inside the
                                          # last backward; false (zero 1 only): after it
     tp_comm_overlap: bool | str = "auto"  # sequence parallelism's collectives as rings of permutes
-                                         # around the GEMMs; auto: m = 1 on GPUs of one process
+                                         # around the GEMMs; auto: m = 1 on GPUs of one process, BF16
     skip_memory_check: bool = False      # run even where the memory estimate (or XLA's analysis)
                                          # says the step does not fit a device
     allow_cross_host_tensor: bool = False  # multi-process: let 'tensor' span hosts (warns; slow)
