@@ -82,6 +82,19 @@ def test_fp8_parity(arch, mesh, extra):
     assert_close(got, reference(arch, FP8), atol_frac=FP8_TOL)
 
 
+@pytest.mark.parametrize("arch,mesh,extra", [
+    ("llama", (1, 1, 2), {"train.recompute": "selective"}),
+    ("gpt", (1, 1, 4), {"train.recompute": "full", "train.micro_batch_size": 4}),
+    ("gpt", (2, 1, 2), {"train.recompute": "selective", "parallel.zero": 2})],
+    ids=["llama-1x1x2-selective", "gpt-1x1x4-full-rows", "gpt-2x1x2-zero2-selective"])
+def test_fp8_ring_parity_under_recomputation(arch, mesh, extra):
+    """The tensor ring's FP8 GEMMs recomputed (their residuals are their inputs) give one
+    device's FP8 numbers."""
+    ring = {"parallel.sequence_parallel": True, "tuning.tp_comm_overlap": True}
+    got = loss_and_grads(tiny_config(arch, mesh, **dict(FP8), **ring, **extra))
+    assert_close(got, reference(arch, FP8), atol_frac=FP8_TOL)
+
+
 def _permuted_dtypes(cfg) -> Counter:
     params = jax.eval_shape(lambda: S.init_state(cfg, S.make_optimizer(cfg)[0])["params"])
     grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_shape))
