@@ -132,10 +132,10 @@ def forward(spec, x, w):
     Prequantized."""
     (qx, sx), (qw, sw, wdt) = _quantized(x, E4M3), _weight(w, x)
     y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, wdt))
-    return y, (*residual(qx, sx, x.dtype), *residual(qw, sw, wdt))
+    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, wdt))
 
 
-def residual(q, s, dtype):
+def _residual(q, s, dtype):
     """An FP8 operand as the backward keeps it: (q, s); on the CPU backend (q dequantized,
     s), since XLA's CPU backend moves FP8 values it rematerializes through an IEEE-style
     E4M3 (largest value 240), which turns E4M3FN's top binade into NaN. The same numbers."""
@@ -219,7 +219,7 @@ def delayed_forward(spec, steady, x, w, meta):
     qx = rounded(x, E4M3, sx)
     qw, sw, wdt = _weight(w, x)
     y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, wdt))
-    return y, (*residual(qx, sx, x.dtype), *residual(qw, sw, wdt), seen_x, meta)
+    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, wdt), seen_x, meta)
 
 
 def delayed_backward(spec, steady, qx, sx, qw, sw, seen_x, meta, g, master: bool):
