@@ -20,7 +20,7 @@ from parity import (FP8_LAYOUT_IDS, FP8_LAYOUTS, assert_close, batch_for, loss_a
                     reference, tiny_config)
 from ptdp_jax.config.load import ConfigError
 from ptdp_jax.models import fp8 as F8
-from ptdp_jax.config.validation import check_fp8_devices
+from ptdp_jax.config.validation import check_devices
 from ptdp_jax.parallel.sharding import make_mesh
 from ptdp_jax.training import state as S
 from ptdp_jax.training import step
@@ -124,14 +124,14 @@ def test_fp8_devices():
     cfg = tiny_config("gpt", (1, 1, 1), **dict(FP8))
     a100 = SimpleNamespace(platform="gpu", compute_capability="8.0", device_kind="NVIDIA A100")
     with pytest.raises(ConfigError, match="NVIDIA A100 has 8.0"):
-        check_fp8_devices(cfg, [a100])
-    check_fp8_devices(cfg, [SimpleNamespace(platform="gpu", compute_capability="9.0",
+        check_devices(cfg, [a100])
+    check_devices(cfg, [SimpleNamespace(platform="gpu", compute_capability="9.0",
                                             device_kind="NVIDIA H200")])
     with pytest.warns(UserWarning, match="emulated"):
-        check_fp8_devices(cfg, jax.devices())
+        check_devices(cfg, jax.devices())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        check_fp8_devices(tiny_config("gpt", (1, 1, 1)), jax.devices())   # fp8 off: silent
+        check_devices(tiny_config("gpt", (1, 1, 1)), jax.devices())   # fp8 off: silent
 
 
 PLAN_CASES = [   # (config, overrides, measured bf16 s, measured FP8 s): 1x H200, 2026-11-28

@@ -147,7 +147,8 @@ def test_print_config_shows_every_key(capsys):
     import yaml
     from ptdp_jax.config.load import flatten
     assert sorted(flatten(yaml.safe_load(text))) == sorted(all_keys())
-    assert text == to_yaml(load_config())
+    from ptdp_jax.run.loop import resolved_config
+    assert text == to_yaml(resolved_config())
 
 
 def test_at_most_57_user_keys_and_8_expert_ones():

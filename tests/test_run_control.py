@@ -36,13 +36,17 @@ def metrics(tmp_path) -> list[dict]:
             .read_text().splitlines()]
 
 
-# ----------------------------------------------------------------------------- item 6
+# ------------------------------------------------------------------- nothing to train
 
-def test_resuming_past_train_steps_says_nothing_to_train(tmp_path, data_cache):
+def test_resuming_past_train_steps_says_nothing_to_train(tmp_path, data_cache, monkeypatch):
     ov = small(tmp_path, data_cache, **{"train.steps": 2})
     train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
     n_lines = len(metrics(tmp_path))
     log = H.Log()
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled a step with nothing to train")
+    monkeypatch.setattr(T, "_compile_steps", no_compile)
     res = train(mesh_shape=(1, 1, 1), overrides={**ov, "train.steps": 1, "train.sample_tokens": 8},
                 log=log)
     assert res.losses == [] and res.start_step == 2 and res.sample is None
@@ -52,7 +56,7 @@ def test_resuming_past_train_steps_says_nothing_to_train(tmp_path, data_cache):
     assert len(metrics(tmp_path)) == n_lines
 
 
-# ----------------------------------------------------------------------------- item 7
+# ---------------------------------------------------------------- metrics across runs
 
 def test_metrics_shared_by_runs_and_resumes(tmp_path, data_cache):
     """Two fresh runs in one run.dir: both kept, each line with its run id. A run resumed
@@ -89,7 +93,7 @@ def test_resolved_config_saved_in_run_dir(tmp_path, data_cache):
     assert load_config(saved) == res.config
 
 
-# ----------------------------------------------------------------------------- item 8
+# ---------------------------------------------------------- validation loss on screen
 
 def test_validation_loss_logged_without_a_bar_and_kept_on_it(tmp_path, data_cache, monkeypatch):
     log = H.Log()
@@ -134,7 +138,7 @@ def test_ctrl_c_without_a_checkpoint_dir_stops_cleanly(tmp_path, data_cache):
     assert res.stopped_by_signal and len(res.losses) == 1
     assert "received SIGINT at step 1: no checkpoint.dir, so no checkpoint; exiting" in log.text
     assert "stopped at step 1 (received SIGINT)" in log.text
-    assert res.sample is None and "sample" not in log.text      # item 11: no sample after a stop
+    assert res.sample is None and "sample" not in log.text      # no sample after a stop
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == handlers
 
 
@@ -164,7 +168,7 @@ def test_two_ctrl_c_interrupt_train_at_once(tmp_path, data_cache):
     assert not (tmp_path / "ckpt").exists() or not any((tmp_path / "ckpt").iterdir())
 
 
-# ----------------------------------------------------------------------------- item 9
+# ------------------------------------------------------------------- evaluation on every layout
 
 @pytest.mark.parametrize("mesh,extra", [
     ((1, 1, 1), {}),
@@ -201,7 +205,7 @@ def test_evaluation_is_the_forward_loss_without_dropout(mesh, extra):
     assert 4.0 < got < 7.0
 
 
-# ----------------------------------------------------------------------------- item 11
+# ----------------------------------------------------------------- parameters gathered
 
 def test_parameters_gathered_only_when_asked(tmp_path, data_cache, monkeypatch):
     gathered = []

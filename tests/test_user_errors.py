@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 import yaml
@@ -17,7 +18,7 @@ from ptdp_jax.cli.train import main as cli_main
 from ptdp_jax.config.load import ConfigError, load_config, to_yaml
 from ptdp_jax.exits import ExitCode
 from ptdp_jax.run.feed import open_streams
-from ptdp_jax.run.loop import resolve_config, train
+from ptdp_jax.run.loop import resolve_config, resolved_config, train
 
 
 def _cli(capsys, *args):
@@ -26,7 +27,7 @@ def _cli(capsys, *args):
     return rc, out.out, out.err
 
 
-# ----------------------------------------------------------------------------- item 5
+# -------------------------------------------------------------- config files and keys
 
 @pytest.mark.parametrize("text,words", [
     ("model:\n  hidden_size: [1, 2\n  num_heads: 4\n", ["line 3", "YAML syntax error"]),
@@ -93,7 +94,7 @@ def test_print_config_round_trips(capsys):
     assert rc == 0
     tree = yaml.safe_load(out)
     assert tree["train"]["steps"] == 7 and tree["parallel"]["pipe"] == 2
-    want = resolve_config("configs/demo.yaml", (1, 2, 1), {"train.steps": 7})
+    want = resolved_config("configs/demo.yaml", (1, 2, 1), {"train.steps": 7})
     from ptdp_jax.config.load import flatten
     assert load_config(overrides=flatten(tree)) == want
     assert yaml.safe_load(to_yaml(want)) == tree
@@ -122,7 +123,7 @@ def test_bfloat16_pipeline_with_tensor_dry_runs(tmp_path, data_cache, mesh):
     assert f"mesh (data, pipe, tensor) = ({mesh.replace(',', ', ')})" in r.stdout
 
 
-# ----------------------------------------------------------------------------- item 3
+# --------------------------------------------------------------------------- datasets
 
 def test_datasets_of_different_tokenizers_do_not_blend(tmp_path, data_cache):
     from ptdp_jax.data import prepare_dataset
@@ -151,7 +152,7 @@ def test_datasets_of_different_tokenizers_do_not_blend(tmp_path, data_cache):
     open_streams(resolve_config(None, None, {**ov, "data.path": [str(bpe), str(tmp_path / "copy")]}))
 
 
-# ----------------------------------------------------------------------------- item 2
+# --------------------------------------------------------------- multi-process starts
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -251,3 +252,52 @@ def test_checkpoint_dir_problems_are_found_before_compiling(tmp_path, data_cache
     rc, _, err = _cli(capsys, "--mesh", "1,1,1", *[f"{k}={v}" for k, v in ov.items()])
     assert rc == ExitCode.CHECKPOINT and words in err, err
     assert err.count("\n") == 1
+
+
+def test_print_config_is_the_config_that_would_run(capsys):
+    """--print-config resolves the auto settings for the devices here and validates."""
+    rc, out, _ = _cli(capsys, "configs/tiny-gpt.yaml", "--print-config")
+    tree = yaml.safe_load(out)
+    assert rc == 0 and tree["train"]["dtype"] == "float32" and tree["train"]["recompute"] == "none"
+    rc, _, err = _cli(capsys, "configs/tiny-gpt.yaml", "train.log_every=0", "--print-config")
+    assert rc == ExitCode.CONFIG and "train.log_every must be positive, got 0" in err
+
+
+def test_mesh_against_an_override_of_its_sizes(capsys):
+    rc, _, err = _cli(capsys, "configs/tiny-gpt.yaml", "--mesh", "2,1,1", "parallel.data=4",
+                      "--print-config")
+    assert rc == ExitCode.CONFIG
+    assert "the mesh (2, 1, 1) sets parallel.data=2, and the overrides set parallel.data=4" in err
+    rc, out, _ = _cli(capsys, "configs/tiny-gpt.yaml", "--mesh", "2,1,1", "parallel.data=2",
+                      "--print-config")
+    assert rc == 0 and yaml.safe_load(out)["parallel"]["data"] == 2
+
+
+def test_cudnn_attention_needs_a_gpu_and_16_bit_compute():
+    from types import SimpleNamespace
+    from ptdp_jax.config.validation import check_devices
+    cfg = load_config(overrides={"tuning.attention": "cudnn", "train.dtype": "float32"})
+    with pytest.raises(ConfigError, match=r"tuning.attention=cudnn needs cuDNN, on a GPU; the "
+                                          r"devices here are cpu"):
+        check_devices(cfg, jax.devices())
+    h100 = SimpleNamespace(platform="gpu", device_kind="NVIDIA H100", compute_capability="9.0")
+    with pytest.raises(ConfigError, match="16-bit compute .* no float32.*train.dtype=bfloat16"):
+        check_devices(cfg, [h100])
+    check_devices(load_config(overrides={"tuning.attention": "cudnn",
+                                         "train.dtype": "bfloat16"}), [h100])
+
+
+@pytest.mark.parametrize("key", ["run.dir", "run.compile_cache"])
+def test_output_directories_are_checked_before_compiling(tmp_path, data_cache, monkeypatch,
+                                                         capsys, key):
+    """run.dir or run.compile_cache naming a file (or a folder under one): exit 2 with one
+    line naming the key, before the step is compiled."""
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled before the directories were checked")
+    monkeypatch.setattr(sys.modules["ptdp_jax.run.loop"], "compile_all", no_compile)
+    (tmp_path / "afile").write_text("x")
+    bad = tmp_path / "afile" if key == "run.dir" else tmp_path / "afile" / "cache"
+    ov = H.tiny(tmp_path, data_cache, **{"checkpoint.dir": "", key: str(bad)})
+    rc, _, err = _cli(capsys, "--mesh", "1,1,1", *[f"{k}={v}" for k, v in ov.items()])
+    assert rc == ExitCode.CONFIG and err.count("\n") == 1, err
+    assert f"{key}='{bad}'" in err and "not a directory" in err, err

@@ -10,7 +10,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import orbax.checkpoint as ocp
 
 from ptdp_jax.checkpoint import upgrade as ckpt_upgrade
 from ptdp_jax.config.load import Config, ConfigError, flatten, load_config
+from ptdp_jax.config.validation import unwritable
 from ptdp_jax.models import model as M
 from ptdp_jax.training.state import (  # noqa: F401  (the train state's layouts live in ptdp_jax.training.state)
     canonical_abstract_state, canonical_shardings, make_optimizer, to_canonical_state,
@@ -285,24 +285,10 @@ def tokenizer_files(spec: str | None) -> dict[str, str]:
 # ----------------------------------------------------------------------------- writable
 
 def _check_writable(directory: Path) -> None:
-    """CheckpointError unless files can be made in `directory`, or (where it does not exist
-    yet) in its nearest existing ancestor, which must be a directory."""
-    probe = directory
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        what = "exists and is not a directory" if probe == directory else \
-            f"cannot be made: {probe} is a file, not a directory"
-        raise CheckpointError(f"checkpoint.dir {directory} {what}")
-    try:
-        fd, name = tempfile.mkstemp(dir=probe, prefix=".ptdp-write-check-")
-        os.close(fd)
-        os.unlink(name)
-    except OSError as e:
-        where = "" if probe == directory else f" (it does not exist yet; {probe} is where " \
-                                              f"it would be made)"
-        raise CheckpointError(f"checkpoint.dir {directory} is not writable{where}: "
-                              f"{e.strerror or e}") from None
+    """CheckpointError unless files can be made in `directory` (validation.unwritable)."""
+    why = unwritable(directory)
+    if why:
+        raise CheckpointError(f"checkpoint.dir {directory} {why}")
 
 
 # ----------------------------------------------------------------------------- loading on the host

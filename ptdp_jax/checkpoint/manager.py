@@ -406,8 +406,17 @@ def check_checkpoint_dir(cfg: Config) -> list[int]:
     return []
 
 
+def resume_step(cfg: Config) -> int:
+    """The step a run of cfg starts from: its newest complete checkpoint's when it resumes,
+    else 0 (read before anything compiles)."""
+    if not cfg.checkpoint.dir or not cfg.checkpoint.resumes:
+        return 0
+    steps = _scan(Path(os.path.expanduser(cfg.checkpoint.dir)).absolute())[0]
+    return steps[-1] if steps else 0
+
+
 __all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "check_checkpoint_dir",
            "check_fresh_start",
            "checkpoint_config", "checkpoint_tokenizer",
-           "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "stored_shapes", "to_canonical_state",
-           "to_stage_state"]
+           "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "resume_step",
+           "stored_shapes", "to_canonical_state", "to_stage_state"]

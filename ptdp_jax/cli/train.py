@@ -1,6 +1,6 @@
 """`ptdp-train [CONFIG] [--mesh d,p,t] [key=value ...]`: a thin shell over train().
 
-    ptdp-train configs/demo.yaml --print-config     # the resolved config as YAML, then exit
+    ptdp-train configs/demo.yaml --print-config     # the config as it would run here, as YAML
     ptdp-train configs/demo.yaml --dry-run          # validate, compile, memory and FLOPs; exit
 
 Exit codes: ptdp_jax.exits.ExitCode.
@@ -27,7 +27,8 @@ def parse_args(argv=None):
                     help="start fresh; refused if checkpoint.dir holds checkpoints (with "
                          "checkpoint.resume=overwrite they are removed at the first save)")
     ap.add_argument("--print-config", action="store_true",
-                    help="print the resolved config as YAML and exit")
+                    help="print the config as it would run on the devices here (auto settings "
+                         "resolved, validated) as YAML and exit")
     ap.add_argument("--dry-run", action="store_true",
                     help="validate, build the mesh, compile the step, report memory per device "
                          "and FLOPs per step, then exit")
@@ -68,7 +69,7 @@ def _main(args) -> tuple[int, str]:
     from ptdp_jax.checkpoint.manager import CheckpointError
     from ptdp_jax.parallel.distributed import maybe_initialize
     from ptdp_jax.parallel.rendezvous import DistributedError
-    from ptdp_jax.run.loop import TrainingStopped, dry_run, resolve_config, train
+    from ptdp_jax.run.loop import TrainingStopped, dry_run, resolved_config, train
     try:
         overrides = parse_cli_overrides(args.overrides)
         if args.resume is not None:
@@ -76,7 +77,7 @@ def _main(args) -> tuple[int, str]:
         mesh = parse_mesh(args.mesh) if args.mesh else None
         if args.print_config:
             from ptdp_jax.config.load import to_yaml
-            print(to_yaml(resolve_config(args.config, mesh, overrides)), end="")
+            print(to_yaml(resolved_config(args.config, mesh, overrides)), end="")
             return ExitCode.OK, ""
         maybe_initialize(args.coordinator, args.num_processes, args.process_id,
                          heartbeat_timeout=args.heartbeat_timeout, init_timeout=args.init_timeout)

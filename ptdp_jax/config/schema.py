@@ -84,7 +84,8 @@ class TrainConfig:
     fp8_amax_history: int = 4            # delayed: steps of history; a scale fits their largest
     recompute: str = "auto"              # auto (the least that fits by the memory estimate) | none |
                                          # selective | full
-    eval_every: int = 50                 # 0: never
+    eval_every: int = 50                 # validation every this many steps and after the last; 0: after
+                                         # the last only
     eval_batches: int = 2
     log_every: int = 1
     sample_tokens: int = 0               # at the end, print this many tokens sampled after "The "

@@ -4,6 +4,7 @@ looks at one topic and raises at its first violation."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from ptdp_jax.config import decisions as D
@@ -13,7 +14,7 @@ TRISTATE = (True, False, "auto")
 POSITIVE = ("model.num_layers", "model.hidden_size", "model.num_heads", "model.vocab_size",
             "model.seq_len", "train.steps", "train.global_batch_size", "train.micro_batch_size",
             "parallel.data", "parallel.pipe", "parallel.tensor", "parallel.virtual_stages",
-            "train.eval_batches", "checkpoint.keep", "train.fp8_amax_history")
+            "train.eval_batches", "checkpoint.keep", "train.fp8_amax_history", "train.log_every")
 NON_NEGATIVE = ("train.warmup_steps", "train.eval_every", "train.sample_tokens",
                 "checkpoint.every", "train.weight_decay", "train.grad_clip", "model.dropout",
                 "train.stop_at_step", "train.stop_after_minutes")
@@ -233,12 +234,22 @@ def validate(cfg: Config, num_devices: int | None = None) -> Config:
 FP8_MIN_CAPABILITY = (8, 9)     # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
 
 
-def check_fp8_devices(cfg: Config, devices) -> None:
-    """train.fp8 on the devices at hand, before compiling: a GPU without FP8 tensor cores is
-    refused (ConfigError naming it); on a CPU the FP8 GEMMs are emulated (slow), with one warning."""
-    if not cfg.train.fp8 or not devices:
+def check_devices(cfg: Config, devices) -> None:
+    """What cfg asks of the devices at hand, before compiling (ConfigError naming them):
+    FP8 tensor cores for train.fp8 (a CPU emulates them, with one warning), and cuDNN in
+    16-bit compute for tuning.attention=cudnn."""
+    if not devices:
         return
     dev = devices[0]
+    if cfg.tuning.attention == "cudnn":
+        need(dev.platform == "gpu",
+             f"tuning.attention=cudnn needs cuDNN, on a GPU; the devices here are "
+             f"{dev.platform} ({dev.device_kind}): set tuning.attention=auto")
+        need(cfg.train.dtype in ("bfloat16", "float16"),
+             f"tuning.attention=cudnn needs 16-bit compute (cuDNN's flash attention takes no "
+             f"{cfg.train.dtype}): set train.dtype=bfloat16 or tuning.attention=auto")
+    if not cfg.train.fp8:
+        return
     if dev.platform == "gpu":
         cap = getattr(dev, "compute_capability", None)
         major, minor = (int(x) for x in str(cap).split(".")[:2]) if cap else (0, 0)
@@ -250,3 +261,35 @@ def check_fp8_devices(cfg: Config, devices) -> None:
         import warnings
         warnings.warn("train.fp8=true on CPU: the FP8 GEMMs are emulated (slow); the numbers "
                       "are those of a GPU's FP8 GEMMs", stacklevel=2)
+
+
+def unwritable(directory: Path) -> str | None:
+    """Why no file can be made in `directory` (or, where it does not exist yet, in its nearest
+    existing ancestor, which must be a directory), or None."""
+    probe = directory
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        return "exists and is not a directory" if probe == directory else \
+            f"cannot be made: {probe} is a file, not a directory"
+    try:
+        fd, name = tempfile.mkstemp(dir=probe, prefix=".ptdp-write-check-")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as e:
+        where = "" if probe == directory else f" (it does not exist yet; {probe} is where it " \
+                                              f"would be made)"
+        return f"is not writable{where}: {e.strerror or e}"
+    return None
+
+
+def check_directories(cfg: Config) -> None:
+    """Before compiling: run.dir, and run.compile_cache where it names a directory, can take
+    files (ConfigError naming the key and why not)."""
+    dirs = {"run.dir": cfg.run.dir}
+    if isinstance(cfg.run.compile_cache, str) and cfg.run.compile_cache not in ("auto", "off"):
+        dirs["run.compile_cache"] = cfg.run.compile_cache
+    for key, path in dirs.items():
+        directory = Path(os.path.expanduser(path)).absolute()
+        why = unwritable(directory)
+        need(why is None, f"{key}={path!r}: {directory} {why}")

@@ -22,6 +22,7 @@ it without waiting; stopping.Stopper); train.stop_at_step and checkpoint.every s
 """
 from __future__ import annotations
 
+import os
 import time
 from functools import partial
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,7 @@ from ptdp_jax.training.compile_cache import use_compile_cache
 from ptdp_jax.config import decisions as D
 from ptdp_jax.config.load import Config, ConfigError, load_with_keys, migrate
 from ptdp_jax.run.resolve import for_devices
-from ptdp_jax.config.validation import check_fp8_devices
+from ptdp_jax.config.validation import check_devices, check_directories
 from ptdp_jax.parallel.cross_process import to_host
 from ptdp_jax.parallel.distributed import maybe_initialize
 from ptdp_jax.training.evaluate import evaluate
@@ -75,16 +76,28 @@ def resolve_config(config=None, mesh_shape=None, overrides: Mapping[str, Any] | 
     return _load(config, mesh_shape, overrides)[0]
 
 
+def resolved_config(config=None, mesh_shape=None,
+                    overrides: Mapping[str, Any] | None = None) -> Config:
+    """The config as train() would run it on this process's devices: dtype, layout and
+    recomputation resolved, validated (ConfigError naming the key); nothing compiled."""
+    return _for_devices(_load(config, mesh_shape, overrides), _quiet).config
+
+
 def _load(config, mesh_shape, overrides):
     """(Config, the keys the file or the command line set, those of the command line: the
     overrides and mesh_shape)."""
     cfg, explicit = load_with_keys(config, overrides)
-    command_line = set(migrate(dict(overrides or {}), strict=False)[0])
+    given = migrate(dict(overrides or {}), strict=False)[0]
+    command_line = set(given)
     if mesh_shape is not None:
         if len(tuple(mesh_shape)) != 3 or any(int(a) < 1 for a in mesh_shape):
             raise ConfigError(f"mesh_shape must be three positive ints (data, pipe, tensor), "
                               f"got {tuple(mesh_shape)}")
         d, p, t = (int(a) for a in mesh_shape)
+        for key, size in zip(D.MESH_KEYS, (d, p, t)):
+            if key in given and getattr(cfg.parallel, key.split(".")[1]) != size:
+                raise ConfigError(f"the mesh ({d}, {p}, {t}) sets {key}={size}, and the "
+                                  f"overrides set {key}={given[key]}: give one of them")
         cfg = replace(cfg, parallel=replace(cfg.parallel, data=d, pipe=p, tensor=t))
         command_line |= set(D.MESH_KEYS)
     return cfg, set(explicit) | command_line, command_line
@@ -116,7 +129,10 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     log = log if is_main else _quiet
     run = _for_devices(loaded, log)                          # dtype, layout, recompute
     cfg = run.config
-    feed, compiled, train_step, lr, replaced = _prepare(cfg, log)
+    setup = _setup(cfg)
+    nothing = _nothing_to_train(cfg, setup.start)             # before minutes of compiling
+    train_step = None if nothing else _compile_steps(cfg, setup, log)
+    feed, compiled, lr, replaced = setup.feed, setup.compiled, setup.lr, setup.replaced
     state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
     runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
     stopper = Stopper(cfg)                 # from here a signal ends the run cleanly
@@ -128,7 +144,6 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     result = TrainResult(losses=[], params=None, config=cfg, start_step=start, run_id=run_id,
                          layout=run.note, predicted_step_s=run.predicted_step_s)
     end = cfg.train.steps
-    nothing = _nothing_to_train(cfg, start, ckpt)
     if nothing:
         runlog.message(nothing)
         end = start
@@ -194,39 +209,38 @@ class _Setup:
     lr: Any
     compiled: Any                # step.Compiled: jitted, not compiled yet
     cache: str | None            # the compilation cache in use
+    start: int                   # the step the run resumes from (0: a fresh start)
 
 
 def _setup(cfg) -> _Setup:
     """What train() and dry_run() do before compiling the step: what can refuse the run
-    (FP8 devices, W&B, the data, the memory estimate, checkpoint.dir), then the mesh, the
-    optimizer and the jitted step."""
-    check_fp8_devices(cfg, jax.devices())
+    (FP8 or cuDNN on these devices, run.dir, W&B, the data, the memory estimate,
+    checkpoint.dir), then the mesh, the optimizer and the jitted step."""
+    check_devices(cfg, jax.devices())                        # FP8, cuDNN
+    check_directories(cfg)                                   # run.dir, run.compile_cache
     cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
     check_wandb(cfg.run.wandb_project)                       # installed, if asked for
     feed = Feed(cfg)                                         # opens and checks the data
     estimate = preflight.check_memory(cfg)                   # the estimate against a device
     replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
                                                              # checkpoints unasked
+    start = CK.resume_step(cfg)
     mesh = make_mesh(cfg.parallel.mesh_shape,
                      allow_cross_host_tensor=cfg.tuning.allow_cross_host_tensor)
     feed.use_mesh(mesh)
     tx, lr = make_optimizer(cfg)
-    return _Setup(feed, estimate, replaced, tx, lr, compile_all(cfg, mesh, tx), cache)
+    return _Setup(feed, estimate, replaced, tx, lr, compile_all(cfg, mesh, tx), cache, start)
 
 
-def _prepare(cfg, log):
-    """_setup, then the compile: (feed, compiled, the compiled train step, the lr schedule,
-    the checkpoints this run will replace)."""
-    run = _setup(cfg)
+def _compile_steps(cfg, run: _Setup, log) -> Steps:
+    """The train step compiled (and its steady variant, compiled when first needed)."""
     t0 = time.perf_counter()
     log("ptdp_jax: compiling the train step ...")           # minutes for deep pipelines
     first = _compile_step(cfg, run.compiled, run.tx)         # and XLA's own memory analysis
     log(f"ptdp_jax: compiled in {time.perf_counter() - t0:.1f} s"
         + (f" (compilation cache: {run.cache})" if run.cache else ""))
     steady = run.compiled.steady_step
-    train_step = Steps(first, steady and partial(_compile_step, cfg, run.compiled, run.tx,
-                                                 steady), log)
-    return run.feed, run.compiled, train_step, run.lr, run.replaced
+    return Steps(first, steady and partial(_compile_step, cfg, run.compiled, run.tx, steady), log)
 
 
 def _compile_step(cfg, compiled, tx, jitted=None):
@@ -266,10 +280,11 @@ def _restore_or_init(cfg, compiled, log):
     return state, start, run_id, ckpt
 
 
-def _nothing_to_train(cfg, start: int, ckpt) -> str | None:
+def _nothing_to_train(cfg, start: int) -> str | None:
     t = cfg.train
     if start >= t.steps:
-        return (f"nothing to train: the checkpoint in {ckpt.directory} is at step {start} and "
+        where = os.path.abspath(os.path.expanduser(cfg.checkpoint.dir))
+        return (f"nothing to train: the checkpoint in {where} is at step {start} and "
                 f"train.steps={t.steps}; to extend the run raise train.steps (with "
                 f"train.decay_steps={t.decay_steps or start} its learning-rate schedule stays "
                 f"the one it was trained with)")
