@@ -120,6 +120,23 @@ def test_eval_picks_a_layout_that_fits_the_mesh(trained, capsys):
                                                          "parallel.virtual_stages": 2})
 
 
+@pytest.mark.parametrize("keys,named", [
+    (["train.steps=5"], "train.steps"),
+    (["train.eval_batches=1", "checkpoint.dir=x", "run.dir=y"], "checkpoint.dir, run.dir"),
+    (["model.hidden_size=64"], "model.hidden_size"),
+])
+def test_eval_refuses_keys_it_does_not_take(trained, capsys, keys, named):
+    """ptdp-eval's overrides are data.*, train.eval_batches, train.micro_batch_size,
+    train.dtype and parallel.*: any other key is a one-line config error naming it (exit 2)."""
+    from ptdp_jax.cli import eval as eval_cli
+    assert eval_cli.main([str(trained / "ckpt"), *keys]) == ExitCode.CONFIG
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"ptdp-eval: config error: {named}: "), err
+    if not named.startswith("model."):
+        assert ("data.*, train.eval_batches, train.micro_batch_size, train.dtype, parallel.*"
+                in err), err
+
+
 def test_load_api_logits_and_generate(trained):
     """ptdp_jax.load: the logits of the model on one device are those of its parameters; on
     a mesh the training layout fits (2, 2, 2) and one it does not (1, 4, 2) they agree;

@@ -115,3 +115,12 @@ def test_make_demo_does_not_install_torch():
         return r.stdout
     assert "export-test" not in commands("demo") and "torch" not in commands("demo")
     assert "export-test" in commands("test")
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_docs_globs_inside_the_project_match_files(page):
+    """An example such as `ptdp-prepare-data docs/*.txt` that names the project's own files
+    runs as written: each glob under a project folder matches at least one file."""
+    for pattern in re.findall(r"\b(?:ptdp_jax|configs|tests|benchmarks|docs)/[\w./-]*\*[\w.*/-]*",
+                              PAGES[page]):
+        assert any(ROOT.glob(pattern)), f"{page}: {pattern} matches no file"

@@ -250,3 +250,19 @@ def test_cli_writes_png(tmp_path, capsys):
     out2 = tmp_path / "unsplit.png"
     main(["--schedule", "1f1b", "--p", "2", "--m", "3", "--out", str(out2), "--no-split-backward"])
     assert out2.exists()
+
+
+@pytest.mark.parametrize("where,words", [("missing/dir/x.png", ["missing/dir", "does not exist"]),
+                                         (".", ["is a folder"])])
+def test_cli_out_where_no_png_can_go_is_a_user_error(tmp_path, capsys, where, words):
+    """--out in a folder that does not exist, or a folder itself: one line, exit 2, before
+    anything is printed or drawn."""
+    from ptdp_jax.pipeline.plot import main
+
+    out = str(tmp_path / where)
+    with pytest.raises(SystemExit) as stop:
+        main(["--schedule", "1f1b", "--p", "2", "--m", "2", "--out", out])
+    assert stop.value.code == 2
+    printed, err = capsys.readouterr()
+    assert printed == "" and err.count("\n") == 1, err
+    assert err.startswith(f"ptdp-schedule: error: --out {out}: ") and all(w in err for w in words)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ptdp_jax.run.evaluate import evaluate_checkpoint
+from ptdp_jax.run.evaluate import EVAL_KEYS, evaluate_checkpoint
 
 
 def main(argv=None) -> int:
@@ -21,8 +21,8 @@ def main(argv=None) -> int:
                                        "(its newest complete step)")
     ap.add_argument("--mesh", help="data,pipe,tensor sizes (default 1,1,1)")
     ap.add_argument("overrides", nargs="*", metavar="key=value",
-                    help="data.*, train.eval_batches, train.micro_batch_size, train.dtype, "
-                         "parallel.* (model.* come from the checkpoint)")
+                    help=f"{', '.join(EVAL_KEYS)} (model.* come from the checkpoint; "
+                         "any other key is refused)")
     args = ap.parse_intermixed_args(argv)
     try:
         out = evaluate_checkpoint(args.checkpoint, mesh=args.mesh,

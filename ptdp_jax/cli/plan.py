@@ -16,6 +16,7 @@ import json
 import sys
 
 from ptdp_jax.config.load import ConfigError, load_config, parse_cli_overrides
+from ptdp_jax.exits import ExitCode
 from ptdp_jax.training.memory import GiB
 from ptdp_jax.training.metrics import paper_param_count
 from ptdp_jax.plan.hardware import GPU_KINDS, gpu_kind, with_overrides
@@ -114,10 +115,10 @@ def main(argv=None) -> int:
         rows = plan(cfg, args.gpus, kind, args.gpus_per_host, tokens=args.tokens, fixed=fixed)
     except ConfigError as e:
         print(f"ptdp-plan: config error: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG
     if args.json:
         print(json.dumps([c.to_json() for c in rows], indent=1))
-        return 0
+        return _no_layout(args, cfg, rows)
     m = cfg.model
     print(f"{m.arch.upper()} l={m.num_layers} h={m.hidden_size} heads={m.num_heads} "
           f"s={m.seq_len} V={m.vocab_size}: {paper_param_count(cfg) / 1e9:.2f}B parameters "
@@ -132,10 +133,21 @@ def main(argv=None) -> int:
     summary = ", ".join(f"{k} {n}" for k, n in rejected_summary(rows).items())
     print(f"\n{sum(c.ok for c in rows)} valid layouts of {len(rows)}; "
           f"rejected: {summary or 'none'}")
-    if rows and not rows[0].ok:
-        print("no valid layout: see the rejected rows (x)")
-        return 1
-    return 0
+    return _no_layout(args, cfg, rows)
+
+
+def _no_layout(args, cfg, rows: list[Candidate]) -> int:
+    """ExitCode.CONFIG with one line on stderr where no layout is valid (the input asks for
+    the impossible: a user error, not a bug); ExitCode.OK otherwise."""
+    if not rows or rows[0].ok:
+        return ExitCode.OK
+    summary = ", ".join(f"{k} {n}" for k, n in rejected_summary(rows).items())
+    batch = f"--batch {args.batch}" if args.batch is not None else \
+        f"train.global_batch_size={cfg.train.global_batch_size}"
+    print(f"ptdp-plan: config error: no valid layout for --gpus {args.gpus} and {batch}: "
+          f"all {len(rows)} rejected ({summary}), e.g. {rows[0].reason} "
+          "(see the rejected rows)", file=sys.stderr)
+    return ExitCode.CONFIG
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ is drawn as one cell with a dotted line between the halves.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import matplotlib
@@ -21,6 +22,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
+
+from ptdp_jax.exits import ExitCode  # noqa: E402
 
 from .schedule import SCHEDULES, Schedule, bubble_fraction_theory, build_schedule  # noqa: E402
 
@@ -116,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     out = args.out or f"schedule_{args.schedule}_p{args.p}_v{v}_m{args.m}.png"
+    folder = os.path.dirname(out) or "."
+    if not os.path.isdir(folder) or os.path.isdir(out):   # before any output: fail in one line
+        why = "is a folder" if os.path.isdir(out) else f"the folder {folder} does not exist"
+        parser.exit(ExitCode.CONFIG, f"ptdp-schedule: error: --out {out}: {why}; give a PNG "
+                                     "path in a folder that exists\n")
     if not args.no_grid:
         print(sched.render_text())
     theory = bubble_fraction_theory(args.schedule, args.p, args.m, v)

@@ -10,6 +10,23 @@ import jax
 from ptdp_jax.training.evaluate import evaluate, make_eval_fn
 
 LAYOUT_KEYS = ("schedule", "virtual_stages", "stage_layers")
+# the overrides an evaluation takes (`section.*`: any key of the section); the others would
+# be ignored, so they are refused
+EVAL_KEYS = ("data.*", "train.eval_batches", "train.micro_batch_size", "train.dtype",
+             "parallel.*")
+
+
+def refuse_other_keys(overrides) -> None:
+    """ConfigError naming the overrides outside EVAL_KEYS (model.*: from the checkpoint)."""
+    from ptdp_jax.config.load import ConfigError
+    bad = sorted(k for k in overrides if k.startswith("model."))
+    if bad:
+        raise ConfigError(f"{', '.join(bad)}: the model settings come from the checkpoint")
+    bad = sorted(k for k in overrides
+                 if k not in EVAL_KEYS and f"{k.split('.', 1)[0]}.*" not in EVAL_KEYS)
+    if bad:
+        raise ConfigError(f"{', '.join(bad)}: not a setting of an evaluation; the overrides "
+                          f"taken are {', '.join(EVAL_KEYS)}")
 
 
 def layout_for_mesh(cfg, mesh_shape, given=(), num_devices: int | None = None):
@@ -55,18 +72,16 @@ def describe_layout(cfg) -> str:
 def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     """{'step', 'loss', 'perplexity', 'batches', 'batch_size', 'seq_len', 'layout'} of a
     checkpoint; 'layout' says the keys reset where the training layout does not fit the
-    mesh (layout_for_mesh), else is None."""
+    mesh (layout_for_mesh), else is None. Overrides outside EVAL_KEYS: a ConfigError."""
     from ptdp_jax.checkpoint.manager import load_checkpoint
-    from ptdp_jax.config.load import ConfigError, load_config, parse_mesh
+    from ptdp_jax.config.load import load_config, parse_mesh
     from ptdp_jax.run.feed import Feed
     from ptdp_jax.parallel.sharding import make_mesh
     from ptdp_jax.training.state import stage_params, state_shardings, make_optimizer
 
-    ck_cfg, state, meta = load_checkpoint(checkpoint)
     overrides = dict(overrides or {})
-    bad = sorted(k for k in overrides if k.startswith("model."))
-    if bad:
-        raise ConfigError(f"{', '.join(bad)}: the model settings come from the checkpoint")
+    refuse_other_keys(overrides)
+    ck_cfg, state, meta = load_checkpoint(checkpoint)
     asked = load_config(ck_cfg, overrides)
     shape = parse_mesh(mesh) if mesh else (1, 1, 1)
     cfg = layout_for_mesh(asked, shape, overrides, len(jax.devices()))
