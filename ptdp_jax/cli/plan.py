@@ -130,10 +130,14 @@ def main(argv=None) -> int:
     print(f"GPU kind: {kind.source}")
     print()
     print(format_table(rows, args.top))
-    summary = ", ".join(f"{k} {n}" for k, n in rejected_summary(rows).items())
     print(f"\n{sum(c.ok for c in rows)} valid layouts of {len(rows)}; "
-          f"rejected: {summary or 'none'}")
+          f"rejected: {_rejected(rows) or 'none'}")
     return _no_layout(args, cfg, rows)
+
+
+def _rejected(rows: list[Candidate]) -> str:
+    """The rejected rows counted by reason, e.g. "not divisible 13"."""
+    return ", ".join(f"{k} {n}" for k, n in rejected_summary(rows).items())
 
 
 def _no_layout(args, cfg, rows: list[Candidate]) -> int:
@@ -141,11 +145,10 @@ def _no_layout(args, cfg, rows: list[Candidate]) -> int:
     the impossible: a user error, not a bug); ExitCode.OK otherwise."""
     if not rows or rows[0].ok:
         return ExitCode.OK
-    summary = ", ".join(f"{k} {n}" for k, n in rejected_summary(rows).items())
     batch = f"--batch {args.batch}" if args.batch is not None else \
         f"train.global_batch_size={cfg.train.global_batch_size}"
     print(f"ptdp-plan: config error: no valid layout for --gpus {args.gpus} and {batch}: "
-          f"all {len(rows)} rejected ({summary}), e.g. {rows[0].reason} "
+          f"all {len(rows)} rejected ({_rejected(rows)}), e.g. {rows[0].reason} "
           "(see the rejected rows)", file=sys.stderr)
     return ExitCode.CONFIG
 
