@@ -38,6 +38,26 @@ def test_scale_is_the_least_power_of_two_that_fits():
     assert float(F8.scale_of(jnp.array([57344.0 * 4]), F8.E5M2)) == 4.0
 
 
+def test_powers_of_two_by_their_bits():
+    """The bit-level scale math against numpy's frexp and ldexp over normal float32 values."""
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([rng.integers(0x00800000, 0x7F000000, 20000),
+                           np.arange(1, 254) << 23, (np.arange(1, 254) << 23) + 1,
+                           (np.arange(2, 254) << 23) - 1]).astype(np.int32)
+    r = bits.view(np.float32)
+    mant, exp = np.frexp(r)
+    want = np.ldexp(np.float32(1.0), np.where(mant == 0.5, exp - 1, exp)).astype(np.float32)
+    got = np.asarray(jax.jit(F8.power_of_two_above)(r))
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    assert float(F8.power_of_two_above(0.0)) == 1.0
+    e = np.arange(-126, 128)
+    p = np.asarray(jax.jit(F8.two_to)(e))
+    np.testing.assert_array_equal(p, np.ldexp(np.float32(1.0), e).astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(jax.jit(F8.exponent)(p)), e)
+    s = F8.scale_of_amax(jnp.array([np.inf, np.nan], jnp.float32), F8.E4M3)
+    assert np.isinf(s[0]) and np.isnan(s[1])               # a bad step stays visible
+
+
 def test_qdq_rounds_to_the_grid_and_is_idempotent():
     x = jax.random.normal(jax.random.key(0), (64, 32)) * 7.0
     for fmt in (F8.E4M3, F8.E5M2):

@@ -40,11 +40,32 @@ def amax_of(x):
 def scale_of_amax(amax, fmt):
     """`scale_of` from a tensor's max |x| (for a tensor split over devices: the max of its
     blocks')."""
-    mant, exp = jnp.frexp(amax / float(jnp.finfo(fmt).max))
-    exp = jnp.where(mant == 0.5, exp - 1, exp)          # an exact power of two: itself
-    s = jnp.ldexp(jnp.float32(1.0), exp)
-    s = jnp.where(jnp.isfinite(amax), s, amax)
-    return jnp.where(amax == 0, jnp.float32(1.0), s)
+    s = power_of_two_above(amax / float(jnp.finfo(fmt).max))
+    s = jax.lax.select(jnp.isfinite(amax), s, amax)
+    return jax.lax.select(amax == 0, jnp.ones_like(s), s)
+
+
+# Powers of two by their float32 bits: a handful of integer ops, where jnp.frexp and jnp.ldexp
+# each lower to dozens, and an FP8 step computes hundreds of scales. XLA flushes subnormal
+# floats to zero on CPU and GPU, so only normal numbers and zero occur.
+_MANT, _EXP_ONE = 0x007FFFFF, 0x00800000
+
+
+def power_of_two_above(r):
+    """The least power of two >= r (float32, finite, r >= 0); 1 for 0, as with frexp, whose
+    exponent of 0 is 0: a tensor whose amax / max flushes to zero keeps scale 1."""
+    r = jnp.asarray(r, jnp.float32)
+    bits = jax.lax.bitcast_convert_type(r, jnp.int32)
+    up = jax.lax.select((bits & _MANT) == 0, bits, (bits & ~_MANT) + _EXP_ONE)
+    p = jax.lax.bitcast_convert_type(up, jnp.float32)
+    return jax.lax.select(r == 0, jnp.ones_like(r), p)
+
+
+def two_to(e):
+    """2.0 ** e as float32 for an integer e <= 127 (0 below -126, as XLA's flushed ldexp)."""
+    e = jnp.asarray(e, jnp.int32)
+    bits = jnp.left_shift(jnp.clip(e + 127, 0, 254), 23)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def quantize(x, fmt, s):
@@ -181,8 +202,9 @@ NBINS, E_MIN = 256, -128     # scale exponents -128 .. 127
 
 
 def exponent(s):
-    """The integer e of a power of two s = 2^e."""
-    return jnp.frexp(s)[1] - 1
+    """The integer e of a power of two s = 2^e (float32, normal)."""
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(s, jnp.float32), jnp.int32)
+    return (jnp.right_shift(bits, 23) & 0xFF) - 127
 
 
 def scale_from_bins(row, own):
@@ -191,7 +213,7 @@ def scale_from_bins(row, own):
     an exponent (a steady step), so the rounding need not wait for the tensor's amax."""
     row = row.astype(jnp.float32)
     e = jnp.sum(row * (jnp.arange(NBINS, dtype=jnp.float32) + E_MIN)).astype(jnp.int32)
-    named = jnp.ldexp(jnp.float32(1.0), e)
+    named = two_to(e)
     return named if own is None else jnp.where(jnp.sum(row) > 0, named, own)
 
 

@@ -71,7 +71,7 @@ def update(history: dict, seen: dict, finite) -> dict:
     exponent's scale enters in front and the oldest leaves. Unchanged where not `finite`."""
     def one(h, c):
         top = jnp.max(jnp.where(c > 0, jnp.arange(F8.NBINS), -1), axis=-1)
-        s = jnp.where(top >= 0, jnp.ldexp(jnp.float32(1.0), top + F8.E_MIN), 0.0)
+        s = jnp.where(top >= 0, F8.two_to(top + F8.E_MIN), 0.0)
         new = jnp.concatenate([s[..., None].astype(h.dtype), h[..., :-1]], axis=-1)
         return jnp.where(finite, new, h)
     return {k: one(h, seen[k]) for k, h in history.items()}
