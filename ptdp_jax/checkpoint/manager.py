@@ -373,13 +373,18 @@ def _fresh_start_message(directory, steps) -> str:
             f"checkpoint.resume=overwrite to remove them at this run's first save")
 
 
+def checkpoint_directory(cfg: Config) -> Path:
+    """checkpoint.dir as an absolute path (~ expanded)."""
+    return Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
+
+
 def check_fresh_start(cfg: Config) -> list[int]:
     """Before a run: with checkpoint.resume=false and a checkpoint.dir that holds
     checkpoints, CheckpointError unless checkpoint.resume=overwrite. Returns the steps
     that this run will remove at its first save ([] if none)."""
     if not cfg.checkpoint.dir or cfg.checkpoint.resumes:
         return []
-    directory = Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
+    directory = checkpoint_directory(cfg)
     check_directory(directory)
     steps = _scan(directory)[0]
     if steps and not cfg.checkpoint.overwrites:
@@ -394,7 +399,7 @@ def check_checkpoint_dir(cfg: Config) -> list[int]:
     overwrite, check_fresh_start. Returns the steps this run will remove at its first save."""
     if not cfg.checkpoint.dir:
         return []
-    directory = Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
+    directory = checkpoint_directory(cfg)
     _check_writable(directory)
     check_directory(directory)
     if not cfg.checkpoint.resumes:
@@ -411,11 +416,12 @@ def resume_step(cfg: Config) -> int:
     else 0 (read before anything compiles)."""
     if not cfg.checkpoint.dir or not cfg.checkpoint.resumes:
         return 0
-    steps = _scan(Path(os.path.expanduser(cfg.checkpoint.dir)).absolute())[0]
+    steps = _scan(checkpoint_directory(cfg))[0]
     return steps[-1] if steps else 0
 
 
 __all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "check_checkpoint_dir",
+           "checkpoint_directory",
            "check_fresh_start",
            "checkpoint_config", "checkpoint_tokenizer",
            "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "resume_step",

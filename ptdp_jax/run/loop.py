@@ -22,7 +22,6 @@ it without waiting; stopping.Stopper); train.stop_at_step and checkpoint.every s
 """
 from __future__ import annotations
 
-import os
 import time
 from functools import partial
 from dataclasses import dataclass, field, replace
@@ -283,7 +282,7 @@ def _restore_or_init(cfg, compiled, log):
 def _nothing_to_train(cfg, start: int) -> str | None:
     t = cfg.train
     if start >= t.steps:
-        where = os.path.abspath(os.path.expanduser(cfg.checkpoint.dir))
+        where = CK.checkpoint_directory(cfg)
         return (f"nothing to train: the checkpoint in {where} is at step {start} and "
                 f"train.steps={t.steps}; to extend the run raise train.steps (with "
                 f"train.decay_steps={t.decay_steps or start} its learning-rate schedule stays "
