@@ -212,7 +212,8 @@ def _e4m3_rounding_depths(jaxpr, shapes):
     ((1, 2, 1), {"parallel.schedule": "zb-phased"})], ids=["one", "zero1", "zero2", "zb-phased"])
 def test_weights_are_rounded_once_a_step(mesh, extra):
     """Each GEMM weight is rounded to FP8 once a step, before the loop over microbatches (or
-    pipeline ticks), not in each microbatch's forward and recomputation."""
+    pipeline ticks), not in each microbatch's forward and recomputation; so is its transposed
+    copy for the forward GEMMs."""
     from ptdp_jax.models import model as M
     cfg = tiny_config("llama", mesh, **dict(FP8), **{"train.recompute": "selective"}, **extra)
     assert cfg.num_microbatches > 1
@@ -224,3 +225,44 @@ def test_weights_are_rounded_once_a_step(mesh, extra):
     depths = _e4m3_rounding_depths(jaxpr, shapes)
     layers_per_stage = cfg.model.num_layers // cfg.parallel.pipe
     assert depths == [0] * (layers_per_stage * len(dense)), depths
+    transposes = [depth for eqn, depth in equations(jaxpr) if eqn.primitive.name == "transpose"
+                  and eqn.invars[0].aval.dtype == F8.E4M3
+                  and tuple(eqn.invars[0].aval.shape) in shapes]
+    assert transposes == [0] * (layers_per_stage * len(dense)), transposes
+
+
+def test_forward_reads_the_transposed_weight():
+    """A prequantized weight's forward GEMM gives the numbers of the weight as it is."""
+    kx, kw = jax.random.split(jax.random.key(2))
+    x = jax.random.normal(kx, (2, 8, 4, 8))
+    w = jax.random.normal(kw, (4, 8, 16))
+    spec = "bsnd,ndh->bsh"
+    pre = F8.prequantize(w, spec)
+    assert pre.qt.shape == (16, 4, 8)
+    np.testing.assert_array_equal(F8.einsum(spec, x, pre), F8.einsum(spec, x, w))
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_taps_export_the_operands_of_the_whole_backward(recipe):
+    """A zero-bubble B's taps export x and dy as the backward's FP8 operands (as fp8.residual
+    keeps them on this backend), and W's weight gradient from them is the whole backward's."""
+    from ptdp_jax.models import dense as D
+    kx, kw, kg = jax.random.split(jax.random.key(3), 3)
+    x = jax.random.normal(kx, (2, 8, 16))
+    w = jax.random.normal(kw, (16, 24)) * 0.1
+    g = jax.random.normal(kg, (2, 8, 24)) * 1e-3
+    spec = "bsh,hf->bsf"
+    meta = jnp.zeros((2, F8.NBINS)).at[:, -F8.E_MIN - 2].set(1.0)    # history scales 2^-2
+    structs = D.tap_structs(x.shape, g.shape, jnp.float32, fp8=True)
+    for wf in (w, F8.prequantize(w, spec)):
+        def form(inner):
+            return inner if recipe == "current" else D.WithMeta(inner, meta)
+        taps = D.Taps(wf, *jax.tree.map(lambda sd: jnp.zeros(sd.shape, sd.dtype), structs))
+        _, pull = jax.vjp(lambda t: D.dense(spec, x, form(t), fp8=True), taps)
+        (ct,) = pull(g)
+        got = (ct.x_tap, ct.g_tap)
+        assert jax.tree.map(lambda a: (a.shape, a.dtype), got) == \
+            jax.tree.map(lambda sd: (sd.shape, sd.dtype), structs)
+        dw = jax.grad(lambda m: jnp.vdot(D.dense(spec, x, form(D.MasterGrad(wf, m)), fp8=True),
+                                         g))(w)
+        np.testing.assert_array_equal(D.weight_grad(*got, dtype=jnp.float32), dw)

@@ -21,8 +21,8 @@ weight argument chooses how the backward treats the weight:
 
 With fp8 (train.fp8) the GEMMs take FP8 operands (models/fp8.py) in every one of these forms
 (the w of MasterGrad and Taps may come as fp8.Prequantized, rounded once a step); the taps then
-export the FP8-rounded x and dy, which `weight_grad(..., fp8=True)` rounds again to the same
-values (fp8.qdq is idempotent).
+export x and dy as the FP8 operands the backward used, (FP8 array, scale) pairs (`tap_structs`):
+half the bytes, and W's GEMM reads them as they are.
 """
 from __future__ import annotations
 
@@ -43,8 +43,9 @@ class MasterGrad(NamedTuple):
 
 class Taps(NamedTuple):
     w: jax.Array
-    x_tap: jax.Array       # zeros shaped like the GEMM input; its "gradient" is the input
-    g_tap: jax.Array       # zeros shaped like the GEMM output; its "gradient" is dy
+    x_tap: object          # zeros shaped like the GEMM input; its "gradient" is the input
+    g_tap: object          # zeros shaped like the GEMM output; its "gradient" is dy
+                           # (with fp8 each an (FP8 array, float32 scale) pair: `tap_structs`)
 
 
 class WithMeta(NamedTuple):
@@ -83,12 +84,23 @@ def dense(spec: str, x, w, b=None, fp8: bool = False, steady: bool = False):
     return checkpoint_name(y, "dense")
 
 
-def weight_grad(x, g, fp8: bool = False):
-    """The weight gradient of a dense op from its input and output gradient, in float32
-    (fp8: from x and g rounded to E4M3 and E5M2)."""
-    if fp8:
-        x, g = F8.qdq(x, F8.E4M3), F8.qdq(g, F8.E5M2)
+def weight_grad(x, g, dtype=None):
+    """The weight gradient of a dense op from its input and output gradient, in float32; x and
+    g as the taps export them (fp8: (FP8 array, scale) pairs, read in the compute `dtype`)."""
+    if isinstance(x, tuple):
+        x, g = F8.operand(*x, dtype), F8.operand(*g, dtype)
     return F8.weight_grad(x, g)
+
+
+def tap_structs(x_shape, y_shape, dtype, fp8: bool):
+    """(x, dy) as a GEMM's taps export them, ShapeDtypeStructs: arrays in the compute dtype;
+    fp8: (E4M3 x, scale), (E5M2 dy, scale) (arrays as fp8.residual keeps them)."""
+    sds = jax.ShapeDtypeStruct
+    if not fp8:
+        return sds(x_shape, dtype), sds(y_shape, dtype)
+    scale = sds((), jnp.float32)
+    return ((sds(x_shape, F8.residual_dtype(F8.E4M3, dtype)), scale),
+            (sds(y_shape, F8.residual_dtype(F8.E5M2, dtype)), scale))
 
 
 _input_grad = F8.input_grad
@@ -154,11 +166,12 @@ def _taps_fp8(spec, x, w, x_tap, g_tap):
 
 
 def _taps_fp8_bwd(spec, res, g):
-    """The input gradient on FP8 operands; the rounded x and dy go to the taps."""
+    """The input gradient on FP8 operands; x's and dy's FP8 operands go to the taps."""
     qx, sx, qw, sw = res
     dt = g.dtype
-    g = F8.qdq(g, F8.E5M2)
-    return (F8.input_grad(spec, g, F8.operand(qw, sw, dt)), None, F8.operand(qx, sx, dt), g)
+    qg, sg = F8.quantized(g, F8.E5M2)
+    dx = F8.input_grad(spec, F8.dequantize(qg, sg, dt), F8.operand(qw, sw, dt))
+    return dx, None, (qx, sx), F8.residual(qg, sg, dt)
 
 
 _taps_fp8.defvjp(lambda spec, x, w, x_tap, g_tap: F8.forward(spec, x, w), _taps_fp8_bwd)
@@ -194,10 +207,9 @@ def _taps_delayed(spec, steady, x, w, x_tap, g_tap, meta):
 
 
 def _taps_delayed_bwd(spec, steady, res, g):
-    """The input gradient; the rounded x and dy go to the taps (`weight_grad(..., fp8=True)`
-    rounds them again to the same values: at their own scale, no larger than the history's)."""
-    dx, _, seen, x, gq = F8.delayed_backward(spec, steady, *res, g, master=False)
-    return dx, None, x, gq, seen
+    """The input gradient; x's and dy's FP8 operands (at the history's scales) go to the taps."""
+    dx, _, seen, xs, gs = F8.delayed_backward(spec, steady, *res, g, master=False)
+    return dx, None, xs, gs, seen
 
 
 _taps_delayed.defvjp(

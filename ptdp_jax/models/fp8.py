@@ -80,11 +80,12 @@ def dequantize(q, s, dtype):
 
 def qdq(x, fmt):
     """x rounded to fmt at its own scale, in x's dtype, as convert(fp8) * scale."""
-    q, s = _quantized(x, fmt)
+    q, s = quantized(x, fmt)
     return dequantize(q, s, x.dtype)
 
 
-def _quantized(x, fmt):
+def quantized(x, fmt):
+    """(x / s rounded to fmt and materialized, s) at x's own scale s."""
     s = scale_of(x, fmt)
     return rounded(x, fmt, s), s
 
@@ -99,12 +100,35 @@ class Prequantized(NamedTuple):
     GEMMs: the numbers of rounding it in each GEMM, without two passes over it per microbatch
     (forward and recomputation). It comes in a dense.MasterGrad, whose master receives the
     gradient; its GEMMs run in the dtype of their x."""
-    q: jax.Array           # E4M3
+    q: jax.Array           # E4M3, as the weight: the input gradient's GEMM operand
     s: jax.Array           # float32 scale
+    qt: jax.Array          # q with its contracted dimensions last: the forward GEMM's operand
 
 
-def prequantize(w) -> Prequantized:
-    return Prequantized(*_quantized(w, E4M3))
+def prequantize(w, spec: str) -> Prequantized:
+    """w of dense's einsum `spec` rounded, and transposed once a step for the forward:
+    cuBLASLt's FP8 GEMMs take both operands contracted along their last dimension, and a
+    transpose XLA adds inside the microbatch loop runs once a microbatch."""
+    q, s = quantized(w, E4M3)
+    k = _contracted(spec)
+    qt = jnp.transpose(q, tuple(range(k, q.ndim)) + tuple(range(k)))
+    return Prequantized(q, s, _stored(qt))
+
+
+def _contracted(spec: str) -> int:
+    """How many leading dimensions of dense's weight the einsum contracts."""
+    xs, ws = spec.split("->")[0].split(",")
+    return sum(1 for c in ws if c in xs)
+
+
+def _forward_operand(spec, w, qw):
+    """(spec, FP8 weight) of a forward GEMM: qw, or a Prequantized w's transposed copy with
+    the spec that reads it."""
+    if not isinstance(w, Prequantized):
+        return spec, qw
+    (xs, ws), ys = spec.split("->")[0].split(","), spec.split("->")[1]
+    k = _contracted(spec)
+    return f"{xs},{ws[k:]}{ws[:k]}->{ys}", w.qt
 
 
 def _weight(w, x):
@@ -112,7 +136,13 @@ def _weight(w, x):
     rounded here (current scaling; w's dtype)."""
     if isinstance(w, Prequantized):
         return w.q, w.s, x.dtype
-    return (*_quantized(w, E4M3), w.dtype)
+    return (*quantized(w, E4M3), w.dtype)
+
+
+def _gemm(spec, qx, sx, dtype, w, qw, sw, wdt):
+    """The forward GEMM on convert(fp8) * scale operands, the form XLA turns into one FP8 GEMM."""
+    fspec, fq = _forward_operand(spec, w, qw)
+    return jnp.einsum(fspec, dequantize(qx, sx, dtype), dequantize(fq, sw, wdt))
 
 
 def plain(w, dtype):
@@ -151,22 +181,28 @@ def forward(spec, x, w):
     named) under selective recomputation; keeping them cost a pipeline stash 25 GiB on
     LLaMA-3-8B (seq 4096, zb-phased) and saved no time on one GPU. w: an array or
     Prequantized."""
-    (qx, sx), (qw, sw, wdt) = _quantized(x, E4M3), _weight(w, x)
-    y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, wdt))
-    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, wdt))
+    (qx, sx), (qw, sw, wdt) = quantized(x, E4M3), _weight(w, x)
+    y = _gemm(spec, qx, sx, x.dtype, w, qw, sw, wdt)
+    return y, (*residual(qx, sx, x.dtype), *residual(qw, sw, wdt))
 
 
-def _residual(q, s, dtype):
-    """An FP8 operand as the backward keeps it: (q, s); on the CPU backend (q dequantized,
-    s), since XLA's CPU backend moves FP8 values it rematerializes through an IEEE-style
-    E4M3 (largest value 240), which turns E4M3FN's top binade into NaN. The same numbers."""
+def residual(q, s, dtype):
+    """An FP8 operand as the backward (or a zero-bubble W) keeps it: (q, s); on the CPU
+    backend (q dequantized, s), since XLA's CPU backend moves FP8 values it rematerializes
+    through an IEEE-style E4M3 (largest value 240), which turns E4M3FN's top binade into NaN.
+    The same numbers."""
     if jax.default_backend() == "cpu":
         return dequantize(q, s, dtype), s
     return q, s
 
 
+def residual_dtype(fmt, dtype):
+    """The dtype of a `residual`'s array: fmt, or on the CPU backend the compute dtype."""
+    return dtype if jax.default_backend() == "cpu" else fmt
+
+
 def operand(q, s, dtype):
-    """A residual of `forward` back in `dtype` (convert(fp8) * scale where it is FP8)."""
+    """A `residual` back in `dtype` (convert(fp8) * scale where it is FP8)."""
     return dequantize(q, s, dtype) if q.dtype in (E4M3, E5M2) else q.astype(dtype)
 
 
@@ -240,21 +276,24 @@ def delayed_forward(spec, steady, x, w, meta):
     sx = scale_from_bins(meta[0], None if steady else own)
     qx = rounded(x, E4M3, sx)
     qw, sw, wdt = _weight(w, x)
-    y = jnp.einsum(spec, dequantize(qx, sx, x.dtype), dequantize(qw, sw, wdt))
-    return y, (*_residual(qx, sx, x.dtype), *_residual(qw, sw, wdt), seen_x, meta)
+    y = _gemm(spec, qx, sx, x.dtype, w, qw, sw, wdt)
+    return y, (*residual(qx, sx, x.dtype), *residual(qw, sw, wdt), seen_x, meta)
 
 
 def delayed_backward(spec, steady, qx, sx, qw, sw, seen_x, meta, g, master: bool):
-    """(dx, dw, what the GEMM saw) from `delayed_forward`'s residuals; g rounded to E5M2 at its
-    history's scale. dw in float32 where `master`, else in the compute dtype."""
+    """(dx, dw, what the GEMM saw, x's and dy's FP8 operands as `residual`s) from
+    `delayed_forward`'s residuals; g rounded to E5M2 at its history's scale. dw in float32
+    where `master`, else in the compute dtype."""
     dt = g.dtype
     own, seen_g = observed(g, E5M2)
     sg = scale_from_bins(meta[1], None if steady else own)
-    gq = dequantize(rounded(g, E5M2, sg), sg, dt)
+    qg = rounded(g, E5M2, sg)
+    gq = dequantize(qg, sg, dt)
     x, w = operand(qx, sx, dt), operand(qw, sw, dt)
     dw = weight_grad(x, gq)
     seen = jnp.stack([seen_x, seen_g]).astype(meta.dtype)
-    return input_grad(spec, gq, w), (dw if master else dw.astype(dt)), seen, x, gq
+    return (input_grad(spec, gq, w), (dw if master else dw.astype(dt)), seen, (qx, sx),
+            residual(qg, sg, dt))
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0, 1))

@@ -10,7 +10,10 @@ from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, FFN_ACT, HEADS, attentio
                                     causal_attention, column_dense, dropout, fold_rows,
                                     gather_seq, layer_norm, row_dense, weight)
 
-DENSE_WEIGHTS = ("q_w", "k_w", "v_w", "out_w", "fc1_w", "fc2_w")   # layer weights used through dense()
+# the layer's GEMMs through layers.dense: weight name -> einsum spec
+GEMM_SPECS = {"q_w": "bsh,hnd->bsnd", "k_w": "bsh,hnd->bsnd", "v_w": "bsh,hnd->bsnd",
+              "out_w": "bsnd,ndh->bsh", "fc1_w": "bsh,hf->bsf", "fc2_w": "bsf,fh->bsh"}
+DENSE_WEIGHTS = tuple(GEMM_SPECS)
 
 
 def param_specs(cfg):
@@ -58,15 +61,15 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     """One pre-LN transformer layer: x + Attn(LN(x)), then + MLP(LN(.))."""
     impl = attention_impl(getattr(sh, "attention", "auto"), x_bsh.dtype)
     y = layer_norm(x_bsh, p["ln1_scale"], p["ln1_bias"], cfg.norm_eps)
-    q, k, v = column_dense(sh, y, [("bsh,hnd->bsnd", weight(p, f"{c}_w"), p[f"{c}_b"]) for c in "qkv"],
+    q, k, v = column_dense(sh, y, [(GEMM_SPECS[f"{c}_w"], weight(p, f"{c}_w"), p[f"{c}_b"]) for c in "qkv"],
                            HEADS)
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
-    attn_bsh = row_dense(sh, a_bsnd, "bsnd,ndh->bsh", weight(p, "out_w"), p["out_b"])
+    attn_bsh = row_dense(sh, a_bsnd, GEMM_SPECS["out_w"], weight(p, "out_w"), p["out_b"])
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
     y = layer_norm(x_bsh, p["ln2_scale"], p["ln2_bias"], cfg.norm_eps)
-    u_bsf, = column_dense(sh, y, [("bsh,hf->bsf", weight(p, "fc1_w"), p["fc1_b"])], FFN)
+    u_bsf, = column_dense(sh, y, [(GEMM_SPECS["fc1_w"], weight(p, "fc1_w"), p["fc1_b"])], FFN)
     u_bsf = checkpoint_name(jax.nn.gelu(u_bsf, approximate=True), FFN_ACT)
-    mlp_bsh = row_dense(sh, u_bsf, "bsf,fh->bsh", weight(p, "fc2_w"), p["fc2_b"])
+    mlp_bsh = row_dense(sh, u_bsf, GEMM_SPECS["fc2_w"], weight(p, "fc2_w"), p["fc2_b"])
     x_bsh = x_bsh + dropout(mlp_bsh, cfg.dropout, fold_rows(key_rows, 1))
     return sh.constrain(x_bsh, ACT)
 

@@ -41,6 +41,11 @@ def dense_weight_names(cfg) -> tuple[str, ...]:
     return arch(cfg).DENSE_WEIGHTS
 
 
+def gemm_specs(cfg) -> dict[str, str]:
+    """GEMM weight name -> its layers.dense einsum spec."""
+    return arch(cfg).GEMM_SPECS
+
+
 def param_logical_axes(cfg, stage_layout: bool = False):
     """Pytree of logical-axis tuples matching the parameters."""
     lead = ("stage", "chunk", "layers") if stage_layout else ("layers",)

@@ -105,7 +105,7 @@ def _accumulate(total: list, k: int, x):
 # rows. Each rank reports the exponent its own block needed, and the gradient path's sum over
 # ranks keeps the largest (models/fp8.py). The FP8 arrays are moved and kept as their bytes
 # (uint8): half the bytes of the compute dtype on the wire, and no FP8 value for a backend to
-# move through another format (fp8._residual).
+# move through another format (fp8.residual).
 
 
 class FP8(NamedTuple):

@@ -136,13 +136,13 @@ def _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router) 
     tokens = batch_rs1.reshape((m, b, s + 1))
     keys = None if keys_r is None else keys_r.reshape((m, b))
     w = M.cast(params, dtype)
-    dense = M.dense_weight_names(mc)
+    dense, specs = M.dense_weight_names(mc), M.gemm_specs(mc)
 
-    def gemm_weight(a):          # fp8: rounded here, once a step (fp8.Prequantized)
-        return F8.prequantize(a) if sh.fp8 else a
+    def gemm_weight(k, a):       # fp8: rounded here, once a step (fp8.Prequantized)
+        return F8.prequantize(a, specs[k]) if sh.fp8 else a
 
     def layer_weights(j, l):
-        return {k: MasterGrad(gemm_weight(a[0, j, l]), params["layers"][k][0, j, l])
+        return {k: MasterGrad(gemm_weight(k, a[0, j, l]), params["layers"][k][0, j, l])
                 if k in dense else a[0, j, l] for k, a in w["layers"].items()}
     weights = [[layer_weights(j, l) for l in range(lmax)] for j in range(v)]
     layer = M.layer_fn(mc, sh, cfg.remat)

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from ptdp_jax.models import model as M
-from ptdp_jax.models.dense import Taps, weight_grad
+from ptdp_jax.models.dense import Taps, tap_structs, weight_grad
 from ptdp_jax.models.residuals import Residuals
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe
@@ -62,9 +62,13 @@ class SplitBackward:
 
     def vjp_weights(self, layer_w: dict) -> dict:
         """The weights a layer's vjp is taken against: zero taps on the GEMM weights."""
-        return {k: Taps(a.w, *(vary(jnp.zeros(s, self.dtype), self.manual)
-                               for s in self.gemm_shapes[k]))
-                if k in self.dense else a for k, a in layer_w.items()}
+        zeros = lambda sd: vary(jnp.zeros(sd.shape, sd.dtype), self.manual)
+        return {k: Taps(a.w, *map_entry(zeros, self.taps(k))) if k in self.dense else a
+                for k, a in layer_w.items()}
+
+    def taps(self, k: str):
+        """GEMM k's (x, dy) as its taps export them (dense.tap_structs)."""
+        return tap_structs(*self.gemm_shapes[k], self.dtype, self.fp8)
 
     def weight_grads(self, w_grads: dict, wstash, branch, ctl, layer: int, part: int):
         """(the gradients to add now, the W stash): B stores each GEMM's (x, dy) of the layer;
@@ -73,13 +77,12 @@ class SplitBackward:
             xdy = {k: map_entry(lambda a: vary(a, self.manual), w_grads[k][1:]) for k in self.dense}
             wstash = self.store.put(wstash, branch, ctl, layer, xdy)
             return {k: a for k, a in w_grads.items() if k not in self.dense}, wstash
-        return {k: weight_grad(*a[1:], fp8=self.fp8) if k in self.dense else a
+        return {k: weight_grad(*a[1:], dtype=self.dtype) if k in self.dense else a
                 for k, a in w_grads.items()}, wstash
 
     def wstash_entry(self) -> dict:
         """One layer's W stash entry, as ShapeDtypeStructs."""
-        return {k: tuple(jax.ShapeDtypeStruct(s, self.dtype) for s in self.gemm_shapes[k])
-                for k in self.dense}
+        return {k: self.taps(k) for k in self.dense}
 
 
 class HeadSums(NamedTuple):
@@ -186,7 +189,7 @@ class StageOps:
         sums = list(state.sums.layers[branch.vchunk])
         for l in range(branch.n_layers):
             xdy = self.split.store.get(state.wstash, branch, ctl, l)
-            sums[l] = dict(sums[l], **{k: sums[l][k] + weight_grad(x, dy, self.sh.fp8)
+            sums[l] = dict(sums[l], **{k: sums[l][k] + weight_grad(x, dy, self.dtype)
                                        for k, (x, dy) in xdy.items()})
         return state._replace(sums=_with_chunk(state.sums, branch.vchunk, sums))
 

@@ -285,12 +285,13 @@ def accumulate_seconds(cfg, gpu: GpuKind) -> float:
 
 
 def fp8_weight_seconds(cfg, gpu: GpuKind) -> float:
-    """train.fp8: the device's GEMM weights rounded to FP8 once a step (models/fp8.prequantize)."""
+    """train.fp8: the device's GEMM weights rounded to FP8 and transposed once a step
+    (models/fp8.prequantize; the transpose reads and writes a byte an element)."""
     if not cfg.train.fp8:
         return 0.0
     layers = cfg.model.num_layers / cfg.parallel.pipe
-    return _memory_seconds(FP8_QUANT_BYTES * layers * sum(K * N for _, K, N in layer_gemms(cfg)),
-                           gpu)
+    return _memory_seconds((FP8_QUANT_BYTES + 2) * layers
+                           * sum(K * N for _, K, N in layer_gemms(cfg)), gpu)
 
 
 def optimizer_seconds(cfg, gpu: GpuKind) -> float:

@@ -200,15 +200,15 @@ def _wstash_slots(schedule: str, p: int, m: int, v: int, pools: bool = False) ->
 
 def wstash_bytes(cfg) -> float:
     """Zero-bubble tables: the W stash of the most loaded device, each GEMM's input and output
-    gradient (b s (K + N) in the compute dtype) from B to W, for the layers of the largest
-    chunk, in num_wstash_slots slots (indexed per tick: + 1, the executor's trash slot); 0
-    otherwise."""
+    gradient (b s (K + N) in the compute dtype; with train.fp8 one byte each, the FP8 operands)
+    from B to W, for the layers of the largest chunk, in num_wstash_slots slots (indexed per
+    tick: + 1, the executor's trash slot); 0 otherwise."""
     from ptdp_jax.pipeline.balance import chunk_layers
     from ptdp_jax.pipeline.schedule import ZERO_BUBBLE
     par = cfg.parallel
     if par.pipe == 1 or par.schedule not in ZERO_BUBBLE:
         return 0.0
-    dtype_bytes = 4 if cfg.compute_dtype == "float32" else 2
+    dtype_bytes = 1 if cfg.train.fp8 else 4 if cfg.compute_dtype == "float32" else 2
     per_layer = sum(M * (K + N) for M, K, N in layer_gemms(cfg)) * dtype_bytes
     slots = (_wstash_slots(par.schedule, par.pipe, cfg.num_microbatches, par.virtual_stages,
                            cfg.stash_chunk_pools)

@@ -74,9 +74,9 @@ def _master_grads(cfg, params, dtype, fp8: bool):
     """per-layer float32 layer params -> the same with each GEMM weight as
     MasterGrad(compute copy, float32 master); the compute copies are made here, once (fp8:
     rounded to FP8 here, once)."""
-    dense = M.dense_weight_names(cfg.model)
+    dense, specs = M.dense_weight_names(cfg.model), M.gemm_specs(cfg.model)
     copies = M.cast(M.unstack_layers(params["layers"]), dtype)
-    copies = [{k: F8.prequantize(a) if fp8 and k in dense else a for k, a in c.items()}
+    copies = [{k: F8.prequantize(a, specs[k]) if fp8 and k in dense else a for k, a in c.items()}
               for c in copies]
     return lambda layers: [{k: MasterGrad(c[k], v) if k in dense else v for k, v in lp.items()}
                            for c, lp in zip(copies, layers)]

@@ -158,10 +158,11 @@ def _prequantized(cfg, sh, fulls_layers):
     ring (models/tp_overlap.py), which rounds its plain weights itself."""
     if not cfg.train.fp8 or sh.tp_overlap:
         return None
-    dense = M.dense_weight_names(cfg.model)
+    dense, specs = M.dense_weight_names(cfg.model), M.gemm_specs(cfg.model)
 
     def one(layer):
-        return {k: F8.prequantize(w) for k, w in layer.items() if k in dense and w is not None}
+        return {k: F8.prequantize(w, specs[k]) for k, w in layer.items()
+                if k in dense and w is not None}
     if isinstance(fulls_layers, list):
         return [one(layer) for layer in fulls_layers]
     return jax.vmap(one)(fulls_layers)
