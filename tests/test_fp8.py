@@ -266,3 +266,18 @@ def test_taps_export_the_operands_of_the_whole_backward(recipe):
         dw = jax.grad(lambda m: jnp.vdot(D.dense(spec, x, form(D.MasterGrad(wf, m)), fp8=True),
                                          g))(w)
         np.testing.assert_array_equal(D.weight_grad(*got, dtype=jnp.float32), dw)
+
+
+def test_the_w_stash_keeps_one_byte_an_element(monkeypatch):
+    """On a GPU the W stash entry of a GEMM is its FP8 x and dy with their scales, and the
+    memory estimate counts one byte an element for it."""
+    from ptdp_jax.models import dense as D
+    from ptdp_jax.training.memory import wstash_bytes
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    (x, sx), (g, sg) = D.tap_structs((2, 8, 16), (2, 8, 24), jnp.bfloat16, fp8=True)
+    assert (x.dtype, g.dtype, sx.shape, sg.dtype) == (F8.E4M3, F8.E5M2, (), jnp.float32)
+    zb = {"parallel.schedule": "zb-phased"}
+    cfg = tiny_config("llama", (1, 2, 1), **zb)
+    cfg8 = tiny_config("llama", (1, 2, 1), **zb, **dict(FP8))
+    per_element = 4 if cfg.compute_dtype == "float32" else 2
+    assert wstash_bytes(cfg8) * per_element == wstash_bytes(cfg) > 0
