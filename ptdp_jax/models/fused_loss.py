@@ -8,6 +8,8 @@ norm, the output / tied embedding matrix) at once. The backward only scales thos
 cotangent. No logits and no float32 softmax outlive their chunk: the head's memory is one
 chunk's logits (`chunk_bytes`), not 4 b s V bytes plus a bf16 copy, and nothing is recomputed.
 Evaluation (no gradient) runs the chunks for the loss alone.
+`fused_head_grads` is that forward alone, adding into float32 sums that a caller carries (the
+train step's microbatch loop: no zeros to start from, no add after).
 """
 from __future__ import annotations
 
@@ -31,35 +33,16 @@ def fused_head_loss(chunk_loss, embed_p, head_p, x_bsh, targets_bs, chunks: int)
     """Sum of token losses of the head, chunk_loss(embed_p, head_p, x_bch, targets_bc) per
     chunk of c = s / chunks positions; gradients taken in the forward (see the module doc).
     The chunks run in a `lax.scan`, so one chunk's logits are live at a time."""
-    b, s = targets_bs.shape
-    c = s // chunks
     dtypes = jax.tree.map(lambda a: a.dtype, (embed_p, head_p, x_bsh))
-    split = lambda a: jnp.moveaxis(a.reshape((b, chunks, c) + a.shape[2:]), 1, 0)  # (n, b, c, ...)
-
-    def zeros(shape, *like):
-        """float32 zeros varying over the manual mesh axes that `like` vary over (inside a
-        shard_map the scan's carry must keep its type; no axis is named here)."""
-        axes = frozenset().union(*(varying_axes(a) for a in jax.tree.leaves(like)))
-        return vary(jnp.zeros(shape, jnp.float32), tuple(sorted(axes)))
-
-    def scan(body, carry, xs):       # one chunk: no loop
-        if chunks == 1:
-            carry, y = body(carry, jax.tree.map(lambda a: a[0], xs))
-            return carry, None if y is None else y[None]
-        return jax.lax.scan(body, carry, xs)
 
     def loss_only(e, h, x, t):
         body = lambda loss, xt: (loss + chunk_loss(e, h, *xt), None)
-        return scan(body, zeros((), e, h, x, t), (split(x), split(t)))[0]
+        return _scan(body, _zeros((), e, h, x, t), _chunked(x, t, chunks))[0]
 
     def forward(e, h, x, t):
-        def body(acc, xt):
-            l, (ge, gh, gx) = jax.value_and_grad(chunk_loss, argnums=(0, 1, 2))(e, h, *xt)
-            new = (l, *jax.tree.map(lambda g: g.astype(jnp.float32), (ge, gh)))
-            return jax.tree.map(jnp.add, acc, new), gx
-        acc = (zeros((), e, h, x, t), *jax.tree.map(lambda a: zeros(a.shape, a), (e, h)))
-        (loss, g_e, g_h), g_x = scan(body, acc, (split(x), split(t)))
-        return loss, (g_e, g_h, jnp.moveaxis(g_x, 0, 1).reshape(x.shape))
+        acc = (_zeros((), e, h, x, t), *jax.tree.map(lambda a: _zeros(a.shape, a), (e, h)))
+        (loss, g_e, g_h), g_x = fused_head_grads(chunk_loss, acc, e, h, x, t, chunks)
+        return loss, (g_e, g_h, g_x)
 
     def backward(res, ct):
         grads = jax.tree.map(lambda g, dt: (g * ct).astype(dt), res, dtypes)
@@ -68,3 +51,44 @@ def fused_head_loss(chunk_loss, embed_p, head_p, x_bsh, targets_bs, chunks: int)
     f = jax.custom_vjp(loss_only)
     f.defvjp(forward, backward)
     return f(embed_p, head_p, x_bsh, targets_bs)
+
+
+def fused_head_grads(chunk_loss, acc, embed_p, head_p, x_bsh, targets_bs, chunks: int):
+    """((loss, embed grads, head grads), dx): acc, float32 (loss, embed_p-, head_p-shaped),
+    plus the head's loss sum and gradients, each chunk's added to it as it is made (a caller
+    that carries float32 sums passes them: no zeros to start from, no add after); dx, the
+    gradient of x_bsh, in x_bsh's dtype. Chunks as `fused_head_loss`."""
+    axes = tuple(sorted(_axes(embed_p, head_p, x_bsh, targets_bs)))
+    acc = jax.tree.map(lambda a: vary(a, axes), acc)
+
+    def body(acc, xt):
+        l, (ge, gh, gx) = jax.value_and_grad(chunk_loss, argnums=(0, 1, 2))(embed_p, head_p, *xt)
+        new = (l, *jax.tree.map(lambda g: g.astype(jnp.float32), (ge, gh)))
+        return jax.tree.map(jnp.add, acc, new), gx
+    acc, g_x = _scan(body, acc, _chunked(x_bsh, targets_bs, chunks))
+    return acc, jnp.moveaxis(g_x, 0, 1).reshape(x_bsh.shape)
+
+
+def _chunked(x_bsh, targets_bs, chunks: int):
+    """(x, targets) as (n, b, c, ...): the sequence cut into n = chunks pieces of c positions."""
+    b, s = targets_bs.shape
+    split = lambda a: jnp.moveaxis(a.reshape((b, chunks, s // chunks) + a.shape[2:]), 1, 0)
+    return split(x_bsh), split(targets_bs)
+
+
+def _scan(body, carry, xs):
+    """`lax.scan` over the chunks; one chunk: no loop."""
+    if jax.tree.leaves(xs)[0].shape[0] == 1:
+        carry, y = body(carry, jax.tree.map(lambda a: a[0], xs))
+        return carry, None if y is None else y[None]
+    return jax.lax.scan(body, carry, xs)
+
+
+def _axes(*like) -> frozenset:
+    return frozenset().union(*(varying_axes(a) for a in jax.tree.leaves(like)))
+
+
+def _zeros(shape, *like):
+    """float32 zeros varying over the manual mesh axes that `like` vary over (inside a
+    shard_map the scan's carry must keep its type; no axis is named here)."""
+    return vary(jnp.zeros(shape, jnp.float32), tuple(sorted(_axes(*like))))

@@ -14,6 +14,7 @@ from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, FFN_ACT, HEADS, attentio
 GEMM_SPECS = {"q_w": "bsh,hnd->bsnd", "k_w": "bsh,hnd->bsnd", "v_w": "bsh,hnd->bsnd",
               "out_w": "bsnd,ndh->bsh", "fc1_w": "bsh,hf->bsf", "fc2_w": "bsf,fh->bsh"}
 DENSE_WEIGHTS = tuple(GEMM_SPECS)
+HEAD_EMBED = ("wte",)          # embedding weights the head reads too (tied)
 
 
 def param_specs(cfg):
@@ -61,8 +62,8 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     """One pre-LN transformer layer: x + Attn(LN(x)), then + MLP(LN(.))."""
     impl = attention_impl(getattr(sh, "attention", "auto"), x_bsh.dtype)
     y = layer_norm(x_bsh, p["ln1_scale"], p["ln1_bias"], cfg.norm_eps)
-    q, k, v = column_dense(sh, y, [(GEMM_SPECS[f"{c}_w"], weight(p, f"{c}_w"), p[f"{c}_b"]) for c in "qkv"],
-                           HEADS)
+    qkv = [(GEMM_SPECS[f"{c}_w"], weight(p, f"{c}_w"), p[f"{c}_b"]) for c in "qkv"]
+    q, k, v = column_dense(sh, y, qkv, HEADS)
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
     attn_bsh = row_dense(sh, a_bsnd, GEMM_SPECS["out_w"], weight(p, "out_w"), p["out_b"])
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))

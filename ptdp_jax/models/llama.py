@@ -16,6 +16,7 @@ GEMM_SPECS = {"wq": "bsh,hnd->bsnd", "wk": "bsh,hnd->bsnd", "wv": "bsh,hnd->bsnd
               "wo": "bsnd,ndh->bsh", "w_gate": "bsh,hf->bsf", "w_up": "bsh,hf->bsf",
               "w_down": "bsf,fh->bsh"}
 DENSE_WEIGHTS = tuple(GEMM_SPECS)
+HEAD_EMBED = ()                # embedding weights the head reads too (untied: none)
 
 
 def param_specs(cfg):
@@ -50,16 +51,15 @@ def embed(p, tokens_bs, cfg, sh, key_rows=None):
 def layer(p, x_bsh, cfg, sh, key_rows=None):
     impl = attention_impl(getattr(sh, "attention", "auto"), x_bsh.dtype)
     y = rms_norm(x_bsh, p["attn_norm"], cfg.norm_eps)
-    q, k, v = column_dense(sh, y, [(GEMM_SPECS[w], weight(p, w), None) for w in ("wq", "wk", "wv")],
-                           HEADS)
+    gemms = lambda names: [(GEMM_SPECS[w], weight(p, w), None) for w in names]
+    q, k, v = column_dense(sh, y, gemms(("wq", "wk", "wv")), HEADS)
     q, k = (rotary(a, cfg.rope_theta) for a in (q, k))
     k, v = (_repeat_kv(x, cfg, sh) for x in (k, v))
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
     attn_bsh = row_dense(sh, a_bsnd, GEMM_SPECS["wo"], weight(p, "wo"))
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
     y = rms_norm(x_bsh, p["mlp_norm"], cfg.norm_eps)
-    g_bsf, u_bsf = column_dense(sh, y, [(GEMM_SPECS[w], weight(p, w), None) for w in ("w_gate", "w_up")],
-                                FFN)
+    g_bsf, u_bsf = column_dense(sh, y, gemms(("w_gate", "w_up")), FFN)
     act_bsf = checkpoint_name(jax.nn.silu(g_bsf) * u_bsf, FFN_ACT)
     mlp_bsh = row_dense(sh, act_bsf, GEMM_SPECS["w_down"], weight(p, "w_down"))
     x_bsh = x_bsh + dropout(mlp_bsh, cfg.dropout, fold_rows(key_rows, 1))

@@ -20,7 +20,7 @@ import numpy as np
 
 from ptdp_jax.models import gpt, llama
 from ptdp_jax.models.dense import MasterGrad
-from ptdp_jax.models.fused_loss import fused_head_loss, num_chunks
+from ptdp_jax.models.fused_loss import fused_head_grads, fused_head_loss, num_chunks
 from ptdp_jax.models.layers import FFN_ACT, gather_seq, vocab_parallel_cross_entropy
 from ptdp_jax.parallel.sharding import Sharder
 
@@ -302,15 +302,36 @@ def head_loss(cfg, sh, embed_p, head_p, x_bsh, targets_bs, ids_v=None, axis=None
     layers.vocab_parallel_cross_entropy for a vocabulary also split over `axis`). Without
     `axis`, fused: gradients taken in the forward, chunk by chunk, so no (b, s, V) logits are
     kept for the backward (models/fused_loss.py)."""
-    def chunk_loss(e, h, x, t):
-        return vocab_parallel_cross_entropy(logits(cfg, sh, e, h, x), t, cfg.vocab_size, sh,
-                                            ids_v, axis)
+    chunk_loss = _chunk_loss(cfg, sh, ids_v, axis)
     if axis is not None:
         return chunk_loss(embed_p, head_p, x_bsh, targets_bs)
     b, s = x_bsh.shape[:2]
     # under sequence parallelism the chunks are cut from the whole sequence (gathered once)
     return fused_head_loss(chunk_loss, embed_p, head_p, gather_seq(sh, x_bsh), targets_bs,
                            num_chunks(b, s, cfg.padded_vocab_size))
+
+
+def head_grads(cfg, sh, acc, embed_p, head_p, x_bsh, targets_bs):
+    """((loss, embed grads, head grads), dx): head_loss's loss and gradients added to acc, its
+    float32 sums, chunk by chunk (fused_loss.fused_head_grads), and the gradient of x_bsh.
+    embed_p: the part of the embedding the head reads (`head_embed`)."""
+    b, s = x_bsh.shape[:2]
+    y, pull = jax.vjp(lambda x: gather_seq(sh, x), x_bsh)
+    acc, dy = fused_head_grads(_chunk_loss(cfg, sh), acc, embed_p, head_p, y, targets_bs,
+                               num_chunks(b, s, cfg.padded_vocab_size))
+    return acc, pull(dy)[0]
+
+
+def head_embed(cfg, embed_p):
+    """The embedding parameters the head reads too (GPT's tied wte; none for LLaMA)."""
+    return {k: embed_p[k] for k in arch(cfg).HEAD_EMBED}
+
+
+def _chunk_loss(cfg, sh, ids_v=None, axis=None):
+    def chunk_loss(e, h, x, t):
+        return vocab_parallel_cross_entropy(logits(cfg, sh, e, h, x), t, cfg.vocab_size, sh,
+                                            ids_v, axis)
+    return chunk_loss
 
 
 def loss_sum(cfg, params, tokens_bs, targets_bs, sh: Sharder | None = None, recompute="none",

@@ -19,7 +19,8 @@ once a step on each data-parallel replica (and pipeline stage):
 The step (step.py) picks one path per config and does the rest: the reduction over 'data' and
 'pipe', the division by the global batch's tokens, the update. The paths:
 
-    step._microbatch_grads          p = 1: `accumulate` over the microbatches
+    step._microbatch_grads          p = 1: local_grads.microbatch_grads, a scan over the
+                                    microbatches whose carry is the sums
     zero.microbatch_grads           p = 1, ZeRO reducing inside the backward: `accumulate`
                                     (zero 1: all microbatches but the last, whose backward adds
                                     the sums before it reduce-scatters); sharded leaves come back

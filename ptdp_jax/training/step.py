@@ -21,6 +21,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.training import grads as G
+from ptdp_jax.training import local_grads as LG
 from ptdp_jax.models import fp8 as F8
 from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad
@@ -43,31 +44,17 @@ def _microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual):
     """p == 1: the microbatches' loss and gradients summed in float32, no communication (the
     gradient path of ptdp_jax/training/grads.py)."""
     dtype = M.DTYPES[cfg.compute_dtype]
-    mbs, keys = G.microbatches(batch_rs1, keys_r, cfg.num_microbatches)
     params = dict(params, layers=jax.tree.map(lambda x: x[0, 0], params["layers"]))
 
     # unrolled layers: each layer's gradient taken and summed on its own, stacked once after
     # the loop (M.unstack_layers); the GEMM weights as (compute copy made once a step, float32
     # master) pairs, so that their gradients come out of the GEMM in float32 and the sums
-    # below take them inside the GEMM (cuBLAS beta = 1), as the pipeline executor's do
-    # (tuning.tp_comm_overlap's rings take plain weights)
-    split = (lambda t: t) if cfg.scan_layers_on else M.per_layer
+    # take them inside the GEMM (cuBLAS beta = 1), as the pipeline executor's do
+    # (tuning.tp_comm_overlap's rings take plain weights); embedding and head: local_grads.py
     plain = cfg.scan_layers_on or sh.tp_overlap
     wrap = (lambda layers: layers) if plain else _master_grads(cfg, params, dtype, sh.fp8)
-
-    def loss_fn(prm, tokens_bs1, key_rows):
-        prm = dict(prm, layers=wrap(prm["layers"]))
-        return M.loss_sum(cfg.model, prm, tokens_bs1[:, :-1], tokens_bs1[:, 1:], sh,
-                          cfg.remat, dtype, key_rows, cfg.scan_layers_on)
-
-    def one(tokens, key_rows):
-        return jax.value_and_grad(loss_fn)(split(params), tokens, key_rows)
-
-    zero = G.f32_zeros((jnp.zeros(()), split(params)), manual)
-    loss, grads = G.accumulate(one, zero, mbs, keys)
-    grads = M.stack_layers(grads)
-    grads = dict(grads, layers=jax.tree.map(lambda x: x[None, None], grads["layers"]))
-    return loss, grads
+    loss, grads = LG.microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, wrap)
+    return loss, dict(grads, layers=jax.tree.map(lambda x: x[None, None], grads["layers"]))
 
 
 def _master_grads(cfg, params, dtype, fp8: bool):
