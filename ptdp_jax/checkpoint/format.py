@@ -7,9 +7,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
 import re
 import sys
+import traceback
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -215,9 +218,10 @@ _QUIET_LOOP = False
 
 def quiet_closed_loop() -> None:
     """Drop (once installed, for the process) the reports that follow a failed orbax
-    restore: 'Event loop is closed' from tensorstore's reads still in flight, and the
-    errors of the read coroutines never awaited once the first read failed; nothing is
-    lost, but each printed a traceback around the one clear CheckpointError."""
+    restore: 'Event loop is closed' from tensorstore's reads still in flight, the errors and
+    warnings of the read coroutines never awaited once the first read failed, and asyncio's
+    'exception was never retrieved' of the other failed reads; nothing is lost, but each
+    printed a traceback around the one clear CheckpointError."""
     global _QUIET_LOOP
     if _QUIET_LOOP:
         return
@@ -230,7 +234,20 @@ def quiet_closed_loop() -> None:
             return
         previous(u)
     sys.unraisablehook = hook
+    logging.getLogger("asyncio").addFilter(_unretrieved_read_errors)
+    warnings.filterwarnings("ignore", r"coroutine '_read\w*' was never awaited", RuntimeWarning)
     _QUIET_LOOP = True
+
+
+def _unretrieved_read_errors(record: logging.LogRecord) -> bool:
+    """False for asyncio's report of a failed orbax/tensorstore read nobody awaited."""
+    message = record.getMessage()
+    if "exception was never retrieved" not in message:
+        return True
+    exc = record.exc_info[1] if record.exc_info else None
+    frames = traceback.walk_tb(exc.__traceback__) if exc is not None else ()
+    from_orbax = any("orbax" in frame.f_code.co_filename for frame, _ in frames)
+    return not (from_orbax or "OCDBT" in message or "TensorStore" in message)
 
 
 # ----------------------------------------------------------------------------- the tokenizer item
