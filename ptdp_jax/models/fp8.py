@@ -4,7 +4,7 @@ Weights and activations are rounded to E4M3, output gradients to E5M2 (Megatron'
 each tensor with one scale from its own max |x| in this step (current scaling). A scale is the
 least power of two s with max|x| / s <= the format's largest value, so that rounding is the
 only error (dividing by s is exact), a tensor already on the FP8 grid comes back unchanged
-(`qdq` is idempotent: a weight-gradient op may quantize a stashed operand again), and a layout
+(`qdq` is idempotent: the tensor ring's backward rounds its operands again), and a layout
 whose reductions differ in the last bit still picks the same scale as one device.
 
 The operands reach the GEMM as convert(fp8) * scale, the form XLA's GPU GEMM rewriter turns
