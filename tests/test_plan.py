@@ -362,3 +362,20 @@ def test_tensor_layouts_price_sequence_parallelism():
     assert off.estimate.step_time_s > best.estimate.step_time_s
     one = best_layout(cfg, 1, 1, "h200")
     assert not one.sequence_parallel                      # a no-op at t = 1: never searched
+
+
+def test_h200_limit_is_the_one_training_runs_under():
+    """--gpu h200 fits a layout under JAX's own limit on an H200 at a 0.92 fraction (128.617
+    GiB, 2x H200, 2026-11-29), so it recommends the layout training ran there for LLaMA-3-8B
+    with FP8: (1,2,1) zb-phased v 2, not (2,1,1) zero 2 keeping the MLP's activation (128.8
+    GiB, over that limit)."""
+    from ptdp_jax.plan.search import best_layout
+    kind = gpu_kind("h200")
+    assert kind.memory_bytes * kind.usable_memory_fraction / 2 ** 30 == pytest.approx(128.617, abs=1e-3)
+    cfg = load_config("configs/llama3-8b.yaml", overrides={
+        "model.seq_len": 4096, "train.global_batch_size": 16, "train.fp8": True})
+    best = best_layout(cfg, 2, 8, "h200")
+    assert (best.data, best.pipe, best.tensor, best.schedule, best.virtual_stages) == \
+        (1, 2, 1, "zb-phased", 2)
+    roomy = best_layout(cfg, 2, 8, with_overrides(kind, {"memory_bytes": 143771 * 2 ** 20}))
+    assert (roomy.data, roomy.zero, roomy.keep_ffn_activation) == (2, 2, "auto")

@@ -15,8 +15,10 @@ A kind describes one GPU *and the program whose step times calibrated it*:
   efficiency curve and memory-bound factors are fitted to the paper's Table 1 (the only A100
   step times we have), so the Table 1 check tests the model's structure, not the curve.
 
-Memory: what nvidia-smi reports, of which `usable_memory_fraction` is the limit of "fits"
-(XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 as benchmarks/*.sh set it; JAX's own default is 0.75).
+Memory: what CUDA reports as the device's total, of which `usable_memory_fraction` is the limit
+of "fits", as JAX's allocator takes it (XLA_PYTHON_CLIENT_MEM_FRACTION=0.92 as benchmarks/*.sh
+set it; JAX's own default is 0.75). CUDA reports less than nvidia-smi: 615 MiB less on H200 (its
+`bytes_limit`, 128.617 GiB at 0.92, 2x H200, 2026-11-29); the H100's figure is nvidia-smi's.
 What a layout needs is always ptdp_jax's (`ptdp_jax/training/memory.py`), for a100 too.
 
 Links: NCCL bus bandwidth per GPU inside a host (NVLink through NVSwitch) and across hosts
@@ -34,7 +36,7 @@ from dataclasses import dataclass, fields, replace
 class GpuKind:
     name: str
     peak_flops: float                    # dense 16-bit FLOP/s (datasheet)
-    memory_bytes: int                    # what a device holds (as nvidia-smi reports it)
+    memory_bytes: int                    # what a device holds (as CUDA reports it)
     usable_memory_fraction: float        # the share the program may take (the limit of "fits")
     hbm_bytes_per_s: float               # datasheet HBM bandwidth
     memory_bound_bytes_per_s: float      # what element-wise kernels of this program reach
@@ -133,7 +135,9 @@ GPU_KINDS: dict[str, GpuKind] = {
         source="Megatron-LM on DGX A100 80GB as in the paper (Table 1 fitted)"),
 }
 GPU_KINDS["h200"] = replace(
-    GPU_KINDS["h100"], name="h200", memory_bytes=143771 * 2 ** 20, hbm_bytes_per_s=4.8e12,
+    GPU_KINDS["h100"], name="h200", hbm_bytes_per_s=4.8e12,
+    memory_bytes=143156 * 2 ** 20,       # CUDA's total: JAX's limit at 0.92 is 128.617 GiB
+                                         # (nvidia-smi: 143,771 MiB)
     # the datasheet's, as for H100: fits to 1.3B steps on 1-4 H200 gave 4.4e12-5.0e12; with it
     # predicted/measured 0.935-1.075, median 1.004 (60 cases, 2026-11-28)
     memory_bound_bytes_per_s=4.8e12,
