@@ -34,7 +34,8 @@ do not edit by hand (`tests/test_docs.py` fails when this page is stale).
 Defaults live in code; a YAML file (`configs/*.yaml`) overrides some of them, and dotted
 `key=value` overrides (`ptdp-train CONFIG key=value ...`, `train(..., overrides={...})`) come
 last. `ptdp-train CONFIG --print-config` prints the whole tree as it would run on
-the devices at hand (`auto` resolved, validated). An unknown key is refused
+the devices at hand (the layout, precision and recomputation resolved, the config's own rules
+checked; the data, checkpoint and memory checks run with `--dry-run` and training). An unknown key is refused
 with a suggestion (`unknown config key 'train.stesp' (did you mean 'train.steps'?)`).
 Defaults are written as YAML values (`null` is Python's `None`).
 

@@ -8,6 +8,8 @@ This module imports nothing from ptdp_jax, so that every other module may import
 from __future__ import annotations
 
 import enum
+import os
+import sys
 
 
 class ExitCode(enum.IntEnum):
@@ -19,10 +21,24 @@ class ExitCode(enum.IntEnum):
     PEER_LOST = 4           # multi-process: another process died or failed, this one stopped
     DISTRIBUTED_INIT = 5    # multi-process: jax.distributed could not start (peers missing)
     CHECKPOINT = 6          # a checkpoint could not be read or written
-    INTERRUPTED = 130       # a second Ctrl-C: stopped at once, without a checkpoint
+    INTERRUPTED = 130       # a second Ctrl-C, or one before training: stopped at once
 
 
 def short_error(e: BaseException, limit: int = 400) -> str:
     """An exception's message on one line, cut at `limit` characters."""
     s = " ".join(str(e).split())
     return s if len(s) <= limit else s[:limit] + " ..."
+
+
+def leave_now(code: int, message: str = "") -> None:
+    """Print `message` (to stderr), then exit with `code` at once, skipping the interpreter's
+    teardown: after a Ctrl-C has interrupted XLA (a compile, a transfer) that teardown can
+    crash (exit 139). Whatever was still being written (a checkpoint in flight) is dropped."""
+    if message:
+        print(message, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(int(code))

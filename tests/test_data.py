@@ -228,6 +228,9 @@ def test_cli(tmp_path, capsys):
     argv = [str(jsonl), "--out", f"{out}_bpe", "--tokenizer", "bpe", "--vocab-size", "300"]
     assert main(argv) == 0
     assert "tokenizer.json" in capsys.readouterr().out
+    assert main([*argv[:-1], "100000", "--out", f"{out}_big"]) == 0    # more than the text holds
+    vocab = TokenDataset(f"{out}_big").vocab_size
+    assert f"the BPE stopped at {vocab} of the 100000 ids" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([str(tmp_path / "missing.jsonl"), "--out", str(out)])
     assert "missing.jsonl" in capsys.readouterr().err

@@ -124,6 +124,23 @@ def test_export_rejects_a_non_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_damaged_inputs_exit_2_naming_the_file(tmp_path, capsys):
+    """A truncated model.safetensors (ptdp-import-hf) and a --tokenizer that is not a
+    tokenizer.json (ptdp-export) exit 2 with one line naming the file, not a traceback."""
+    from ptdp_jax.exits import ExitCode
+    _checkpoint(tmp_path, "gpt", mesh=(1, 1, 1))
+    EX.export_checkpoint(tmp_path / "ckpt", tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:5])
+    assert import_cli.main([str(tmp_path / "hf"), str(tmp_path / "imported")]) == ExitCode.CONFIG
+    assert f"{weights} cannot be read as safetensors" in capsys.readouterr().err
+    (tmp_path / "my.yaml").write_text("a: 1\n")
+    rc = export_cli.main([str(tmp_path / "ckpt"), str(tmp_path / "hf2"),
+                          "--tokenizer", str(tmp_path / "my.yaml")])
+    assert rc == ExitCode.CONFIG
+    assert "my.yaml is not a tokenizer.json" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("arch,extra", [("gpt", {}), ("llama", {}), ("llama", GQA)],
                          ids=["gpt", "llama", "llama-gqa"])
 def test_import_round_trip(tmp_path, arch, extra, capsys):

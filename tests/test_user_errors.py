@@ -152,6 +152,40 @@ def test_datasets_of_different_tokenizers_do_not_blend(tmp_path, data_cache):
     open_streams(resolve_config(None, None, {**ov, "data.path": [str(bpe), str(tmp_path / "copy")]}))
 
 
+def test_a_checkpoint_refuses_data_of_another_tokenizer(tmp_path, data_cache):
+    """Resuming, or evaluating, a model on data whose ids come from another tokenizer is
+    refused before compiling, naming both tokenizers; a copy of the same tokenizer.json
+    passes."""
+    import shutil
+    from ptdp_jax.checkpoint.manager import CheckpointError
+    from ptdp_jax.data import prepare_dataset
+    from ptdp_jax.run.evaluate import evaluate_checkpoint
+    text = tmp_path / "a.txt"
+    text.write_text("Some text for a tokenizer to learn from. " * 200)
+    bpe = prepare_dataset([str(text)], tmp_path / "bpe", tokenizer="bpe", bpe_vocab_size=300)
+    byte = prepare_dataset([str(text)], tmp_path / "byte")
+    ov = H.tiny(tmp_path, data_cache, **{"data.path": [str(bpe)], "model.vocab_size": 300,
+                                         "train.steps": 1})
+    train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
+    log = H.Log()
+    with pytest.raises(CheckpointError) as e:
+        train(mesh_shape=(1, 1, 1), overrides={**ov, "data.path": [str(byte)], "train.steps": 2},
+              log=log)
+    msg = str(e.value)
+    assert "bpe.tokenizer.json" in msg and f"data.path[0] = '{byte}'" in msg and "'byte'" in msg
+    assert not any("compil" in line for line in log.lines)
+    with pytest.raises(CheckpointError, match="the same ids mean other text"):
+        evaluate_checkpoint(tmp_path / "ckpt", overrides={"data.path": [str(byte)]})
+    for suffix in (".bin", ".idx.npy", ".json", ".tokenizer.json"):   # the same tokenizer
+        shutil.copy(f"{bpe}{suffix}", tmp_path / f"copy{suffix}")
+    meta = json.loads((tmp_path / "copy.json").read_text())
+    meta["tokenizer"] = "copy.tokenizer.json"
+    (tmp_path / "copy.json").write_text(json.dumps(meta))
+    out = train(mesh_shape=(1, 1, 1), log=H.Log(),
+                overrides={**ov, "data.path": [str(tmp_path / "copy")], "train.steps": 2})
+    assert out.start_step == 1
+
+
 # --------------------------------------------------------------- multi-process starts
 
 def _free_port() -> int:
@@ -261,6 +295,15 @@ def test_print_config_is_the_config_that_would_run(capsys):
     assert rc == 0 and tree["train"]["dtype"] == "float32" and tree["train"]["recompute"] == "none"
     rc, _, err = _cli(capsys, "configs/tiny-gpt.yaml", "train.log_every=0", "--print-config")
     assert rc == ExitCode.CONFIG and "train.log_every must be positive, got 0" in err
+
+
+def test_a_dotted_resume_wins_over_the_flag(capsys):
+    """Dotted overrides come last: checkpoint.resume=... beats --resume / --no-resume."""
+    for flag, dotted, want in (("--no-resume", "overwrite", "overwrite"),
+                               ("--resume", "false", False), ("--no-resume", None, False)):
+        args = ["configs/tiny-gpt.yaml", flag, "--print-config"]
+        rc, out, _ = _cli(capsys, *args, *([f"checkpoint.resume={dotted}"] if dotted else []))
+        assert rc == 0 and yaml.safe_load(out)["checkpoint"]["resume"] == want, (flag, dotted)
 
 
 def test_mesh_against_an_override_of_its_sizes(capsys):

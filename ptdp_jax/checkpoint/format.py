@@ -286,6 +286,30 @@ def run_tokenizer(cfg: Config) -> str | None:
         return None
 
 
+def check_data_tokenizer(meta: dict, step_dir: Path, cfg: Config) -> None:
+    """CheckpointError where cfg's data was tokenized by another tokenizer than the one the
+    checkpoint's model learned (data.sources.same_ids): the same ids would mean other text.
+    Silent where either side does not tell (a checkpoint without a tokenizer, data whose
+    tokenizer file is gone)."""
+    from ptdp_jax.data.sources import same_ids
+    kept = meta.get("tokenizer")
+    if kept == "byte":
+        name, copy = "byte", "byte"
+    elif isinstance(kept, dict) and (step_dir / kept.get("file", "")).is_file():
+        name, copy = str(kept.get("source", kept["file"])), str(step_dir / kept["file"])
+    else:
+        return
+    spec = run_tokenizer(cfg)
+    if spec is None or same_ids(copy, spec):
+        return
+    data = f"data.path[0] = {cfg.data.path[0]!r}" if cfg.data.path else "the embedded corpus"
+    raise CheckpointError(
+        f"checkpoint {step_dir} was trained on the token ids of tokenizer {name!r}, but {data} "
+        f"holds those of {spec!r}: the same ids mean other text. Use data prepared with the "
+        f"checkpoint's tokenizer (ptdp-prepare-data --tokenizer {copy}), or start a new run in "
+        f"another checkpoint.dir")
+
+
 def tokenizer_files(spec: str | None) -> dict[str, str]:
     """{name: text} kept in a checkpoint for tokenizer `spec`: nothing for 'byte' (the
     metadata says it), a tokenizer.json with the tokenizer_config.json beside it if any."""

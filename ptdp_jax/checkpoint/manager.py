@@ -66,7 +66,7 @@ from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.checkpoint.format import (  # noqa: F401  (re-exported: the public checkpoint API)
     FORMAT, META_FILE, META_ITEM, STATE_ITEM, TOKENIZER_ITEM, VERSION, CheckpointError,
     _check_writable, _FilesHandler, _FilesSave, _scan, _shape_tree, _short, check_compatible,
-    check_directory, checkpoint_config, checkpoint_tokenizer, config_from_dict, damaged_message,
+    check_data_tokenizer, check_directory, checkpoint_config, checkpoint_tokenizer, config_from_dict, damaged_message,
     load_checkpoint, load_params, quiet_closed_loop, read_meta, resolve_step_dir, run_tokenizer,
     stored_shapes, tokenizer_files)
 from ptdp_jax.training.state import (  # noqa: F401  (re-exported: the public checkpoint API)
@@ -395,8 +395,8 @@ def check_fresh_start(cfg: Config) -> list[int]:
 def check_checkpoint_dir(cfg: Config) -> list[int]:
     """Before a run compiles: CheckpointError for a checkpoint.dir that cannot serve it (a
     file, not writable, holding files of something else, or, when resuming, a newest
-    checkpoint that is unreadable or of another model); with checkpoint.resume false or
-    overwrite, check_fresh_start. Returns the steps this run will remove at its first save."""
+    checkpoint that is unreadable, of another model or of another tokenizer's ids); with
+    checkpoint.resume false or overwrite, check_fresh_start. Returns the steps this run will remove at its first save."""
     if not cfg.checkpoint.dir:
         return []
     directory = checkpoint_directory(cfg)
@@ -407,7 +407,9 @@ def check_checkpoint_dir(cfg: Config) -> list[int]:
     steps = _scan(directory)[0]
     if steps:
         where = directory / str(steps[-1])
-        check_compatible(read_meta(where), cfg, str(where))
+        meta = read_meta(where)
+        check_compatible(meta, cfg, str(where))
+        check_data_tokenizer(meta, where, cfg)
     return []
 
 

@@ -10,7 +10,7 @@ from ptdp_jax.run.evaluate import EVAL_KEYS, evaluate_checkpoint
 def main(argv=None) -> int:
     from ptdp_jax.checkpoint.manager import CheckpointError
     from ptdp_jax.config.load import ConfigError, parse_cli_overrides
-    from ptdp_jax.exits import ExitCode
+    from ptdp_jax.exits import ExitCode, leave_now
 
     ap = argparse.ArgumentParser(
         prog="ptdp-eval",
@@ -33,6 +33,8 @@ def main(argv=None) -> int:
     except CheckpointError as e:
         print(f"ptdp-eval: checkpoint error: {e}", file=sys.stderr)
         return ExitCode.CHECKPOINT
+    except KeyboardInterrupt:
+        leave_now(ExitCode.INTERRUPTED, "ptdp-eval: interrupted")
     if out["layout"]:
         print(f"ptdp-eval: evaluating with {out['layout']}", file=sys.stderr)
     print(f"step {out['step']}: val loss {out['loss']:.4f}, perplexity {out['perplexity']:.2f} "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ptdp_jax.config.load import ConfigError, load_config, parse_cli_overrides
@@ -98,6 +99,14 @@ def format_table(rows: list[Candidate], top: int) -> str:
 
 
 def main(argv=None) -> int:
+    try:
+        return _plan(argv)
+    except BrokenPipeError:              # `ptdp-plan ... | head`: the reader has gone
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no error at exit
+        return ExitCode.OK
+
+
+def _plan(argv) -> int:
     args = parse_args(argv)
     try:
         items = parse_cli_overrides(args.overrides)

@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from ptdp_jax.config.load import ConfigError, parse_cli_overrides, parse_mesh
-from ptdp_jax.exits import ExitCode
+from ptdp_jax.exits import ExitCode, leave_now
 
 
 def parse_args(argv=None):
@@ -27,8 +27,9 @@ def parse_args(argv=None):
                     help="start fresh; refused if checkpoint.dir holds checkpoints (with "
                          "checkpoint.resume=overwrite they are removed at the first save)")
     ap.add_argument("--print-config", action="store_true",
-                    help="print the config as it would run on the devices here (auto settings "
-                         "resolved, validated) as YAML and exit")
+                    help="print the config as it would run on the devices here (layout, "
+                         "precision and recomputation resolved, the config's own rules checked; "
+                         "--dry-run also checks the data, checkpoint and memory) as YAML and exit")
     ap.add_argument("--dry-run", action="store_true",
                     help="validate, build the mesh, compile the step, report memory per device "
                          "and FLOPs per step, then exit")
@@ -57,6 +58,8 @@ def main(argv=None) -> int:
     # Multi-process: tell the other processes and leave (a failed one at once, so they stop
     # too; a clean one in order, so that no process prints gRPC errors on the way out).
     distributed.finish(rc == 0, why, exit_code=rc)
+    if rc == ExitCode.INTERRUPTED:
+        leave_now(rc)
     return rc
 
 
@@ -72,8 +75,8 @@ def _main(args) -> tuple[int, str]:
     from ptdp_jax.run.loop import TrainingStopped, dry_run, resolved_config, train
     try:
         overrides = parse_cli_overrides(args.overrides)
-        if args.resume is not None:
-            overrides["checkpoint.resume"] = args.resume
+        if args.resume is not None:             # a dotted checkpoint.resume=... still wins
+            overrides.setdefault("checkpoint.resume", args.resume)
         mesh = parse_mesh(args.mesh) if args.mesh else None
         if args.print_config:
             from ptdp_jax.config.load import to_yaml
@@ -95,8 +98,8 @@ def _main(args) -> tuple[int, str]:
         return _fail(ExitCode.CHECKPOINT, f"checkpoint error: {e}")
     except KeyboardInterrupt:
         return _fail(ExitCode.INTERRUPTED, "interrupted (a second Ctrl-C, or one before "
-                                           "training started): stopped at once, without a "
-                                           "checkpoint")
+                                           "training started): stopped at once; a resume "
+                                           "starts from the newest complete checkpoint")
     return ExitCode.OK, ""
 
 

@@ -17,7 +17,7 @@ POSITIVE = ("model.num_layers", "model.hidden_size", "model.num_heads", "model.v
             "train.eval_batches", "checkpoint.keep", "train.fp8_amax_history", "train.log_every")
 NON_NEGATIVE = ("train.warmup_steps", "train.eval_every", "train.sample_tokens",
                 "checkpoint.every", "train.weight_decay", "train.grad_clip", "model.dropout",
-                "train.stop_at_step", "train.stop_after_minutes")
+                "train.stop_at_step", "train.stop_after_minutes", "train.seed")
 
 
 def need(ok: bool, msg: str) -> None:
@@ -56,6 +56,8 @@ def _ranges(cfg, n):
     need(len(t.adam_betas) == 2 and all(0 <= b < 1 for b in t.adam_betas),
          f"train.adam_betas must be two numbers in [0, 1) (beta1, beta2), got {list(t.adam_betas)}")
     need(m.dropout < 1, f"model.dropout must be < 1, got {m.dropout}")
+    for key in ("model.rope_theta", "model.norm_eps", "model.init_std"):
+        need(_value(cfg, key) > 0, f"{key} must be positive, got {_value(cfg, key)}")
     need(m.ffn >= 1, f"model.ffn_hidden_size must be positive, got {m.ffn}")
     need(0 < cfg.data.val_fraction < 1,
          f"data.val_fraction must be in (0, 1), got {cfg.data.val_fraction}")

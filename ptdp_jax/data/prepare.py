@@ -321,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         files.append(f"{prefix}.tokenizer.json")
     print(f"prepared {ds.num_docs} documents, {ds.num_tokens} tokens "
           f"(vocab {ds.vocab_size}, {ds.dtype.name}) -> {', '.join(files)}")
+    if args.tokenizer == "bpe" and args.vocab_size and ds.vocab_size < args.vocab_size:
+        print(f"note: the BPE stopped at {ds.vocab_size} of the {args.vocab_size} ids asked for: "
+              f"the text holds no more merges (more text gives a larger vocabulary)")
     return 0
 
 

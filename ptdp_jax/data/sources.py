@@ -53,7 +53,29 @@ def open_datasets(paths: list[str] | None,
 def tokenizer_identity(ds: TokenDataset) -> str:
     """What decides a dataset's token ids: 'byte', or the content hash of its
     tokenizer.json (two copies of one tokenizer file are the same tokenizer)."""
-    spec = ds.tokenizer_spec
+    return spec_identity(ds.tokenizer_spec)
+
+
+PROBE = ("The quick brown fox jumps over the lazy dog. 0123456789 +-*/=<>()[]{} \"'!?;:,\n"
+         "def area(r):\n\treturn 3.14159 * r ** 2  # a comment\nÄÖÜ äöü ß é 日本語 🙂")
+
+
+def same_ids(a: str, b: str) -> bool:
+    """Whether tokenizer specs `a` and `b` give text the same ids: the same file (by content),
+    or the same vocabulary and the same ids for a probe text (the tokenizer.json exported with
+    a byte-tokenizer model acts as 'byte'). True where either cannot be loaded."""
+    if spec_identity(a) == spec_identity(b):
+        return True
+    from .tokenizer import load_tokenizer
+    try:
+        ta, tb = load_tokenizer(a), load_tokenizer(b)
+    except (OSError, ValueError):
+        return True
+    return ta.vocab_size == tb.vocab_size and list(ta.encode(PROBE)) == list(tb.encode(PROBE))
+
+
+def spec_identity(spec: str) -> str:
+    """tokenizer_identity of a tokenizer spec ('byte' or a tokenizer.json's path)."""
     if spec == "byte":
         return "byte"
     try:

@@ -103,7 +103,11 @@ class BPETokenizer:
 
         if not os.path.isfile(path):
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-        tok = Tokenizer.from_file(str(path))
+        try:
+            tok = Tokenizer.from_file(str(path))
+        except Exception as e:          # the tokenizers library raises a bare Exception
+            raise ValueError(f"{path} is not a tokenizer.json that the tokenizers library "
+                             f"reads ({' '.join(str(e).split())})") from None
         eos = EOS_TOKEN if tok.token_to_id(EOS_TOKEN) is not None else _config_eos(path)
         return cls(tok, path, eos or EOS_TOKEN)
 
@@ -178,5 +182,5 @@ def load_tokenizer(spec: str | os.PathLike) -> ByteTokenizer | BPETokenizer:
     if s == "bpe":
         raise ValueError("tokenizer 'bpe' must be trained first (give a vocab size) "
                          "or named by the path of its tokenizer.json")
-    raise ValueError(f"unknown tokenizer {s!r}: expected 'byte', a path to a tokenizer.json "
-                     f"or a folder holding one")
+    raise ValueError(f"unknown tokenizer {s!r}: expected 'byte', 'bpe' (ptdp-prepare-data, "
+                     f"with --vocab-size), a path to a tokenizer.json or a folder holding one")

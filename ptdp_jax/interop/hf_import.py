@@ -40,7 +40,12 @@ def _load_tensors(hf_dir: Path) -> dict[str, np.ndarray]:
                          f"never pickled PyTorch files)")
     out = {}
     for f in files:
-        for k, v in load_file(str(f)).items():
+        try:
+            tensors = load_file(str(f))
+        except Exception as e:          # SafetensorError (a truncated or damaged file)
+            raise ValueError(f"{f} cannot be read as safetensors: {' '.join(str(e).split())}") \
+                from None
+        for k, v in tensors.items():
             out[k] = np.asarray(v, np.float32) if v.dtype != np.float32 else v
     return out
 

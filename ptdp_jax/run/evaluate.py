@@ -73,7 +73,8 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     """{'step', 'loss', 'perplexity', 'batches', 'batch_size', 'seq_len', 'layout'} of a
     checkpoint; 'layout' says the keys reset where the training layout does not fit the
     mesh (layout_for_mesh), else is None. Overrides outside EVAL_KEYS: a ConfigError."""
-    from ptdp_jax.checkpoint.manager import load_checkpoint
+    from ptdp_jax.checkpoint.manager import (check_data_tokenizer, load_checkpoint,
+                                             resolve_step_dir)
     from ptdp_jax.config.load import load_config, parse_mesh
     from ptdp_jax.run.feed import Feed
     from ptdp_jax.parallel.sharding import make_mesh
@@ -83,6 +84,7 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     refuse_other_keys(overrides)
     ck_cfg, state, meta = load_checkpoint(checkpoint)
     asked = load_config(ck_cfg, overrides)
+    check_data_tokenizer(meta, resolve_step_dir(checkpoint), asked)
     shape = parse_mesh(mesh) if mesh else (1, 1, 1)
     cfg = layout_for_mesh(asked, shape, overrides, len(jax.devices()))
     reset = None if describe_layout(cfg) == describe_layout(asked) else \
