@@ -232,5 +232,11 @@ class Config:
         t = self.train
         return t.global_batch_size // (t.micro_batch_size * self.parallel.data)
 
+    @property
+    def microbatch_split(self) -> str:
+        """How a step splits a replica's batch, in words: '16 microbatches of 1'."""
+        m = self.num_microbatches
+        return f"{m} microbatch{'es' if m != 1 else ''} of {self.train.micro_batch_size}"
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

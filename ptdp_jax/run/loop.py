@@ -400,8 +400,8 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
     gib = lambda b: f"{b / 2**30:.3f} GiB"
     d, p, t = cfg.parallel.mesh_shape
     log(f"dry run: {cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden_size}, mesh "
-        f"(data, pipe, tensor) = ({d}, {p}, {t}), {cfg.num_microbatches} microbatches of "
-        f"{cfg.train.micro_batch_size}; the train step compiled in {seconds:.1f} s")
+        f"(data, pipe, tensor) = ({d}, {p}, {t}), {cfg.microbatch_split}; the train step "
+        f"compiled in {seconds:.1f} s")
     if est is not None:
         log(f"  memory per device (estimate): {est.describe()}")
     if mem is not None:

@@ -85,7 +85,7 @@ def _line(cfg, why: str, est, mem) -> tuple[str, float | None, float | None]:
     step = est.step_time_s if est is not None else None
     gib = mem.total / GiB if mem is not None else None
     return (f"{why}: mesh (data, pipe, tensor) = ({d}, {pp}, {tp}), {p.schedule}{v}, "
-            f"{cfg.num_microbatches} microbatches of {t.micro_batch_size}, zero {p.zero}, "
+            f"{cfg.microbatch_split}, zero {p.zero}, "
             f"recompute {t.recompute}, {t.dtype}"
             + (f"; predicted {step:.4f} s a step" if step is not None else "")
             + (f", {gib:.1f} GiB a device" if gib is not None else ""), step, gib)
