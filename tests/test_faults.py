@@ -5,7 +5,6 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -74,30 +73,6 @@ class Proc:
     @property
     def text(self) -> str:
         return "\n".join(self.lines)
-
-
-def test_ctrl_c_before_training_leaves_without_teardown(monkeypatch, capsys):
-    """A Ctrl-C that interrupts XLA (the step's or the state's compile, before training
-    starts) ends ptdp-train through exits.leave_now(130), one line on stderr: the
-    interpreter's teardown after an interrupted compile can crash (exit 139)."""
-    import ptdp_jax.cli.train as T
-    import ptdp_jax.run.loop as L
-
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-    left = []
-    monkeypatch.setattr(L, "train", interrupted)
-    monkeypatch.setattr(T, "leave_now", lambda code, message="": left.append(code))
-    T.main(["train.steps=1"])
-    assert left == [130]
-    assert "interrupted (a second Ctrl-C, or one before training started)" in capsys.readouterr().err
-
-
-def test_leave_now_flushes_and_exits_with_its_code():
-    code = "from ptdp_jax.exits import leave_now; print('kept', end=''); leave_now(130, 'why')"
-    r = subprocess.run([sys.executable, "-c", code], cwd=H.REPO, env=H.subprocess_env(),
-                       capture_output=True, text=True, timeout=120)
-    assert (r.returncode, r.stdout, r.stderr.strip()) == (130, "kept", "why")
 
 
 def test_sigterm_stops_cleanly_then_resumes(tmp_path, data_cache):

@@ -143,13 +143,31 @@ def test_ctrl_c_without_a_checkpoint_dir_stops_cleanly(tmp_path, data_cache):
 
 
 def test_second_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    """A second Ctrl-C, or one that interrupts XLA before training starts (the step's or the
+    state's compile), ends ptdp-train through exits.leave_now(130) after one line: the
+    interpreter's teardown after an interrupted compile can crash (exit 139)."""
+    import ptdp_jax.cli.train as C
+
     def interrupted(*a, **k):
         raise KeyboardInterrupt
+    left = []
     monkeypatch.setattr(T, "train", interrupted)
+    monkeypatch.setattr(C, "leave_now", lambda code, message="": left.append(code))
     assert cli_main(["train.steps=1"]) == ExitCode.INTERRUPTED == 130
+    assert left == [130]
     err = capsys.readouterr().err
     assert err.strip() == ("ptdp-train: interrupted (a second Ctrl-C, or one before training "
-                           "started): stopped at once, without a checkpoint")
+                           "started): stopped at once; a resume starts from the newest "
+                           "complete checkpoint")
+
+
+def test_leave_now_flushes_and_exits_with_its_code():
+    import subprocess
+    import sys
+    code = "from ptdp_jax.exits import leave_now; print('kept', end=''); leave_now(130, 'why')"
+    r = subprocess.run([sys.executable, "-c", code], cwd=H.REPO, env=H.subprocess_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr.strip()) == (130, "kept", "why")
 
 
 def test_two_ctrl_c_interrupt_train_at_once(tmp_path, data_cache):
