@@ -8,9 +8,17 @@ from ptdp_jax.run.generate import generate
 
 
 def main(argv=None) -> int:
+    from ptdp_jax.exits import ExitCode, leave_now
+    try:
+        return _generate(argv)
+    except KeyboardInterrupt:
+        leave_now(ExitCode.INTERRUPTED, "ptdp-generate: interrupted")
+
+
+def _generate(argv) -> int:
     from ptdp_jax.checkpoint.manager import CheckpointError, checkpoint_tokenizer, load_params
     from ptdp_jax.data.sources import model_tokenizer
-    from ptdp_jax.exits import ExitCode, leave_now
+    from ptdp_jax.exits import ExitCode
 
     ap = argparse.ArgumentParser(
         prog="ptdp-generate", description="Generate text from a ptdp_jax checkpoint.",
@@ -43,13 +51,8 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"ptdp-generate: {e}", file=sys.stderr)
         return ExitCode.CONFIG
-    except KeyboardInterrupt:
-        leave_now(ExitCode.INTERRUPTED, "ptdp-generate: interrupted")
-    try:
-        out = generate(cfg.model, params, tok.encode(args.prompt), args.max_new_tokens,
-                       temperature=args.temperature, top_k=args.top_k, seed=args.seed)
-    except KeyboardInterrupt:
-        leave_now(ExitCode.INTERRUPTED, "ptdp-generate: interrupted")
+    out = generate(cfg.model, params, tok.encode(args.prompt), args.max_new_tokens,
+                   temperature=args.temperature, top_k=args.top_k, seed=args.seed)
     print(args.prompt + tok.decode(out))
     return ExitCode.OK
 

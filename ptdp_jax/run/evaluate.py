@@ -73,8 +73,8 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     """{'step', 'loss', 'perplexity', 'batches', 'batch_size', 'seq_len', 'layout'} of a
     checkpoint; 'layout' says the keys reset where the training layout does not fit the
     mesh (layout_for_mesh), else is None. Overrides outside EVAL_KEYS: a ConfigError."""
-    from ptdp_jax.checkpoint.manager import (check_data_tokenizer, load_checkpoint,
-                                             resolve_step_dir)
+    from ptdp_jax.checkpoint.manager import (check_data_tokenizer, checkpoint_config,
+                                             load_checkpoint, read_meta, resolve_step_dir)
     from ptdp_jax.config.load import load_config, parse_mesh
     from ptdp_jax.run.feed import Feed
     from ptdp_jax.parallel.sharding import make_mesh
@@ -82,9 +82,10 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
 
     overrides = dict(overrides or {})
     refuse_other_keys(overrides)
-    ck_cfg, state, meta = load_checkpoint(checkpoint)
-    asked = load_config(ck_cfg, overrides)
-    check_data_tokenizer(meta, resolve_step_dir(checkpoint), asked)
+    step_dir = resolve_step_dir(checkpoint)
+    asked = load_config(checkpoint_config(step_dir), overrides)
+    check_data_tokenizer(read_meta(step_dir), step_dir, asked)     # before the state is read
+    _, state, meta = load_checkpoint(step_dir)
     shape = parse_mesh(mesh) if mesh else (1, 1, 1)
     cfg = layout_for_mesh(asked, shape, overrides, len(jax.devices()))
     reset = None if describe_layout(cfg) == describe_layout(asked) else \
