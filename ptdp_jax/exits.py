@@ -21,6 +21,9 @@ class ExitCode(enum.IntEnum):
     PEER_LOST = 4           # multi-process: another process died or failed, this one stopped
     DISTRIBUTED_INIT = 5    # multi-process: jax.distributed could not start (peers missing)
     CHECKPOINT = 6          # a checkpoint could not be read or written
+    OUT_OF_MEMORY = 7       # a device ran out of memory while running (the step, evaluation, a
+                            # checkpoint's copy or generation): one line says which and what to
+                            # change; the full text is in run.dir/errors.log
     INTERRUPTED = 130       # a second Ctrl-C, or one before training: stopped at once
 
 
@@ -28,6 +31,26 @@ def short_error(e: BaseException, limit: int = 400) -> str:
     """An exception's message on one line, cut at `limit` characters."""
     s = " ".join(str(e).split())
     return s if len(s) <= limit else s[:limit] + " ..."
+
+
+ERROR_LOG = "errors.log"
+
+
+def write_error_log(run_dir, title: str, text: str) -> str | None:
+    """Append `text` under a dated `title` to run.dir/errors.log; the file's path, or None
+    where it cannot be written (the one-line message still reaches the terminal)."""
+    import time
+    from pathlib import Path
+    if not run_dir:
+        return None
+    path = Path(run_dir) / ERROR_LOG
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {title}\n{text.rstrip()}\n\n")
+    except OSError:
+        return None
+    return str(path)
 
 
 def leave_now(code: int, message: str = "") -> None:

@@ -118,15 +118,28 @@ def test_validation_loss_logged_without_a_bar_and_kept_on_it(tmp_path, data_cach
     rl.close()
 
 
-def test_done_line_names_the_step_of_the_val_loss():
+def test_one_loss_window_on_screen_in_the_metrics_and_on_the_done_line(tmp_path):
+    """train.log_every=2: each metrics line holds the mean of the steps since the line before
+    (an evaluation closes one early), the screen shows the latest line's, and the done line
+    the first line's and the last's, with the step of the val loss."""
+    import json
     from ptdp_jax.run.runlog import RunLog
-    cfg = load_config(overrides={"run.dir": "/tmp/unused"})
+    cfg = load_config(overrides={"run.dir": str(tmp_path), "train.log_every": 2,
+                                 "train.steps": 5})
     lines = []
-    rl = RunLog.__new__(RunLog)
-    rl.enabled, rl.bar, rl.log, rl.start, rl.last_val = True, None, lines.append, 0, (2, 1.5)
-    rl.done([3.0, 2.0, 1.0], stopped="received SIGTERM")
-    assert lines == ["done: 3 steps, loss 3.0000 -> 1.0000, val 1.5000 (at step 2); stopped at "
-                     "step 3 (received SIGTERM)"]
+    rl = RunLog(cfg, lines.append, 0, "test-run")
+    for step, loss in enumerate([8.0, 6.0, 5.0, 3.0, 2.0], start=1):
+        rl.step(step, {"loss": loss, "grad_norm": 1.0, "finite": True}, 0.1, 1e-3,
+                val_loss=1.5 if step == 3 else None, took={"eval_s": 0.5} if step == 3 else None)
+    rl.done([8.0, 6.0, 5.0, 3.0, 2.0], stopped="received SIGTERM")
+    rl.close()
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [(r["step"], r["loss"]) for r in rows] == [(2, 7.0), (3, 5.0), (4, 3.0), (5, 2.0)]
+    assert rows[1]["eval_s"] == 0.5 and "eval_s" not in rows[0]
+    assert lines[0].startswith("step 1/5 loss 8.0000")           # no line closed yet: the step's
+    assert lines[-1] == ("done: 5 steps, loss 7.0000 at step 2 -> 2.0000 at step 5 (means of "
+                         "train.log_every=2 steps), val 1.5000 (at step 3); stopped at step 5 "
+                         "(received SIGTERM)")
 
 
 def test_ctrl_c_without_a_checkpoint_dir_stops_cleanly(tmp_path, data_cache):
@@ -234,7 +247,8 @@ def test_parameters_gathered_only_when_asked(tmp_path, data_cache, monkeypatch):
     assert res.params is None and gathered == []
     res = train(mesh_shape=(1, 1, 1), overrides={**ov, "train.sample_tokens": 4}, log=H.Log(),
                 return_params=False)
-    assert res.params is None and res.sample and gathered == [{"only_process0": True}]
+    assert res.params is None and res.sample and gathered                # one array at a time
+    assert all(k == {"only_process0": True} for k in gathered)
 
 
 # ----------------------------------------------------------------------------- stop, extend

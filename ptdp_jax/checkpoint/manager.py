@@ -58,6 +58,7 @@ import orbax.checkpoint as ocp
 
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ptdp_jax.checkpoint import saving as SV
 from ptdp_jax.checkpoint import upgrade as ckpt_upgrade
 from ptdp_jax.training import fp8_state as FS
 from ptdp_jax.config.load import Config, with_absolute_paths
@@ -142,8 +143,10 @@ class CheckpointManager:
         # what orbax restores: the stored tree (TrainState.as_dict), with the canonical shardings
         self._abstract = _with_shardings(canonical_abstract_state(cfg, self.tx),
                                          self._canon_sh).as_dict()
-        self._to_canonical = jax.jit(lambda s: to_canonical_state(cfg, self.tx, s),
-                                     out_shardings=self._canon_sh)
+        self._all_finite = jax.jit(lambda p: jax.tree.reduce(
+            lambda a, x: a & jax.numpy.isfinite(x).all(), p, jax.numpy.bool_(True)))
+        self.checkpoint_bytes = SV.checkpoint_bytes(canonical_abstract_state(cfg, self.tx))
+        self._in_flight: int | None = None     # the step of the newest save started
         self._to_stage = jax.jit(lambda s: to_stage_state(cfg, self.tx, s),
                                  out_shardings=shardings, donate_argnums=(0,))
         self._resumed = False
@@ -274,16 +277,21 @@ class CheckpointManager:
             raise CheckpointError("save() after close()")
         if not self._saved_any and not self._resumed:
             self._drop_stale(step)
-        canonical = self._to_canonical(TrainState.of(state)).as_dict()
         if self._failed is not None:
             raise self._failed
+        self._check_room(step)
+        state = TrainState.of(state)
+        canonical = SV.canonical_on_host(self.cfg, self.tx, state, self._canon_sh).as_dict()
         if self._tokenizer_files is None:
             try:
                 self._tokenizer_files = tokenizer_files(self.tokenizer)
             except OSError:                 # gone since the data was opened: keep none
                 self._tokenizer_files, self.tokenizer = {}, None
-        items = {STATE_ITEM: ocp.args.StandardSave(canonical),
-                 META_ITEM: _MetaSave(self._meta(step))}
+        # good: finite weights, written outside a streak of non-finite steps (those may have
+        # come from weights an update already ruined); a stopped run names the newest good one
+        good = bool(self._all_finite(state.params)) and int(state.bad_steps) == 0
+        meta = dict(self._meta(step), good=good)
+        items = {STATE_ITEM: ocp.args.StandardSave(canonical), META_ITEM: _MetaSave(meta)}
         if self._tokenizer_files:
             items[TOKENIZER_ITEM] = _FilesSave(self._tokenizer_files)
         try:
@@ -292,7 +300,50 @@ class CheckpointManager:
             _reraise_lost_peer(e)
             self._failed = self._write_error(e)
             raise self._failed from e
+        finally:
+            SV.release(canonical)           # orbax holds its own host copy from here
         self._saved_any = True
+        self._in_flight = step
+
+    def _check_room(self, step: int) -> None:
+        """Before a save: CheckpointError when checkpoint.dir is gone or its disk cannot take
+        one more checkpoint (the earlier ones stay as they are)."""
+        if (self._saved_any or self._resumed) and SV.directory_gone(self.directory):
+            raise self._gone(step)
+        free = SV.free_bytes(self.directory)
+        if free < self.checkpoint_bytes:
+            self._failed = CheckpointError(
+                f"checkpoint save of step {step} to {self.directory} not started (disk full: "
+                f"{free / 1e9:.1f} GB free, a checkpoint is {self.checkpoint_bytes / 1e9:.1f} "
+                f"GB); {self.survivor()}")
+            raise self._failed
+
+    def last_good(self) -> str:
+        """Words naming the newest good checkpoint (finite weights, written outside a streak
+        of non-finite steps): where a run stopped for non-finite steps should resume from."""
+        self.wait_quietly()
+        for step in reversed(self.steps()):
+            if read_meta(self.directory / str(step)).get("good", True):
+                return f"last good checkpoint: {self.directory / str(step)}"
+        return f"no checkpoint in {self.directory} was written before the non-finite steps"
+
+    def wait_quietly(self) -> None:
+        try:
+            self.wait()
+        except CheckpointError:
+            pass
+
+    def _gone(self, step: int) -> CheckpointError:
+        self._failed = CheckpointError(
+            f"checkpoint save of step {step} failed (the directory vanished: {self.directory} "
+            f"no longer exists); no checkpoint of this run survives there")
+        return self._failed
+
+    def survivor(self) -> str:
+        done = self.steps()
+        return (f"the previous checkpoint (step {done[-1]}) is intact: "
+                f"{self.directory / str(done[-1])}" if done else
+                "no complete checkpoint was written")
 
     def wait(self) -> None:
         """Block until every save in flight is written (and raise its error, if any,
@@ -328,12 +379,14 @@ class CheckpointManager:
     def _write_error(self, e: BaseException) -> CheckpointError:
         if isinstance(e, CheckpointError):
             return e
-        done = self.steps()
-        prev = f"the previous checkpoint (step {done[-1]}) is intact" if done else \
-            "no complete checkpoint was written"
-        what = "disk full" if _is_enospc(e) else "write failed"
-        return CheckpointError(f"checkpoint save to {self.directory} failed ({what}: "
-                               f"{type(e).__name__}: {_short(e)}); {prev}")
+        what = SV.failure_cause(e)
+        if self._saved_any and SV.directory_gone(self.directory):
+            what = "the directory vanished"
+        step = f" of step {self._in_flight}" if self._in_flight is not None else ""
+        survives = (self.survivor() if what != "the directory vanished"
+                    else "no checkpoint of this run survives there")
+        return CheckpointError(f"checkpoint save{step} to {self.directory} failed ({what}: "
+                               f"{_short(e, 160)}); {survives}")
 
     def __enter__(self):
         return self
@@ -349,18 +402,6 @@ def _reraise_lost_peer(e: BaseException) -> None:
     from ptdp_jax.parallel.watchdog import _looks_like_lost_peer
     if jax.process_count() > 1 and _looks_like_lost_peer(e):
         raise e
-
-
-def _is_enospc(e: BaseException | None) -> bool:
-    seen = 0
-    while e is not None and seen < 20:
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-            return True
-        if "No space left on device" in str(e):
-            return True
-        e = e.__cause__ or e.__context__
-        seen += 1
-    return False
 
 
 # ----------------------------------------------------------------------------- a fresh start
@@ -402,14 +443,19 @@ def check_checkpoint_dir(cfg: Config) -> list[int]:
     directory = checkpoint_directory(cfg)
     _check_writable(directory)
     check_directory(directory)
+    per_checkpoint = SV.checkpoint_bytes(canonical_abstract_state(cfg, make_optimizer(cfg)[0]))
     if not cfg.checkpoint.resumes:
-        return check_fresh_start(cfg)
+        replaced = check_fresh_start(cfg)
+        SV.check_disk(cfg, directory, per_checkpoint, 0, 0,
+                      reclaimed=len(replaced) * per_checkpoint)
+        return replaced
     steps = _scan(directory)[0]
     if steps:
         where = directory / str(steps[-1])
         meta = read_meta(where)
         check_compatible(meta, cfg, str(where))
         check_data_tokenizer(meta, where, cfg)
+    SV.check_disk(cfg, directory, per_checkpoint, len(steps), steps[-1] if steps else 0)
     return []
 
 

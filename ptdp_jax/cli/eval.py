@@ -8,6 +8,8 @@ from ptdp_jax.run.evaluate import EVAL_KEYS, evaluate_checkpoint
 
 
 def main(argv=None) -> int:
+    from ptdp_jax.config.memory_limit import use_planned_fraction
+    use_planned_fraction()                  # before jax starts its backend
     from ptdp_jax.checkpoint.manager import CheckpointError
     from ptdp_jax.config.load import ConfigError, parse_cli_overrides
     from ptdp_jax.exits import ExitCode, leave_now

@@ -7,6 +7,7 @@ import sys
 from ptdp_jax.checkpoint.manager import CheckpointError
 from ptdp_jax.exits import ExitCode
 from ptdp_jax.interop.export import DTYPES, export_checkpoint
+from ptdp_jax.config.memory_limit import use_planned_fraction
 
 
 def main(argv=None) -> int:
@@ -24,6 +25,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", help="byte, or a tokenizer.json (default: the tokenizer of "
                                         "the checkpoint's training data)")
     args = ap.parse_args(argv)
+    use_planned_fraction()                  # before jax starts its backend
     try:
         out = export_checkpoint(args.checkpoint, args.out_dir, args.dtype, args.tokenizer,
                                 args.overwrite)

@@ -8,6 +8,8 @@ from ptdp_jax.run.generate import generate
 
 
 def main(argv=None) -> int:
+    from ptdp_jax.config.memory_limit import use_planned_fraction
+    use_planned_fraction()                  # before jax starts its backend
     from ptdp_jax.exits import ExitCode, leave_now
     try:
         return _generate(argv)

@@ -23,6 +23,8 @@ def main(argv=None) -> int:
                     help="model.dropout, model.init_std, a shorter "
                          "model.seq_len (anything else is refused)")
     args = ap.parse_args(argv)
+    from ptdp_jax.config.memory_limit import use_planned_fraction
+    use_planned_fraction()                  # before jax starts its backend
     yaml_path = config_path(args.checkpoint_dir)
     try:
         if yaml_path.exists():

@@ -115,6 +115,7 @@ def _plan(argv) -> int:
         if args.batch is not None:
             overrides["train.global_batch_size"] = args.batch
         cfg = load_config(args.config, overrides)
+        hw = {**planned_fraction(), **hw}
         try:
             kind = with_overrides(gpu_kind(args.gpu), hw)
         except ValueError as e:
@@ -142,6 +143,17 @@ def _plan(argv) -> int:
     print(f"\n{sum(c.ok for c in rows)} valid layouts of {len(rows)}; "
           f"rejected: {_rejected(rows) or 'none'}")
     return _no_layout(args, cfg, rows)
+
+
+def planned_fraction(environ=os.environ) -> dict:
+    """hw.usable_memory_fraction as the user's XLA_PYTHON_CLIENT_MEM_FRACTION gives it (the
+    limit ptdp-train would run under), {} where it is unset (the kind's, the commands' own)."""
+    from ptdp_jax.config.memory_limit import VARIABLE
+    value = environ.get(VARIABLE)
+    try:
+        return {"usable_memory_fraction": float(value)} if value else {}
+    except ValueError:
+        return {}
 
 
 def _rejected(rows: list[Candidate]) -> str:

@@ -12,6 +12,7 @@ import sys
 
 from ptdp_jax.config.load import ConfigError, parse_cli_overrides, parse_mesh
 from ptdp_jax.exits import ExitCode, leave_now
+from ptdp_jax.config.memory_limit import use_planned_fraction
 
 
 def parse_args(argv=None):
@@ -53,6 +54,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    use_planned_fraction()                  # before jax starts its backend
     from ptdp_jax.parallel import distributed as distributed
     rc, why = _main(args)
     # Multi-process: tell the other processes and leave (a failed one at once, so they stop
@@ -73,6 +75,7 @@ def _main(args) -> tuple[int, str]:
     from ptdp_jax.parallel.distributed import maybe_initialize
     from ptdp_jax.parallel.rendezvous import DistributedError
     from ptdp_jax.run.loop import TrainingStopped, dry_run, resolved_config, train
+    from ptdp_jax.run.phases import DeviceMemoryError
     try:
         overrides = parse_cli_overrides(args.overrides)
         if args.resume is not None:             # a dotted checkpoint.resume=... still wins
@@ -92,6 +95,8 @@ def _main(args) -> tuple[int, str]:
         return _fail(ExitCode.CONFIG, f"config error: {e}")
     except TrainingStopped as e:
         return _fail(ExitCode.STOPPED, f"stopped: {e}")
+    except DeviceMemoryError as e:
+        return _fail(ExitCode.OUT_OF_MEMORY, str(e))
     except DistributedError as e:
         return _fail(ExitCode.DISTRIBUTED_INIT, str(e))
     except CheckpointError as e:

@@ -21,6 +21,21 @@ def platform() -> str:
     return jax.devices()[0].platform
 
 
+MEMORY_FRACTION = 0.92
+ALLOCATOR_VARIABLES = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE",
+                       "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def memory_fraction(environ) -> float | None:
+    """The share of a GPU's memory the commands let JAX's allocator take: MEMORY_FRACTION
+    (0.92; JAX's own default is 0.75), the fraction ptdp-plan's GPU kinds plan with and every
+    benchmark ran at (1-4 H200, 2026-11-26..29), leaving the rest to CUDA's libraries. None
+    where the user set one of ALLOCATOR_VARIABLES: theirs is the limit then."""
+    if any(environ.get(v) for v in ALLOCATOR_VARIABLES):
+        return None
+    return MEMORY_FRACTION
+
+
 # ----------------------------------------------------------------------------- precision
 
 def dtype(value: str, on: str | None = None) -> str:

@@ -31,6 +31,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
+from ptdp_jax.config.decisions import MEMORY_FRACTION
+
 
 @dataclass(frozen=True)
 class GpuKind:
@@ -100,7 +102,7 @@ GB = 1e9
 GPU_KINDS: dict[str, GpuKind] = {
     "h100": GpuKind(
         name="h100", peak_flops=989e12, memory_bytes=81559 * 2 ** 20,
-        usable_memory_fraction=0.92, hbm_bytes_per_s=3.35e12,
+        usable_memory_fraction=MEMORY_FRACTION, hbm_bytes_per_s=3.35e12,
         memory_bound_bytes_per_s=3.35e12, nvlink_bytes_per_s=360 * GB, ib_bytes_per_s=45 * GB,
         nvlink_latency_s=6e-6, ib_latency_s=12e-6, gemm_efficiency=H100_GEMM,
         tp_collective_overhead_s=55e-6,   # fitted: (1,2,2) 0.2923 s, 4x H200, 2026-11-26

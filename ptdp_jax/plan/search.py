@@ -91,7 +91,7 @@ class Candidate:
             "keep_ffn_activation": self.keep_ffn_activation,
             "fits": self.fits, "reason": self.reason,
             "params_per_device": int(self.params_per_device) if mem else None,
-            "memory_per_device_gib": g(mem.total) if mem else None,
+            "memory_per_device_gib": g(mem.peak) if mem else None,
             "weights_gib": g(mem.params) if mem else None,
             "grads_gib": g(mem.grads) if mem else None,
             "optimizer_gib": g(mem.optimizer) if mem else None,
@@ -284,14 +284,14 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
             continue
         mem = estimate_memory(lcfg)
         c = replace(c, params_per_device=sum(params_per_device(lcfg).values()))
-        if mem.total > limit and lcfg.remat == "selective+act" and \
+        if mem.peak > limit and lcfg.remat == "selective+act" and \
                 "tuning.keep_ffn_activation" not in fixed:    # selective, the activation run again
             c = replace(c, keep_ffn_activation=False)
             lcfg = layout_config(cfg, c)
             mem = estimate_memory(lcfg)
-        if mem.total > limit:
+        if mem.peak > limit:
             rows.append(replace(c, memory=mem, reason=c.reason or (
-                f"does not fit: {mem.total / GiB:.1f} GiB > {limit / GiB:.1f} GiB per device")))
+                f"does not fit: {mem.peak / GiB:.1f} GiB > {limit / GiB:.1f} GiB per device")))
             continue
         rows.append(replace(c, memory=mem, fits=True,
                             estimate=estimate_step(lcfg, gpu, gpus_per_host)))
@@ -301,7 +301,7 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
     def key(c: Candidate):
         group = 0 if c.ok else 1 if c.estimate is not None else 2 if c.memory else 3
         return (group, c.estimate.step_time_s if c.estimate else 0.0,
-                c.memory.total if c.memory else 0)
+                c.memory.peak if c.memory else 0)
     return sorted(rows, key=key)
 
 

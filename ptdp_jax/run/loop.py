@@ -40,11 +40,13 @@ from ptdp_jax.parallel.cross_process import to_host
 from ptdp_jax.parallel.distributed import maybe_initialize
 from ptdp_jax.training.evaluate import evaluate
 from ptdp_jax.run.feed import Feed
+from ptdp_jax.run.phases import DeviceMemoryError, phase
 from ptdp_jax.training.metrics import check_wandb
 from ptdp_jax.run.runlog import RunLog, new_run_id
 from ptdp_jax.run.steps import Steps
 from ptdp_jax.parallel.sharding import make_mesh
-from ptdp_jax.training.state import canonical_params, make_optimizer
+from ptdp_jax.checkpoint import saving as SV
+from ptdp_jax.training.state import make_optimizer
 from ptdp_jax.training.step import compile_all
 from ptdp_jax.parallel.stopping import Stopper
 
@@ -132,7 +134,8 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     nothing = _nothing_to_train(cfg, setup.start)             # before minutes of compiling
     train_step = None if nothing else _compile_steps(cfg, setup, log)
     feed, compiled, lr, replaced = setup.feed, setup.compiled, setup.lr, setup.replaced
-    state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
+    with phase("restore", setup.start, cfg):
+        state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
     runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
     stopper = Stopper(cfg)                 # from here a signal ends the run cleanly
     runlog.header()
@@ -149,42 +152,60 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     lr_of = _host_lr(lr)
     pending, ready = None, None       # a step dispatched and not yet read; when the last was read
 
-    def record(evaluate_now=False):         # read, evaluate, log and count the pending step
-        nonlocal pending, ready
-        n, metrics, seconds, ready = _read(pending, ready)
-        train_step.saw(metrics)
-        pending, val = None, None
-        if evaluate_now:                                                     # eval
-            val = evaluate(compiled.eval_loss, state.params, feed.val_batch,
-                           cfg.train.eval_batches)
-            result.val_losses.append((n, val))
-            ready = None                          # the next step's time starts at its dispatch
-        runlog.step(n, metrics, seconds, lr_of(n - 1), val)                 # log
-        _account(result, metrics, seconds, runlog, n, cfg, ckpt)
+    def waits(n: int) -> bool:        # a step the loop waits for (known before dispatching it)
+        return (ckpt is not None and ckpt.due(n)) or _eval_due(cfg, n) or n == end
 
+    def record(evaluate_now=False, save=False):   # read, evaluate, save, log the pending step
+        nonlocal pending, ready
+        with phase("train", pending[0], cfg, run_id):
+            n, metrics, seconds, ready = _read(pending, ready)
+        train_step.saw(metrics)
+        pending, val, took = None, None, {}
+        _account(result, metrics, seconds, runlog, n, cfg, ckpt)
+        if evaluate_now:                                                     # eval
+            t = time.perf_counter()
+            with phase("eval", n, cfg, run_id):
+                val = evaluate(compiled.eval_loss, state.params, feed.val_batch,
+                               cfg.train.eval_batches)
+            took["eval_s"] = time.perf_counter() - t
+            result.val_losses.append((n, val))
+        if save:                                                             # checkpoint
+            t = time.perf_counter()
+            with phase("checkpoint", n, cfg, run_id):
+                ckpt.save(n, state)
+            took["checkpoint_s"] = time.perf_counter() - t
+        if took:
+            ready = None                  # the next step's time starts at its dispatch
+        runlog.step(n, metrics, seconds, lr_of(n - 1), val, took)           # log
+
+    oom = None
     try:
         for step in range(start, end):
             batch = feed.batch(step)                                         # data
+            if pending is not None and waits(step + 1):
+                record()                  # the step before, read first: this one's time is its own
             t0 = time.perf_counter()
-            state, out = train_step(state, batch)                            # step (asynchronous)
-            if pending is not None:               # the step before, logged while this one runs
+            with phase("train", step + 1, cfg, run_id):
+                state, out = train_step(state, batch)                        # step (asynchronous)
+            if pending is not None:       # the step before, logged while this one runs
                 record()
             pending = (step + 1, out, t0)
             why = stopper.check(step + 1)                                    # stop?
-            save = ckpt is not None and (why or ckpt.due(step + 1))
+            save = ckpt is not None and bool(why or ckpt.due(step + 1))
             evaluate_now = _eval_due(cfg, step + 1)
             if not (why or save or evaluate_now or step + 1 == end):
-                continue                          # nothing needs this step's state: dispatch on
-            record(evaluate_now)                  # waits for the step
-            if save:                                                         # checkpoint
-                ckpt.save(step + 1, state)
-                ready = None
+                continue                  # nothing needs this step's state: dispatch on
+            record(evaluate_now, save)    # waits for the step
             if why:
                 result.stopped, result.stopped_by_signal = why, stopper.by_signal
+                if ckpt is not None:
+                    ckpt.wait()           # written before it is said to be
                 runlog.message(f"{why} at step {step + 1}: " + (
-                    f"checkpoint written to {ckpt.directory}, exiting" if ckpt is not None
-                    else "no checkpoint.dir, so no checkpoint; exiting"))
+                    f"checkpoint written to {ckpt.directory / str(step + 1)}, exiting"
+                    if ckpt is not None else "no checkpoint.dir, so no checkpoint; exiting"))
                 break
+    except DeviceMemoryError as e:
+        oom = e
     finally:
         runlog.close()
         try:
@@ -192,6 +213,8 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
                 ckpt.close()              # waits for the last save; raises if it failed
         finally:
             stopper.restore()
+    if oom is not None:                   # said once the saves in flight are complete
+        raise DeviceMemoryError(f"{oom}; {ckpt.survivor() if ckpt else 'no checkpoint.dir'}")
 
     _finish(cfg, result, state, feed, runlog, return_params, is_main, log)
     return result
@@ -336,7 +359,7 @@ def _account(result, out, seconds, runlog, step, cfg, ckpt):
     if in_a_row >= D.MAX_BAD_STEPS:
         raise TrainingStopped(
             f"{D.MAX_BAD_STEPS} non-finite steps in a row at step {step}; stopping"
-            + (f"; last good checkpoint in {ckpt.directory}" if ckpt else ""))
+            + (f"; {ckpt.last_good()}" if ckpt else ""))
 
 
 def _finish(cfg, result, state, feed, runlog, return_params, is_main, log):
@@ -344,16 +367,33 @@ def _finish(cfg, result, state, feed, runlog, return_params, is_main, log):
     process 0 only; the sample only after a run that reached its end."""
     want_sample = cfg.train.sample_tokens > 0 and result.losses and not result.stopped
     if return_params or want_sample:
-        canonical = jax.jit(lambda prm: canonical_params(cfg, prm))(state.params)
-        result.params = to_host(canonical, only_process0=True)
-        del canonical
+        result.params = params_on_host(cfg, state.params)
+    SV.release(state)                     # the devices are the sample's from here
     if want_sample and is_main:
-        result.sample = sample_text(cfg, result.params, feed.tokenizer_spec)
+        with phase("generate", result.start_step + len(result.losses), cfg, result.run_id):
+            result.sample = sample_text(cfg, result.params, feed.tokenizer_spec)
         how = f"temperature {D.SAMPLE_TEMPERATURE:g}, top-k {D.SAMPLE_TOP_K}"
         log(f"--- sample ({how}) ---\n" + result.sample + "\n-----------------------")
     if not return_params:
         result.params = None
     runlog.done(result.losses, result.stopped)
+
+
+def params_on_host(cfg, params):
+    """The canonical parameters as numpy arrays on process 0 (None on the others), one array
+    at a time: a device holds one array's canonical copy beside the state, not the model's."""
+    from ptdp_jax.training.state import canonical_layer_fn, canonical_shardings
+    shardings = canonical_shardings(cfg, jax.tree.leaves(params)[0].sharding.mesh,
+                                    make_optimizer(cfg)[0]).params
+    out = {}
+    for group, arrays in params.items():
+        out[group] = {}
+        for name, x in arrays.items():
+            y = canonical_layer_fn(cfg, shardings[group][name])(x) if group == "layers" else x
+            out[group][name] = to_host(y, only_process0=True)
+            if y is not x:
+                y.delete()
+    return out if jax.process_index() == 0 else None
 
 
 def sample_text(cfg: Config, params, tokenizer_spec: str) -> str:

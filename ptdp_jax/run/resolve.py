@@ -83,7 +83,7 @@ def _line(cfg, why: str, est, mem) -> tuple[str, float | None, float | None]:
     d, pp, tp = p.mesh_shape
     v = f" v {p.virtual_stages}" if p.virtual_stages > 1 else ""
     step = est.step_time_s if est is not None else None
-    gib = mem.total / GiB if mem is not None else None
+    gib = mem.peak / GiB if mem is not None else None
     return (f"{why}: mesh (data, pipe, tensor) = ({d}, {pp}, {tp}), {p.schedule}{v}, "
             f"{cfg.microbatch_split}, zero {p.zero}, "
             f"recompute {t.recompute}, {t.dtype}"
@@ -100,7 +100,7 @@ def _with_recompute(cfg: Config) -> Config:
     have = device_memory_bytes()
 
     def fits(r: str) -> bool:
-        return estimate_memory(replace(cfg, train=replace(cfg.train, recompute=r))).total <= have
+        return estimate_memory(replace(cfg, train=replace(cfg.train, recompute=r))).peak <= have
     r = D.recompute("auto", fits if have else None)
     return replace(cfg, train=replace(cfg.train, recompute=r))
 

@@ -8,11 +8,14 @@ messages that go through the bar's own write so that they never run into it.
     runlog.close()
 
 With run.wandb_project the lines of metrics.jsonl go to Weights & Biases too.
-The loss in metrics.jsonl and on screen is the mean over the steps since the previous
-line (train.log_every for the metrics; 10 steps, or the bar's refresh, on screen);
-steps whose update was skipped (non-finite) are left out of the mean. The validation
-loss stays on the bar until the next evaluation and is logged as its own line without
-a bar. Each line of metrics.jsonl carries the run id (see MetricsLogger).
+One loss everywhere: each line of metrics.jsonl holds the mean over the steps since the
+previous line (train.log_every steps; an evaluation, a checkpoint or the last step closes a
+line early),
+steps whose update was skipped (non-finite) left out; the screen shows the latest line's, and
+the closing `done:` line the first line's and the last's. A step's time is that step's: the
+time of an evaluation or a checkpoint after it is logged beside it (eval_s, checkpoint_s),
+never in it. The validation loss stays on the bar until the next evaluation and is logged as
+its own line without a bar. Each line of metrics.jsonl carries the run id (see MetricsLogger).
 """
 from __future__ import annotations
 
@@ -87,9 +90,9 @@ class RunLog:
         self.flops = MX.model_flops_per_iteration(cfg, recompute=False)
         self.peak = MX.peak_flops_per_device(jax.devices()[0])
         self.tokens_per_step = t.global_batch_size * cfg.model.seq_len
-        self._log_mean, self._print_mean = _Mean(), _Mean()
+        self._log_mean = _Mean()
         self.last_val: tuple[int, float] | None = None
-        self.last_loss = float("nan")
+        self.windows: list[tuple[int, float]] = []     # (step, mean loss) of each line
         self.bar = None
         if D.progress_bar() and enabled:
             from tqdm.auto import tqdm
@@ -118,19 +121,20 @@ class RunLog:
             f"run {self.run_id}, metrics in {Path(cfg.run.dir) / 'metrics.jsonl'}")
 
     # -- per step
-    def step(self, step: int, out, seconds: float, lr: float, val_loss: float | None = None):
-        """Record step `step` (1-based): its outputs ('loss', 'grad_norm', 'finite'), time,
-        learning rate and, if it was evaluated, the validation loss."""
+    def step(self, step: int, out, seconds: float, lr: float, val_loss: float | None = None,
+             took: dict | None = None):
+        """Record step `step` (1-based): its outputs ('loss', 'grad_norm', 'finite'), its time,
+        learning rate, the validation loss if it was evaluated, and `took`: seconds of what ran
+        after it ('eval_s', 'checkpoint_s')."""
         if not self.enabled:
             return
         loss, finite = float(out["loss"]), bool(out["finite"])
         self._log_mean.add(loss, finite)
-        self._print_mean.add(loss, finite)
         if val_loss is not None:
             self.last_val = (step, val_loss)
         record = {"loss": loss, "lr": lr, "grad_norm": float(out["grad_norm"]),
                   "step_time_s": seconds, "tokens_per_s": self.tokens_per_step / seconds,
-                  "tflops_per_device": self.flops / seconds / self.n_dev / 1e12}
+                  "tflops_per_device": self.flops / seconds / self.n_dev / 1e12, **(took or {})}
         if self.peak:
             record["mfu"] = self.flops / seconds / self.n_dev / self.peak
         mem = peak_memory_gib()
@@ -140,30 +144,31 @@ class RunLog:
             record["skipped_nonfinite"] = 1.0
         if val_loss is not None:
             record["val_loss"] = val_loss
-        log_every = self.cfg.train.log_every
-        if step % log_every == 0 or val_loss is not None or step == self.total:
+        if step % self.cfg.train.log_every == 0 or val_loss is not None or took \
+                or step == self.total:
             record["loss"] = self._log_mean.take()
+            self.windows.append((step, record["loss"]))
             self.metrics.log(step, record)
-        self.last_loss = loss
+        shown = self.windows[-1][1] if self.windows else loss
         speed = (f"{record['mfu']:.1%} MFU" if "mfu" in record
                  else f"{record['tokens_per_s']:.0f} tok/s")
         if self.bar is not None:
             self.bar.update(1)
-            post = {"loss": f"{self._print_mean.take():.4f}", "speed": speed}
+            post = {"loss": f"{shown:.4f}", "speed": speed}
             if self.last_val is not None:
                 post["val"] = f"{self.last_val[1]:.4f}@{self.last_val[0]}"
             self.bar.set_postfix(post, refresh=False)
             self.bar.refresh()
         else:
-            if step % max(log_every, 10) == 0 or step == self.start + 1:
-                self.log(f"step {step}/{self.total} loss {self._print_mean.take():.4f} {speed}")
+            if step % max(self.cfg.train.log_every, 10) == 0 or step == self.start + 1:
+                self.log(f"step {step}/{self.total} loss {shown:.4f} {speed}")
             if val_loss is not None:
                 self.log(f"step {step}/{self.total} val loss {val_loss:.4f} "
                          f"(perplexity {math.exp(min(val_loss, 700.0)):.2f})")
 
     def done(self, losses: list[float], stopped: str | None = None) -> None:
-        """The closing line: steps, first and last loss, the latest validation loss and
-        the step it was measured at."""
+        """The closing line: steps, the loss of the first and the last line of metrics.jsonl,
+        the latest validation loss and the step it was measured at."""
         if not losses:
             return
         end = self.start + len(losses)
@@ -172,8 +177,12 @@ class RunLog:
             s, v = self.last_val
             val = f", val {v:.4f}" + ("" if s == end else f" (at step {s})")
         how = f"stopped at step {end} ({stopped})" if stopped else f"done at step {end}"
-        self.message(f"done: {len(losses)} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}{val}; "
-                     f"{how}")
+        first, last = (self.windows[0], self.windows[-1]) if self.windows else \
+            ((self.start + 1, losses[0]), (end, losses[-1]))
+        every = self.cfg.train.log_every
+        window = "single steps" if every == 1 else f"means of train.log_every={every} steps"
+        self.message(f"done: {len(losses)} steps, loss {first[1]:.4f} at step {first[0]} -> "
+                     f"{last[1]:.4f} at step {last[0]} ({window}){val}; {how}")
 
     def close(self) -> None:
         if self.bar is not None:

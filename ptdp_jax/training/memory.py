@@ -83,21 +83,32 @@ MESSAGE_BUFFERS = 6                 # executor's (b, s, h) send/receive/mid/head
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes per device, for the most loaded device of the layout."""
+    """Bytes per device, for the most loaded device of the layout: the train step's parts
+    (`total`), and the run's other peaks, which hold the train state but none of the step's
+    temporaries: `evaluation` (the forward of one microbatch) and `save` (a checkpoint's copy
+    of one array on its way to host memory, checkpoint/saving.py). `peak` is the largest."""
     params: int
     grads: int
     optimizer: int
     activations: int
     workspace: int
+    evaluation: int = 0
+    save: int = 0
 
     @property
     def total(self) -> int:
         return self.params + self.grads + self.optimizer + self.activations + self.workspace
 
+    @property
+    def peak(self) -> int:
+        return max(self.total, self.evaluation, self.save)
+
     def describe(self) -> str:
         parts = ("params", "grads", "optimizer", "activations", "workspace")
         text = " + ".join(f"{k} {getattr(self, k) / GiB:.2f}" for k in parts)
-        return f"{text} = {self.total / GiB:.2f} GiB per device"
+        others = (f"; evaluation {self.evaluation / GiB:.2f}, a save {self.save / GiB:.2f}"
+                  if self.evaluation or self.save else "")
+        return f"{text} = {self.total / GiB:.2f} GiB per device{others}"
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -274,6 +285,55 @@ def activation_bytes(cfg) -> float:
 
 # ----------------------------------------------------------------------------- the estimate
 
+def state_held_bytes(cfg) -> float:
+    """The train state one device holds between steps: float32 master weights and AdamW's
+    moments (split over 'data' by parallel.zero >= 1), and the FP8 history."""
+    from ptdp_jax.training.state import zero_stage
+    from ptdp_jax.training.state_memory import (ADAM_BYTES_PER_PARAM, MASTER_BYTES_PER_PARAM,
+                                                fp8_history_bytes)
+    held = sum(params_per_device(cfg, state=bool(zero_stage(cfg))).values())
+    return held * (MASTER_BYTES_PER_PARAM + ADAM_BYTES_PER_PARAM) + fp8_history_bytes(cfg)
+
+
+def evaluation_bytes(cfg) -> float:
+    """The evaluation step at its peak: the state, the weights in the compute dtype (whole,
+    as the step uses them), one layer's forward of a microbatch as it runs (its `none`
+    residuals, a bound), the stage messages and the logits of that microbatch."""
+    m, par = cfg.model, cfg.parallel
+    used = sum(params_per_device(cfg).values())
+    weights = used * (4 if cfg.compute_dtype == "float32" else 2)
+    tokens = cfg.train.micro_batch_size * m.seq_len
+    layer = layer_activation_bytes_per_token(cfg, "none") * tokens
+    dtype_bytes = 4 if cfg.compute_dtype == "float32" else 2
+    messages = (2 if par.pipe > 1 else 1) * tokens * m.hidden_size * dtype_bytes
+    logits = tokens * m.padded_vocab_size / par.tensor * LOGITS_BYTES
+    return state_held_bytes(cfg) + weights + layer + messages + logits + WORKSPACE_BYTES
+
+
+def save_bytes(cfg) -> float:
+    """A checkpoint's save at its peak: the state and the canonical copy of its largest array
+    (the layer stack of one weight, float32), before that copy moves to host memory."""
+    shapes = _canonical_shapes(cfg)
+    largest = max(_tensor_sharded(names, shape, {"tensor": cfg.parallel.tensor})
+                  / (cfg.parallel.pipe if layered else 1)
+                  for shape, names, layered in shapes)
+    return state_held_bytes(cfg) + 4 * largest + WORKSPACE_BYTES
+
+
+def _canonical_shapes(cfg):
+    """(shape, logical names, stacked over layers) of each parameter in canonical layout."""
+    from ptdp_jax.models.model import arch
+    specs = arch(cfg.model).param_specs(cfg.model)
+    out = []
+    for group in ("embed", "layer", "head"):
+        for shape, names, _ in specs[group].values():
+            if group == "layer":
+                out.append(((cfg.model.num_layers,) + tuple(shape), (None,) + tuple(names), True))
+            else:
+                out.append((tuple(shape), tuple(names), False))
+    return out
+
+
 def estimate_memory(cfg) -> MemoryEstimate:
     """Bytes per device of cfg's layout (cfg: a `ptdp_jax.config.load.Config`), most loaded device."""
     from ptdp_jax.training.state import zero_stage
@@ -291,7 +351,9 @@ def estimate_memory(cfg) -> MemoryEstimate:
         grads=int(grads),
         optimizer=int(optimizer),
         activations=int(activation_bytes(cfg)),
-        workspace=int(workspace))
+        workspace=int(workspace),
+        evaluation=int(evaluation_bytes(cfg)),
+        save=int(save_bytes(cfg)))
 
 
 def device_memory_bytes(device=None) -> int | None:

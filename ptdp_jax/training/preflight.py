@@ -65,7 +65,8 @@ def _device_words() -> str:
     if d.platform == "cpu":
         return (f"a CPU device has {{have}} (the host's RAM shared by its "
                 f"{len(jax.local_devices())} devices)")
-    return f"a {d.device_kind} has {{have}}"
+    from ptdp_jax.config.memory_limit import limit_words
+    return f"a {d.device_kind} has {{have}} ({limit_words(d.platform)})"
 
 
 def _with(cfg, **keys):
@@ -133,7 +134,7 @@ def _fits(cfg, have: int, n_devices: int, limit: int = 4, extra=None) -> list[st
             c = validate(_with(cfg, **over), n_devices)
         except (ConfigError, ValueError, ZeroDivisionError):
             continue
-        total = estimate_memory(c).total + (extra(c) if extra else 0)
+        total = estimate_memory(c).peak + (extra(c) if extra else 0)
         if total > have:
             continue
         taken.append(keys)
@@ -205,8 +206,8 @@ def check_memory(cfg, log=print):
     if have is None:
         return None
     est = estimate_memory(cfg)
-    if est.total > have:
-        raise _refusal(cfg, "this run", est.total, have,
+    if est.peak > have:
+        raise _refusal(cfg, "this run", est.peak, have,
                        f" by the estimate ({est.describe().replace(' per device', '')})")
     return est
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import jax
@@ -310,6 +310,25 @@ def to_canonical_state(cfg, tx, state):
     counts, p, where = chunk_layers(cfg), cfg.parallel.pipe, chunk_placement(cfg)
     return _map_layers(cfg, tx, state,
                        lambda x: M.to_canonical_layout({"x": x}, counts, p, where)["x"])
+
+
+def layer_marks(cfg, tx, state):
+    """A tree of the state's structure: True on the stacked-layer arrays (params, their optimizer
+    moments and the FP8 history: what the stage and canonical layouts lay out differently)."""
+    return _map_layers(cfg, tx, jax.tree.map(lambda _: False, state), lambda _: True)
+
+
+def canonical_layer_fn(cfg, sharding):
+    """One stacked-layer array, stage layout -> canonical, jitted onto `sharding` (the canonical
+    state's sharding of that array)."""
+    counts, p, where = tuple(chunk_layers(cfg)), cfg.parallel.pipe, tuple(chunk_placement(cfg))
+    return _canonical_layer_fn(counts, p, where, sharding)
+
+
+@lru_cache(maxsize=256)
+def _canonical_layer_fn(counts, p, where, sharding):
+    return jax.jit(lambda x: M.to_canonical_layout({"x": x}, counts, p, where)["x"],
+                   out_shardings=sharding)
 
 
 def to_stage_state(cfg, tx, state):
