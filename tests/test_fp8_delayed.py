@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from parity import (FP8_LAYOUT_IDS, FP8_LAYOUTS, assert_close, batch_for, reference,
+from parity import (FP8_LAYOUT_IDS, FP8_LAYOUTS, assert_close, assert_close_fp8, batch_for, reference,
                     tiny_config)
 from ptdp_jax.config.load import ConfigError
 from ptdp_jax.models import fp8 as F8
@@ -20,7 +20,6 @@ from ptdp_jax.training import fp8_state as FS
 from ptdp_jax.training import state as S
 from ptdp_jax.training import step
 
-FP8_TOL = 5e-4          # as test_fp8.py (its docstring says why)
 DELAYED = {"train.fp8": True, "train.fp8_recipe": "delayed"}
 
 
@@ -98,7 +97,7 @@ def test_delayed_parity(arch, mesh, extra):
     history = _reference_history(arch)
     loss0, grads0, next0 = delayed_step(tiny_config(arch, (1, 1, 1), **DELAYED), history)
     loss, grads, nxt = delayed_step(tiny_config(arch, mesh, **DELAYED, **extra), history)
-    assert_close((loss, grads), (loss0, grads0), atol_frac=FP8_TOL)
+    assert_close_fp8((loss, grads), (loss0, grads0), reference(arch))
     for k in next0:
         np.testing.assert_array_equal(nxt[k], next0[k], err_msg=k)
 

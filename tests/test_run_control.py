@@ -437,3 +437,27 @@ def test_processes_agree_on_a_stop_one_check_later(monkeypatch):
         assert stopper.check(6) == "received SIGTERM" and stopper.by_signal
     finally:
         stopper.restore()
+
+
+def test_a_step_ends_when_its_outputs_are_ready_not_when_the_loop_looks():
+    """The loop's thread can be held in the next step's dispatch (a GPU's full launch queue)
+    while the step before ends: the clock's thread notes the end when it happens."""
+    import threading
+    import time
+    from ptdp_jax.run.clock import StepClock
+
+    done = threading.Event()
+
+    class Out:                        # stands for a step's outputs, ready once `done` is set
+        def block_until_ready(self):
+            done.wait()
+            return self
+
+    clock = StepClock()
+    t0 = time.perf_counter()
+    ends = clock.track(Out())
+    threading.Timer(0.1, done.set).start()
+    time.sleep(0.6)                   # the loop busy elsewhere (dispatching the next step)
+    end = ends.result()
+    clock.close()
+    assert 0.08 < end - t0 < 0.4

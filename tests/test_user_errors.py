@@ -344,3 +344,36 @@ def test_output_directories_are_checked_before_compiling(tmp_path, data_cache, m
     rc, _, err = _cli(capsys, "--mesh", "1,1,1", *[f"{k}={v}" for k, v in ov.items()])
     assert rc == ExitCode.CONFIG and err.count("\n") == 1, err
     assert f"{key}='{bad}'" in err and "not a directory" in err, err
+
+
+def test_a_fresh_start_over_checkpoints_is_a_config_error(tmp_path, data_cache, capsys):
+    """--no-resume where checkpoints are: exit 2 (a setting to change), before compiling."""
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 2})
+    train(mesh_shape=(1, 1, 1), overrides=ov, log=lambda *a: None)
+    rc, out, err = _cli(capsys, "--mesh", "1,1,1", "--no-resume",
+                        *[f"{k}={v}" for k, v in ov.items()])
+    assert rc == ExitCode.CONFIG and "holds checkpoints of an earlier run (steps 2)" in err
+    assert "compiling" not in out
+
+
+@pytest.mark.parametrize("mesh,words", [
+    ("1,16,1", "XLA_FLAGS=--xla_force_host_platform_device_count=16"),
+    ("6,64,8", "a mesh for a cluster: `ptdp-plan CONFIG --gpus 3072` plans it")])
+def test_a_mesh_too_large_says_what_would_run(capsys, mesh, words):
+    rc, _, err = _cli(capsys, "configs/tiny-gpt.yaml", "--mesh", mesh, "--print-config")
+    assert rc == ExitCode.CONFIG and words in err
+
+
+def test_a_run_that_logs_nothing_leaves_no_tensorboard_file(tmp_path):
+    from ptdp_jax.training.metrics import MetricsLogger
+    MetricsLogger(tmp_path).close()
+    assert not list(tmp_path.glob("events.out.tfevents.*"))
+    with MetricsLogger(tmp_path) as log:
+        log.log(1, {"loss": 1.0})
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+
+
+def test_an_empty_run_dir_is_refused(tmp_path, data_cache):
+    ov = H.tiny(tmp_path, data_cache, **{"run.dir": ""})
+    with pytest.raises(ConfigError, match="run.dir is empty"):
+        train(mesh_shape=(1, 1, 1), overrides=ov, log=lambda *a: None)

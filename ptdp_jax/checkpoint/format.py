@@ -239,6 +239,38 @@ def quiet_closed_loop() -> None:
     _QUIET_LOOP = True
 
 
+class _OrbaxThreadErrors(logging.Filter):
+    """Keeps orbax's background-thread errors (a failed write, with its traceback, once per
+    thread) off the terminal: into run.dir/errors.log instead. The save's CheckpointError says
+    the cause in one line."""
+
+    def __init__(self):
+        super().__init__()
+        self.run_dir = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.levelno < logging.ERROR or not text.startswith("[process="):
+            return True
+        from ptdp_jax.exits import write_error_log
+        detail = "".join(traceback.format_exception(*record.exc_info)) if record.exc_info else ""
+        write_error_log(self.run_dir, "orbax: " + text.splitlines()[0][:300], text + "\n" + detail)
+        return False
+
+
+_ORBAX_ERRORS = _OrbaxThreadErrors()
+
+
+def quiet_orbax_errors(run_dir) -> None:
+    """Install (once; the newest run_dir wins) the filter of _OrbaxThreadErrors on absl's
+    logger, and quiet_closed_loop's hooks: a failed save then prints nothing but its error."""
+    _ORBAX_ERRORS.run_dir = run_dir
+    logger = logging.getLogger("absl")
+    if _ORBAX_ERRORS not in logger.filters:
+        logger.addFilter(_ORBAX_ERRORS)
+    quiet_closed_loop()
+
+
 def _unretrieved_read_errors(record: logging.LogRecord) -> bool:
     """False for asyncio's report of a failed orbax/tensorstore read nobody awaited."""
     message = record.getMessage()

@@ -61,14 +61,14 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ptdp_jax.checkpoint import saving as SV
 from ptdp_jax.checkpoint import upgrade as ckpt_upgrade
 from ptdp_jax.training import fp8_state as FS
-from ptdp_jax.config.load import Config, with_absolute_paths
+from ptdp_jax.config.load import Config, ConfigError, with_absolute_paths
 from ptdp_jax.data import data_state
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.checkpoint.format import (  # noqa: F401  (re-exported: the public checkpoint API)
     FORMAT, META_FILE, META_ITEM, STATE_ITEM, TOKENIZER_ITEM, VERSION, CheckpointError,
     _check_writable, _FilesHandler, _FilesSave, _scan, _shape_tree, _short, check_compatible,
     check_data_tokenizer, check_directory, checkpoint_config, checkpoint_tokenizer, config_from_dict, damaged_message,
-    load_checkpoint, load_params, quiet_closed_loop, read_meta, resolve_step_dir, run_tokenizer,
+    load_checkpoint, load_params, quiet_closed_loop, quiet_orbax_errors, read_meta, resolve_step_dir, run_tokenizer,
     stored_shapes, tokenizer_files)
 from ptdp_jax.training.state import (  # noqa: F401  (re-exported: the public checkpoint API)
     TrainState, canonical_abstract_state, canonical_shardings, make_optimizer,
@@ -156,6 +156,7 @@ class CheckpointManager:
         self._mngr = None
         self.tokenizer = run_tokenizer(cfg)   # kept in each checkpoint (None: not known)
         self._tokenizer_files = None
+        quiet_orbax_errors(cfg.run.dir)
 
     @classmethod
     def from_config(cls, cfg: Config, shardings, run_id: str | None = None) -> "CheckpointManager":
@@ -257,7 +258,7 @@ class CheckpointManager:
         (check_fresh_start refuses the run before that)."""
         old_steps = self.steps()
         if old_steps and not self.cfg.checkpoint.overwrites:
-            raise CheckpointError(_fresh_start_message(self.directory, old_steps))
+            raise FreshStartRefused(_fresh_start_message(self.directory, old_steps))
         for old in old_steps:
             where = self.directory / str(old)
             read_meta(where)              # never delete what is not ours
@@ -310,12 +311,16 @@ class CheckpointManager:
         one more checkpoint (the earlier ones stay as they are)."""
         if (self._saved_any or self._resumed) and SV.directory_gone(self.directory):
             raise self._gone(step)
+        done = self.steps()
+        if not done:              # the first: orbax's own error says it (its arrays may compress)
+            return
+        size = SV.tree_bytes(self.directory / str(done[-1]))
         free = SV.free_bytes(self.directory)
-        if free < self.checkpoint_bytes:
+        if free < size:
             self._failed = CheckpointError(
                 f"checkpoint save of step {step} to {self.directory} not started (disk full: "
-                f"{free / 1e9:.1f} GB free, a checkpoint is {self.checkpoint_bytes / 1e9:.1f} "
-                f"GB); {self.survivor()}")
+                f"{free / 1e9:.2f} GB free, the previous checkpoint took {size / 1e9:.2f} GB); "
+                f"{self.survivor()}")
             raise self._failed
 
     def last_good(self) -> str:
@@ -406,6 +411,11 @@ def _reraise_lost_peer(e: BaseException) -> None:
 
 # ----------------------------------------------------------------------------- a fresh start
 
+class FreshStartRefused(CheckpointError, ConfigError):
+    """A fresh start (checkpoint.resume=false) asked for where earlier checkpoints are: a
+    setting to change, so the commands exit with the config code (2)."""
+
+
 def _fresh_start_message(directory, steps) -> str:
     shown = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
     return (f"checkpoint.dir {directory} holds checkpoints of an earlier run (steps {shown}) and "
@@ -429,7 +439,7 @@ def check_fresh_start(cfg: Config) -> list[int]:
     check_directory(directory)
     steps = _scan(directory)[0]
     if steps and not cfg.checkpoint.overwrites:
-        raise CheckpointError(_fresh_start_message(directory, steps))
+        raise FreshStartRefused(_fresh_start_message(directory, steps))
     return steps
 
 

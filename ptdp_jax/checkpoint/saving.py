@@ -84,6 +84,11 @@ def saves_in_run(cfg, start: int) -> int:
     return periodic + (0 if last_is_periodic else 1)
 
 
+def tree_bytes(directory: Path) -> int:
+    """Bytes of the files under `directory`."""
+    return sum(f.stat().st_size for f in Path(directory).rglob("*") if f.is_file())
+
+
 def free_bytes(directory: Path) -> int:
     """Free bytes on the disk that holds `directory` (or its nearest existing parent)."""
     where = Path(directory).absolute()

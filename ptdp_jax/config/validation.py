@@ -81,13 +81,24 @@ def _heads(cfg, n):
                                   f"model.hidden_size/model.num_heads = {m.head_dim}")
 
 
+FAKE_DEVICES_AT_MOST = 64      # a CPU mesh worth trying; larger ones are for a cluster
+
+
 def _devices(cfg, num_devices):
     d, pp, tp = cfg.parallel.mesh_shape
-    if num_devices is not None:
-        need(d * pp * tp <= num_devices,
-             f"mesh (data, pipe, tensor) = ({d}, {pp}, {tp}) needs {d * pp * tp} devices, only "
-             f"{num_devices} available (on a CPU, fake devices come from XLA_FLAGS="
-             f"--xla_force_host_platform_device_count={d * pp * tp})")
+    n = d * pp * tp
+    if num_devices is None or n <= num_devices:
+        return
+    if n <= FAKE_DEVICES_AT_MOST:
+        how = (f"on a CPU, fake devices come from XLA_FLAGS="
+               f"--xla_force_host_platform_device_count={n}, set before JAX starts; on GPUs give "
+               f"a mesh of at most {num_devices} devices, or none for the planner's layout")
+    else:
+        how = (f"a mesh for a cluster: `ptdp-plan CONFIG --gpus {n}` plans it without the "
+               f"devices; to run the model here give a mesh of at most {num_devices} devices "
+               f"(--mesh d,p,t) with a model that fits them")
+    need(False, f"mesh (data, pipe, tensor) = ({d}, {pp}, {tp}) needs {n} devices, only "
+                f"{num_devices} available ({how})")
 
 
 def _tensor_split(cfg, n):
@@ -288,6 +299,9 @@ def unwritable(directory: Path) -> str | None:
 def check_directories(cfg: Config) -> None:
     """Before compiling: run.dir, and run.compile_cache where it names a directory, can take
     files (ConfigError naming the key and why not)."""
+    need(bool(str(cfg.run.dir).strip()), "run.dir is empty: give the folder the run's metrics, "
+                                         "TensorBoard events and resolved config go to (default "
+                                         "runs/latest)")
     dirs = {"run.dir": cfg.run.dir}
     if isinstance(cfg.run.compile_cache, str) and cfg.run.compile_cache not in ("auto", "off"):
         dirs["run.compile_cache"] = cfg.run.compile_cache

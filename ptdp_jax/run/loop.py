@@ -39,6 +39,7 @@ from ptdp_jax.config.validation import check_devices, check_directories
 from ptdp_jax.parallel.cross_process import to_host
 from ptdp_jax.parallel.distributed import maybe_initialize
 from ptdp_jax.training.evaluate import evaluate
+from ptdp_jax.run.clock import StepClock
 from ptdp_jax.run.feed import Feed
 from ptdp_jax.run.phases import DeviceMemoryError, phase
 from ptdp_jax.training.metrics import check_wandb
@@ -152,9 +153,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     lr_of = _host_lr(lr)
     pending, ready = None, None       # a step dispatched and not yet read; when the last was read
 
-    def waits(n: int) -> bool:        # a step the loop waits for (known before dispatching it)
-        return (ckpt is not None and ckpt.due(n)) or _eval_due(cfg, n) or n == end
-
+    clock = StepClock()
     def record(evaluate_now=False, save=False):   # read, evaluate, save, log the pending step
         nonlocal pending, ready
         with phase("train", pending[0], cfg, run_id):
@@ -182,14 +181,12 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     try:
         for step in range(start, end):
             batch = feed.batch(step)                                         # data
-            if pending is not None and waits(step + 1):
-                record()                  # the step before, read first: this one's time is its own
             t0 = time.perf_counter()
             with phase("train", step + 1, cfg, run_id):
                 state, out = train_step(state, batch)                        # step (asynchronous)
             if pending is not None:       # the step before, logged while this one runs
                 record()
-            pending = (step + 1, out, t0)
+            pending = (step + 1, out, t0, clock.track(out))
             why = stopper.check(step + 1)                                    # stop?
             save = ckpt is not None and bool(why or ckpt.due(step + 1))
             evaluate_now = _eval_due(cfg, step + 1)
@@ -207,6 +204,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     except DeviceMemoryError as e:
         oom = e
     finally:
+        clock.close()
         runlog.close()
         try:
             if ckpt is not None:
@@ -322,13 +320,13 @@ def _eval_due(cfg, step: int) -> bool:
 
 
 def _read(pending, last_ready):
-    """(step, its metrics on the host, seconds, when they were ready) of a dispatched step:
-    waits for it. Its time runs from the previous step's end (last_ready: the host's time
-    between steps counts, so the times add up to the loop's), or, where that is None (the
-    first step, the step after an evaluation or a checkpoint), from its own dispatch."""
-    step, out, dispatched = pending
+    """(step, its metrics on the host, seconds, when it ended) of a dispatched step: waits for
+    it. Its time runs from the previous step's end (last_ready: the host's time between steps
+    counts, so the times add up to the loop's), or, where that is None (the first step, the
+    step after an evaluation or a checkpoint), from its own dispatch; the end is the clock's."""
+    step, out, dispatched, ends = pending
     out = jax.device_get(out)
-    ready = time.perf_counter()
+    ready = ends.result()
     return step, out, ready - (dispatched if last_ready is None else last_ready), ready
 
 

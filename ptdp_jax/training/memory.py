@@ -106,8 +106,8 @@ class MemoryEstimate:
     def describe(self) -> str:
         parts = ("params", "grads", "optimizer", "activations", "workspace")
         text = " + ".join(f"{k} {getattr(self, k) / GiB:.2f}" for k in parts)
-        others = (f"; evaluation {self.evaluation / GiB:.2f}, a save {self.save / GiB:.2f}"
-                  if self.evaluation or self.save else "")
+        others = (f"; evaluation {self.evaluation / GiB:.2f} and a save "
+                  f"{self.save / GiB:.2f} GiB per device" if self.evaluation or self.save else "")
         return f"{text} = {self.total / GiB:.2f} GiB per device{others}"
 
 

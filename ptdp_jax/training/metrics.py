@@ -192,6 +192,17 @@ def check_wandb(project: str) -> None:
                           f"wandb); leave run.wandb_project empty to log without it") from None
 
 
+def _tensorboard_installed(path) -> bool:
+    try:
+        import tensorboardX  # noqa: F401
+    except ImportError:
+        import warnings
+        warnings.warn("tensorboardX is not installed: no TensorBoard events are written "
+                      f"(metrics still go to {path})")
+        return False
+    return True
+
+
 class MetricsLogger:
     """Appends one JSON line per log call to run_dir/metrics.jsonl (flushed each
     line) and writes the numeric values as TensorBoard scalars (tensorboardX) in
@@ -225,17 +236,8 @@ class MetricsLogger:
         if resume_step is not None and self.path.exists():
             self._drop_after(resume_step)
         self._file = open(self.path, "a", encoding="utf-8")
-        if tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
-            except ImportError:
-                import warnings
-                warnings.warn("tensorboardX is not installed: no TensorBoard events are written "
-                              f"(metrics still go to {self.path})")
-            else:
-                self._writer = SummaryWriter(
-                    logdir=str(self.run_dir),
-                    **({"purge_step": resume_step + 1} if resume_step is not None else {}))
+        self._tensorboard = tensorboard and _tensorboard_installed(self.path)
+        self._purge = resume_step
         if wandb_project:
             import wandb
             self._wandb = wandb.init(project=wandb_project, id=run_id, name=run_id,
@@ -270,6 +272,11 @@ class MetricsLogger:
         record.update({str(k): _scalar(v) for k, v in metrics.items()})
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        if self._tensorboard and self._writer is None:      # at the first line: a run that
+            from tensorboardX import SummaryWriter          # logs nothing leaves no events file
+            self._writer = SummaryWriter(
+                logdir=str(self.run_dir),
+                **({"purge_step": self._purge + 1} if self._purge is not None else {}))
         if self._writer is not None:
             for k, v in record.items():
                 if k in ("step", "run") or isinstance(v, bool) or not isinstance(v, (int, float)):
