@@ -37,7 +37,9 @@ last. `ptdp-train CONFIG --print-config` prints the whole tree as it would run o
 the devices at hand (the layout, precision and recomputation resolved, the config's own rules
 checked; the data, checkpoint and memory checks run with `--dry-run` and training). An unknown key is refused
 with a suggestion (`unknown config key 'train.stesp' (did you mean 'train.steps'?)`).
-Defaults are written as YAML values (`null` is Python's `None`).
+Defaults are written as YAML values (`null` is Python's `None`). A `null` (or `~`) given for a
+key, in a file or as `key=null`, unsets it: the key's default, also over a value the file set
+(`checkpoint.dir: null` is no checkpoints, `run.dir: null` is `runs/latest`).
 
 The sections up to `run` are what a user sets; `auto` values are resolved for the devices at
 hand before anything compiles (`ptdp_jax/config/decisions.py`, one rule each). `tuning` holds the

@@ -344,3 +344,14 @@ def test_output_directories_are_checked_before_compiling(tmp_path, data_cache, m
     rc, _, err = _cli(capsys, "--mesh", "1,1,1", *[f"{k}={v}" for k, v in ov.items()])
     assert rc == ExitCode.CONFIG and err.count("\n") == 1, err
     assert f"{key}='{bad}'" in err and "not a directory" in err, err
+
+
+def test_a_null_override_unsets_its_key(capsys):
+    """checkpoint.dir=null and run.dir=null on the command line: the defaults (no checkpoints,
+    runs/latest), not folders named None; a null mesh key leaves the key to --mesh."""
+    rc, out, err = _cli(capsys, "configs/demo.yaml", "--mesh", "1,2,1", "checkpoint.dir=null",
+                        "run.dir=null", "parallel.pipe=null", "--print-config")
+    assert rc == 0, err
+    tree = yaml.safe_load(out)
+    assert tree["checkpoint"]["dir"] == "" and tree["run"]["dir"] == "runs/latest"
+    assert tree["parallel"]["pipe"] == 2

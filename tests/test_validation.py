@@ -128,3 +128,23 @@ def test_microbatch_count_and_defaults():
     assert load_config().model.ffn == 4 * load_config().model.hidden_size
     assert load_config(overrides={"model.vocab_size": 51200}).model.padded_vocab_size == 51200
     assert load_config(overrides={"model.vocab_size": 50257}).model.padded_vocab_size == 50304
+
+
+def test_a_null_is_the_keys_default(tmp_path):
+    """YAML null, in a file or a dotted override, unsets its key (the key's default, not the
+    string 'None': no ./None/ checkpoint or run folder, no None.bin); it counts as not set."""
+    from ptdp_jax.config.load import Config, ConfigWarning, load_with_keys
+    f = tmp_path / "c.yaml"
+    f.write_text("checkpoint: {dir: null, every: ~, resume: null}\nrun: {dir: null}\n"
+                 "data: {path: null, weights: null}\nmodel: {vocab_size: null, arch: null}\n"
+                 "train: {steps: null, fp8: null, adam_betas: null, beta1: null, max_bad_steps: "
+                 "null}\nparallel: {stage_layers: null}\n")
+    with pytest.warns(ConfigWarning, match="train.beta1 and train.beta2"):
+        cfg, keys = load_with_keys(f)
+    assert cfg == Config() and not keys
+    ov = parse_cli_overrides(["checkpoint.dir=null", "run.dir=~", "data.path=null",
+                              "train.steps=null"])
+    cfg, keys = load_with_keys("configs/demo.yaml", {**ov, "checkpoint.dir": None})
+    assert (cfg.checkpoint.dir, cfg.run.dir, cfg.data.path, cfg.train.steps) == \
+        ("", "runs/latest", (), 200)
+    assert not keys & set(ov) and "train.lr" in keys

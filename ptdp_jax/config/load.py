@@ -110,7 +110,7 @@ def migrate(flat: Mapping[str, Any], strict: bool = True,
             notes.append(f"{key} is gone: {GONE[key]}")
         elif key in FIXED:
             now, why = FIXED[key]
-            if strict and not _same(value, now):
+            if strict and value is not None and not _same(value, now):
                 raise ConfigError(f"{where(key)}{key}={value!r} can no longer be set: {why}")
             notes.append(f"{key} is gone: {why}")
         elif key not in BETAS and key != "checkpoint.overwrite":
@@ -125,7 +125,8 @@ def _merge_betas(flat, out, notes) -> None:
         return
     default = TrainConfig().adam_betas
     if "train.adam_betas" not in out:
-        out["train.adam_betas"] = [flat.get(k, d) for k, d in zip(BETAS, default)]
+        out["train.adam_betas"] = [d if flat.get(k) is None else flat[k]
+                                   for k, d in zip(BETAS, default)]
     notes.append("train.beta1 and train.beta2 are now train.adam_betas: [beta1, beta2]")
 
 
@@ -217,7 +218,8 @@ def did_you_mean(key: str) -> str:
 
 
 def _apply(cfg: Config, overrides: Mapping[str, Any], where=lambda key: "") -> Config:
-    """Apply dotted overrides; `where(key)` prefixes an error's message (file and line)."""
+    """Apply dotted overrides; `where(key)` prefixes an error's message (file and line). A
+    None (YAML null) unsets its key: the key's default."""
     sections = {f.name: f.type for f in fields(Config)}
     updates: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
@@ -230,8 +232,10 @@ def _apply(cfg: Config, overrides: Mapping[str, Any], where=lambda key: "") -> C
         if name not in types_:
             raise ConfigError(f"{where(key)}unknown config key {key!r}{did_you_mean(key)}; "
                               f"{section} has {sorted(types_)}")
+        default = getattr(type(getattr(cfg, section))(), name)
         try:
-            updates.setdefault(section, {})[name] = _coerce(key, value, types_[name])
+            updates.setdefault(section, {})[name] = default if value is None else \
+                _coerce(key, value, types_[name])
         except ConfigError as e:
             raise ConfigError(f"{where(key)}{e}") from None
     return replace(cfg, **{s: replace(getattr(cfg, s), **u) for s, u in updates.items()})
@@ -393,8 +397,8 @@ def load_config(config: "str | os.PathLike | Config | None" = None,
 def load_with_keys(config: "str | os.PathLike | Config | None" = None,
                    overrides: Mapping[str, Any] | None = None, *, strict: bool = True,
                    origin: str = "") -> tuple[Config, frozenset[str]]:
-    """(load_config's Config, the dotted keys that the file or the overrides set; every key
-    when `config` is a Config)."""
+    """(load_config's Config, the dotted keys that the file or the overrides set, a null
+    (unset) last not counted; every key when `config` is a Config)."""
     overrides, notes = migrate(dict(overrides or {}), strict)
     if isinstance(config, Config):
         warn_old_keys(notes, origin or "the overrides")
@@ -409,11 +413,12 @@ def load_with_keys(config: "str | os.PathLike | Config | None" = None,
     warn_old_keys(notes, origin or (f"config file {str(config)!r}" if config is not None
                                     else "the overrides"))
     cfg = _apply(cfg, overrides)
-    if "model.vocab_size" not in flat and "model.vocab_size" not in overrides:
+    given = frozenset(k for k, v in {**flat, **overrides}.items() if v is not None)
+    if "model.vocab_size" not in given:
         vocab = _data_vocab_size(cfg.data.path)
         if vocab is not None:
             cfg = replace(cfg, model=replace(cfg.model, vocab_size=vocab))
-    return cfg, frozenset(flat) | frozenset(overrides)
+    return cfg, given
 
 
 def with_absolute_paths(cfg: Config) -> Config:

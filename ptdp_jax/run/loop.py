@@ -88,7 +88,8 @@ def _load(config, mesh_shape, overrides):
     """(Config, the keys the file or the command line set, those of the command line: the
     overrides and mesh_shape)."""
     cfg, explicit = load_with_keys(config, overrides)
-    given = migrate(dict(overrides or {}), strict=False)[0]
+    given = {k: v for k, v in migrate(dict(overrides or {}), strict=False)[0].items()
+             if v is not None}                              # a null unsets its key
     command_line = set(given)
     if mesh_shape is not None:
         if len(tuple(mesh_shape)) != 3 or any(int(a) < 1 for a in mesh_shape):
