@@ -148,3 +148,40 @@ def test_a_null_is_the_keys_default(tmp_path):
     assert (cfg.checkpoint.dir, cfg.run.dir, cfg.data.path, cfg.train.steps) == \
         ("", "runs/latest", (), 200)
     assert not keys & set(ov) and "train.lr" in keys
+
+
+@pytest.mark.parametrize("key,value,wanted", [
+    ("run.dir", ["a", "b"], "a string"), ("run.dir", {"a": 1}, "a string"),
+    ("checkpoint.dir", 2024, "a string"), ("data.path", [1], "a list of strings"),
+    ("data.path", ["a", None], "a list of strings"), ("train.fp8", 2, "bool"),
+    ("train.fp8", "1", "bool"), ("train.fp8", 0, "bool"), ("train.lr", float("inf"), "finite"),
+    ("train.lr", float("nan"), "finite"), ("train.lr", "-inf", "finite"),
+    ("train.lr", True, "finite"), ("train.steps", 2.0, "int"), ("train.steps", 2.5, "int"),
+    ("train.steps", True, "int"), ("train.steps", "1e3", "int"), ("parallel.zero", 1.0, "int"),
+    ("model.num_kv_heads", "None", "int"), ("train.adam_betas", 0.9, "a list of finite floats"),
+    ("data.weights", [0.5, float("nan")], "finite"), ("tuning.static_stash", 1, "bool"),
+    ("run.compile_cache", 0, "bool (true or false) or a string"),
+])
+def test_every_key_takes_exactly_its_type(key, value, wanted):
+    """No loose coercion: a list is not a folder name, 2 is not true, 2.0 is not an int, inf
+    is not a learning rate; the error names the key, the value and the type wanted."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={key: value})
+    assert str(e.value).startswith(f"{key}: cannot read {value!r} as ") and wanted in str(e.value)
+
+
+def test_values_of_their_type_and_their_text_load(tmp_path):
+    cfg = load_config(overrides={"train.lr": "3e-4", "parallel.stage_layers": "2,1,1",
+                                 "train.fp8": "false", "model.rope_theta": 500000,
+                                 "data.weights": [1, 2], "train.adam_betas": (0.9, "9.5e-1"),
+                                 "checkpoint.dir": tmp_path / "ckpt"})
+    assert cfg.train.lr == 3e-4 and cfg.parallel.stage_layers == (2, 1, 1)
+    assert cfg.train.fp8 is False and type(cfg.model.rope_theta) is float
+    assert cfg.data.weights == (1.0, 2.0) and cfg.train.adam_betas == (0.9, 0.95)
+    assert cfg.checkpoint.dir == str(tmp_path / "ckpt")
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  lr: 1e-3\n  fp8: false\nrun:\n  dir:\n    a: 1\n")
+    with pytest.raises(ConfigError, match=r"line 5: run.dir: cannot read \{'a': 1\} as a string"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="train.lr: cannot read inf as a finite float"):
+        load_config(overrides=parse_cli_overrides(["train.lr=.inf"]))

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
+import numbers
 import os
 import types
 import typing
@@ -153,49 +155,87 @@ def _field_types(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _coerce(key: str, value: Any, typ: Any) -> Any:
-    """Turn a YAML/CLI value into the field's type, or raise ConfigError."""
-    origin = typing.get_origin(typ)
-    args = typing.get_args(typ)
-    if origin in (typing.Union, types.UnionType):           # X | None, X | str
-        if type(None) in args and (value is None or (isinstance(value, str)
-                                                     and value.lower() in ("none", "null"))):
-            return None
-        options = [a for a in args if a is not type(None)]
-        for i, option in enumerate(options):
+def _read_int(value: Any) -> int:
+    """An int (not a bool, not a float such as 2.0) or its digits ('16', as a list's item)."""
+    if isinstance(value, str) and value.strip().lstrip("+-").replace("_", "").isdigit():
+        return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise ValueError(value)
+
+
+def _read_float(value: Any) -> float:
+    """A finite number (not a bool) or its text ('3e-4': YAML 1.1 reads that as a string)."""
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+        raise ValueError(value)
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(value)
+    return out
+
+
+def _read_bool(value: Any) -> bool:
+    """A YAML bool, or the text true / false (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(value)
+
+
+def _read_str(value: Any) -> str:
+    """A string (or, from Python, a path object) only: a number, a bool, a list or a mapping
+    is not one."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str):
+        return value
+    raise ValueError(value)
+
+
+READERS = {int: _read_int, float: _read_float, bool: _read_bool, str: _read_str}
+TYPE_NAMES = {bool: "bool (true or false)", float: "a finite float", str: "a string"}
+ITEM_NAMES = {int: "ints", float: "finite floats", str: "strings"}
+
+
+def _type_name(typ: Any) -> str:
+    """A field's type in words: 'int', 'a list of ints', 'bool (true or false) or a string'."""
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None))
+    if origin is tuple:
+        return f"a list of {ITEM_NAMES[args[0]]}"
+    return TYPE_NAMES.get(typ, getattr(typ, "__name__", str(typ)))
+
+
+def _read(value: Any, typ: Any) -> Any:
+    """value as exactly `typ` (READERS; a union: its first option that reads it; a tuple:
+    from a list, or from a comma-separated string as a command line gives one); ValueError
+    otherwise."""
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        for option in (a for a in args if a is not type(None)):
             try:
-                return _coerce(key, value, option)
-            except ConfigError:
-                if i == len(options) - 1:
-                    raise
+                return _read(value, option)
+            except ValueError:
+                pass
+        raise ValueError(value)
     if origin is tuple:
         if isinstance(value, str):
-            value = [v for v in value.split(",") if v.strip()]
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
-            value = [value]
-        return tuple(_coerce(key, v, args[0]) for v in value)
+            raise ValueError(value)
+        return tuple(_read(v, args[0]) for v in value)
+    return READERS[typ](value)
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """A YAML/CLI value as exactly the field's type (`_read`), or ConfigError naming the key,
+    the value and the type wanted. The one place where a config value gets its type."""
     try:
-        if typ is bool:
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(value)
-            return bool(value)
-        if typ is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(value)
-            if isinstance(value, str):
-                value = float(value) if any(c in value for c in ".eE") else value
-            return int(value)
-        if typ is float:
-            return float(value)
-        if typ is str:
-            return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: cannot read {value!r} as {typ.__name__}") from None
-    return value
+        return _read(value, typ)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{key}: cannot read {value!r} as {_type_name(typ)}") from None
 
 
 def all_keys() -> list[str]:
@@ -242,11 +282,12 @@ def _apply(cfg: Config, overrides: Mapping[str, Any], where=lambda key: "") -> C
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'model': {'hidden_size': 8}} -> {'model.hidden_size': 8}."""
+    """{'model': {'hidden_size': 8}} -> {'model.hidden_size': 8}; a mapping below a section's
+    key stays that key's value (refused by its type, not read as a deeper key)."""
     out: dict[str, Any] = {}
     for k, v in tree.items():
         key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
+        if isinstance(v, Mapping) and not prefix:
             out.update(flatten(v, key + "."))
         else:
             out[key] = v
