@@ -153,6 +153,17 @@ def _scan(directory: Path) -> tuple[list[int], list[str], list[str]]:
     return sorted(steps), tmp, foreign
 
 
+def checkpoint_kind(directory: Path) -> str | None:
+    """What ptdp_jax checkpoint `directory` is, in words ('a ptdp_jax checkpoint.dir', 'a
+    ptdp_jax step directory'), or None where it is none (or does not exist)."""
+    if not directory.is_dir():
+        return None
+    if (directory / META_ITEM).is_dir() or (directory / STATE_ITEM).is_dir():
+        return "a ptdp_jax step directory (checkpoint.dir/STEP)"
+    steps, tmp, _ = _scan(directory)
+    return "a ptdp_jax checkpoint.dir" if steps or tmp else None
+
+
 def check_directory(directory: Path) -> None:
     """CheckpointError if `directory` is not (or cannot become) a ptdp_jax checkpoint dir."""
     if directory.exists() and not directory.is_dir():
