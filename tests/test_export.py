@@ -144,7 +144,12 @@ def test_export_refuses_a_checkpoint_or_a_used_folder_as_out(tmp_path, capsys):
             assert words in err and len(err.strip().splitlines()) == 1, err
     assert H.snapshot(tmp_path) == before
     out = tmp_path / "hf"
-    assert export_cli.main([str(ckpt), str(out)]) == ExitCode.OK
+    from ptdp_jax.checkpoint import lock as LK
+    LK.acquire(ckpt)                        # a run training on: a reader takes no lock
+    try:
+        assert export_cli.main([str(ckpt), str(out)]) == ExitCode.OK
+    finally:
+        LK.release(ckpt)
     assert export_cli.main([str(ckpt), str(out)]) == ExitCode.CONFIG
     assert "already holds an export" in capsys.readouterr().err
     assert export_cli.main([str(ckpt), str(out), "--overwrite"]) == ExitCode.OK

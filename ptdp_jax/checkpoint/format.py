@@ -35,6 +35,7 @@ READABLE_VERSIONS = (1, 2)
 META_FILE = "ptdp_meta.json"
 STATE_ITEM, META_ITEM = "state", "meta"
 TOKENIZER_ITEM = "tokenizer"     # a copy of the training data's tokenizer.json (BPE data)
+LOCK_FILE = ".ptdp.lock"         # a training run's lock (checkpoint/lock.py); scans skip it
 _TMP_MARK = ".orbax-checkpoint-tmp"
 # Files orbax itself may keep at the top of a checkpoint directory.
 _ORBAX_ROOT_FILES = {"_ROOT_METADATA", "descriptor", "_CHECKPOINT_METADATA"}
@@ -161,7 +162,8 @@ def checkpoint_kind(directory: Path) -> str | None:
     if (directory / META_ITEM).is_dir() or (directory / STATE_ITEM).is_dir():
         return "a ptdp_jax step directory (checkpoint.dir/STEP)"
     steps, tmp, _ = _scan(directory)
-    return "a ptdp_jax checkpoint.dir" if steps or tmp else None
+    used = steps or tmp or (directory / LOCK_FILE).exists()
+    return "a ptdp_jax checkpoint.dir" if used else None
 
 
 def check_directory(directory: Path) -> None:

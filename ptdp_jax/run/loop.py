@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import jax
 
-from ptdp_jax.checkpoint import manager as CK
+from ptdp_jax.checkpoint import lock as LK, manager as CK
 from ptdp_jax.training import preflight as preflight
 from ptdp_jax.training.compile_cache import use_compile_cache
 from ptdp_jax.config import decisions as D
@@ -115,6 +115,7 @@ def _for_devices(loaded, log):
     return for_devices(cfg, explicit, command_line, jax.devices(), log, jax.local_device_count())
 
 
+@LK.released_on_return                 # checkpoint.dir's lock, taken in _setup
 def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None = None,
           log=print, distributed: Mapping[str, Any] | None = None,
           return_params: bool = True) -> TrainResult:
@@ -238,13 +239,14 @@ class _Setup:
 def _setup(cfg) -> _Setup:
     """What train() and dry_run() do before compiling the step: what can refuse the run
     (FP8 or cuDNN on these devices, run.dir, W&B, the data, the memory estimate,
-    checkpoint.dir), then the mesh, the optimizer and the jitted step."""
+    checkpoint.dir and its lock), then the mesh, the optimizer and the jitted step."""
     check_devices(cfg, jax.devices())                        # FP8, cuDNN
     check_directories(cfg)                                   # run.dir, run.compile_cache
     cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
     check_wandb(cfg.run.wandb_project)                       # installed, if asked for
     feed = Feed(cfg)                                         # opens and checks the data
     estimate = preflight.check_memory(cfg)                   # the estimate against a device
+    LK.lock_checkpoint_dir(cfg)                              # one run a checkpoint.dir
     replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
                                                              # checkpoints unasked
     start = CK.resume_step(cfg)
@@ -410,6 +412,7 @@ def sample_text(cfg: Config, params, tokenizer_spec: str) -> str:
 
 # ----------------------------------------------------------------------------- dry run
 
+@LK.released_on_return
 def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None = None,
             log=print, distributed: Mapping[str, Any] | None = None) -> dict:
     """Validate, open the data, check the memory estimate, build the mesh and compile
