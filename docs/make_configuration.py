@@ -37,7 +37,15 @@ last. `ptdp-train CONFIG --print-config` prints the whole tree as it would run o
 the devices at hand (the layout, precision and recomputation resolved, the config's own rules
 checked; the data, checkpoint and memory checks run with `--dry-run` and training). An unknown key is refused
 with a suggestion (`unknown config key 'train.stesp' (did you mean 'train.steps'?)`).
-Defaults are written as YAML values (`null` is Python's `None`).
+Defaults are written as YAML values (`null` is Python's `None`). A `null` (or `~`) given for a
+key, in a file or as `key=null`, unsets it: the key's default, also over a value the file set
+(`checkpoint.dir: null` is no checkpoints, `run.dir: null` is `runs/latest`).
+Every key takes exactly its type (the table's): an `int` a whole number written without a point
+(`2.0` and `true` are refused), a `float` a finite number (`.inf` and `.nan` are refused), a `bool`
+`true` or `false` (not `1`), a `str` a string (a list or a mapping is refused; quote a number:
+`'2024'`), a `tuple` a YAML list (`[2, 1, 1]`) or a comma-separated string (`2,1,1`,
+`data/mycorpus`). Anything else is a ConfigError naming the key, the value and the type wanted
+(and the file and line).
 
 The sections up to `run` are what a user sets; `auto` values are resolved for the devices at
 hand before anything compiles (`ptdp_jax/config/decisions.py`, one rule each). `tuning` holds the

@@ -236,6 +236,24 @@ def test_cli(tmp_path, capsys):
     assert "missing.jsonl" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("out", ["bad/", ".", "..", "folder", "folder/.", ""])
+def test_cli_refuses_a_folder_as_out(tmp_path, capsys, monkeypatch, out):
+    """--out is a file prefix: a folder, a path ending in '/', '.' or '..' is refused with one
+    line and exit 2 before anything is written (it wrote bad.bin beside bad/, or ..bin)."""
+    txt, _, _ = _write_corpus(tmp_path)
+    (tmp_path / "folder").mkdir()
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(SystemExit) as e:
+        main([str(txt), "--out", out])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert f"--out {out!r} is " in err and "file prefix" in err
+    assert sorted(tmp_path.rglob("*")) == before
+    with pytest.raises(ValueError, match="file prefix"):
+        prepare_dataset([txt], tmp_path / "folder")
+
+
 def test_prepare_parquet_and_arrow(tmp_path, capsys, monkeypatch):
     """Parquet and Arrow files (a folder as Dataset.save_to_disk leaves it: an IPC stream and
     JSON beside it) give one document a row of --text-key's column, null rows skipped; a
@@ -291,9 +309,9 @@ def test_tokenizer_folder(tmp_path, capsys):
     for folder, eos in ((gpt, "<|endoftext|>"), (llama, "</s>")):
         tok = load_tokenizer(folder)
         assert tok.eos_token == eos and tok.eos_id == tok._tok.token_to_id(eos)
-        assert main([str(tmp_path / "a.txt"), "--out", str(tmp_path / folder.name),
+        assert main([str(tmp_path / "a.txt"), "--out", str(tmp_path / f"{folder.name}-data"),
                      "--tokenizer", str(folder)]) == 0
-        ds = TokenDataset(tmp_path / folder.name)
+        ds = TokenDataset(tmp_path / f"{folder.name}-data")
         assert ds.tokenizer_spec == str(folder / "tokenizer.json") and ds.eos_id == tok.eos_id
         assert load_tokenizer(ds.tokenizer_spec).eos_id == tok.eos_id
     capsys.readouterr()

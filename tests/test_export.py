@@ -124,6 +124,40 @@ def test_export_rejects_a_non_checkpoint(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_export_refuses_a_checkpoint_or_a_used_folder_as_out(tmp_path, capsys):
+    """OUT that is (or is inside) a checkpoint.dir or a step directory, or a folder of other
+    files, is refused with one line and exit 2 before anything is written, with --overwrite
+    too; --overwrite replaces only an earlier export (it wrote into the checkpoint.dir)."""
+    from ptdp_jax.exits import ExitCode
+    _checkpoint(tmp_path, "gpt", mesh=(1, 1, 1))
+    ckpt = tmp_path / "ckpt"
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    before = H.snapshot(tmp_path)
+    for out, words in [(ckpt, "is a ptdp_jax checkpoint.dir"), (ckpt / "3", "is a ptdp_jax step"),
+                       (ckpt / "hf", "is inside a ptdp_jax checkpoint.dir"),
+                       (ckpt / "3" / "hf", "is inside a ptdp_jax step"),
+                       (tmp_path / "notes", "not an export (todo.txt)")]:
+        for extra in ([], ["--overwrite"]):
+            assert export_cli.main([str(ckpt), str(out), *extra]) == ExitCode.CONFIG, (out, extra)
+            err = capsys.readouterr().err
+            assert words in err and len(err.strip().splitlines()) == 1, err
+    assert H.snapshot(tmp_path) == before
+    out = tmp_path / "hf"
+    from ptdp_jax.checkpoint import lock as LK
+    LK.acquire(ckpt)                        # a run training on: a reader takes no lock
+    try:
+        assert export_cli.main([str(ckpt), str(out)]) == ExitCode.OK
+    finally:
+        LK.release(ckpt)
+    assert export_cli.main([str(ckpt), str(out)]) == ExitCode.CONFIG
+    assert "already holds an export" in capsys.readouterr().err
+    assert export_cli.main([str(ckpt), str(out), "--overwrite"]) == ExitCode.OK
+    (out / "README.md").write_text("mine")
+    assert export_cli.main([str(ckpt), str(out), "--overwrite"]) == ExitCode.CONFIG
+    assert "not an export (README.md)" in capsys.readouterr().err
+
+
 def test_damaged_inputs_exit_2_naming_the_file(tmp_path, capsys):
     """A truncated model.safetensors (ptdp-import-hf) and a --tokenizer that is not a
     tokenizer.json (ptdp-export) exit 2 with one line naming the file, not a traceback."""

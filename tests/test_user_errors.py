@@ -34,6 +34,10 @@ def _cli(capsys, *args):
     ("model: 4\n", ["line 1", "section 'model' must be a mapping", "got 4"]),
     ("train:\n  lr: 1e-3\nmodel: [a, b]\n", ["line 3", "section 'model' must be a mapping"]),
     ("train:\n  steps: many\n", ["line 2", "train.steps: cannot read 'many' as int"]),
+    ("run:\n  dir: [a, b]\n", ["line 2", "run.dir: cannot read ['a', 'b'] as a string"]),
+    ("train:\n  steps: 5\n  fp8: 2\n", ["line 3", "train.fp8: cannot read 2 as bool"]),
+    ("train:\n  lr: .inf\n", ["line 2", "train.lr: cannot read inf as a finite float"]),
+    ("train:\n  steps: 2.0\n", ["line 2", "train.steps: cannot read 2.0 as int"]),
     ("train:\n  stesp: 10\n", ["line 2", "unknown config key 'train.stesp'",
                                "did you mean 'train.steps'?"]),
     ("- a\n- b\n", ["must hold a mapping of sections"]),
@@ -377,3 +381,14 @@ def test_an_empty_run_dir_is_refused(tmp_path, data_cache):
     ov = H.tiny(tmp_path, data_cache, **{"run.dir": ""})
     with pytest.raises(ConfigError, match="run.dir is empty"):
         train(mesh_shape=(1, 1, 1), overrides=ov, log=lambda *a: None)
+
+
+def test_a_null_override_unsets_its_key(capsys):
+    """checkpoint.dir=null and run.dir=null on the command line: the defaults (no checkpoints,
+    runs/latest), not folders named None; a null mesh key leaves the key to --mesh."""
+    rc, out, err = _cli(capsys, "configs/demo.yaml", "--mesh", "1,2,1", "checkpoint.dir=null",
+                        "run.dir=null", "parallel.pipe=null", "--print-config")
+    assert rc == 0, err
+    tree = yaml.safe_load(out)
+    assert tree["checkpoint"]["dir"] == "" and tree["run"]["dir"] == "runs/latest"
+    assert tree["parallel"]["pipe"] == 2

@@ -128,3 +128,60 @@ def test_microbatch_count_and_defaults():
     assert load_config().model.ffn == 4 * load_config().model.hidden_size
     assert load_config(overrides={"model.vocab_size": 51200}).model.padded_vocab_size == 51200
     assert load_config(overrides={"model.vocab_size": 50257}).model.padded_vocab_size == 50304
+
+
+def test_a_null_is_the_keys_default(tmp_path):
+    """YAML null, in a file or a dotted override, unsets its key (the key's default, not the
+    string 'None': no ./None/ checkpoint or run folder, no None.bin); it counts as not set."""
+    from ptdp_jax.config.load import Config, ConfigWarning, load_with_keys
+    f = tmp_path / "c.yaml"
+    f.write_text("checkpoint: {dir: null, every: ~, resume: null}\nrun: {dir: null}\n"
+                 "data: {path: null, weights: null}\nmodel: {vocab_size: null, arch: null}\n"
+                 "train: {steps: null, fp8: null, adam_betas: null, beta1: null, max_bad_steps: "
+                 "null}\nparallel: {stage_layers: null}\n")
+    with pytest.warns(ConfigWarning, match="train.beta1 and train.beta2"):
+        cfg, keys = load_with_keys(f)
+    assert cfg == Config() and not keys
+    ov = parse_cli_overrides(["checkpoint.dir=null", "run.dir=~", "data.path=null",
+                              "train.steps=null"])
+    cfg, keys = load_with_keys("configs/demo.yaml", {**ov, "checkpoint.dir": None})
+    assert (cfg.checkpoint.dir, cfg.run.dir, cfg.data.path, cfg.train.steps) == \
+        ("", "runs/latest", (), 200)
+    assert not keys & set(ov) and "train.lr" in keys
+
+
+@pytest.mark.parametrize("key,value,wanted", [
+    ("run.dir", ["a", "b"], "a string"), ("run.dir", {"a": 1}, "a string"),
+    ("checkpoint.dir", 2024, "a string"), ("data.path", [1], "a list of strings"),
+    ("data.path", ["a", None], "a list of strings"), ("train.fp8", 2, "bool"),
+    ("train.fp8", "1", "bool"), ("train.fp8", 0, "bool"), ("train.lr", float("inf"), "finite"),
+    ("train.lr", float("nan"), "finite"), ("train.lr", "-inf", "finite"),
+    ("train.lr", True, "finite"), ("train.steps", 2.0, "int"), ("train.steps", 2.5, "int"),
+    ("train.steps", True, "int"), ("train.steps", "1e3", "int"), ("parallel.zero", 1.0, "int"),
+    ("model.num_kv_heads", "None", "int"), ("train.adam_betas", 0.9, "a list of finite floats"),
+    ("data.weights", [0.5, float("nan")], "finite"), ("tuning.static_stash", 1, "bool"),
+    ("run.compile_cache", 0, "bool (true or false) or a string"),
+])
+def test_every_key_takes_exactly_its_type(key, value, wanted):
+    """No loose coercion: a list is not a folder name, 2 is not true, 2.0 is not an int, inf
+    is not a learning rate; the error names the key, the value and the type wanted."""
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides={key: value})
+    assert str(e.value).startswith(f"{key}: cannot read {value!r} as ") and wanted in str(e.value)
+
+
+def test_values_of_their_type_and_their_text_load(tmp_path):
+    cfg = load_config(overrides={"train.lr": "3e-4", "parallel.stage_layers": "2,1,1",
+                                 "train.fp8": "false", "model.rope_theta": 500000,
+                                 "data.weights": [1, 2], "train.adam_betas": (0.9, "9.5e-1"),
+                                 "checkpoint.dir": tmp_path / "ckpt"})
+    assert cfg.train.lr == 3e-4 and cfg.parallel.stage_layers == (2, 1, 1)
+    assert cfg.train.fp8 is False and type(cfg.model.rope_theta) is float
+    assert cfg.data.weights == (1.0, 2.0) and cfg.train.adam_betas == (0.9, 0.95)
+    assert cfg.checkpoint.dir == str(tmp_path / "ckpt")
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  lr: 1e-3\n  fp8: false\nrun:\n  dir:\n    a: 1\n")
+    with pytest.raises(ConfigError, match=r"line 5: run.dir: cannot read \{'a': 1\} as a string"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="train.lr: cannot read inf as a finite float"):
+        load_config(overrides=parse_cli_overrides(["train.lr=.inf"]))

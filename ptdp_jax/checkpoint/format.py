@@ -35,6 +35,7 @@ READABLE_VERSIONS = (1, 2)
 META_FILE = "ptdp_meta.json"
 STATE_ITEM, META_ITEM = "state", "meta"
 TOKENIZER_ITEM = "tokenizer"     # a copy of the training data's tokenizer.json (BPE data)
+LOCK_FILE = ".ptdp.lock"         # a training run's lock (checkpoint/lock.py); scans skip it
 _TMP_MARK = ".orbax-checkpoint-tmp"
 # Files orbax itself may keep at the top of a checkpoint directory.
 _ORBAX_ROOT_FILES = {"_ROOT_METADATA", "descriptor", "_CHECKPOINT_METADATA"}
@@ -151,6 +152,18 @@ def _scan(directory: Path) -> tuple[list[int], list[str], list[str]]:
         elif name not in _ORBAX_ROOT_FILES:
             foreign.append(name)
     return sorted(steps), tmp, foreign
+
+
+def checkpoint_kind(directory: Path) -> str | None:
+    """What ptdp_jax checkpoint `directory` is, in words ('a ptdp_jax checkpoint.dir', 'a
+    ptdp_jax step directory'), or None where it is none (or does not exist)."""
+    if not directory.is_dir():
+        return None
+    if (directory / META_ITEM).is_dir() or (directory / STATE_ITEM).is_dir():
+        return "a ptdp_jax step directory (checkpoint.dir/STEP)"
+    steps, tmp, _ = _scan(directory)
+    used = steps or tmp or (directory / LOCK_FILE).exists()
+    return "a ptdp_jax checkpoint.dir" if used else None
 
 
 def check_directory(directory: Path) -> None:

@@ -18,9 +18,11 @@ def main(argv=None) -> int:
                     "LLaMA as LlamaForCausalLM.")
     ap.add_argument("checkpoint", help="a step directory (CKPT_DIR/STEP) or a checkpoint.dir "
                                        "(its newest complete step)")
-    ap.add_argument("out_dir", help="output directory (created)")
+    ap.add_argument("out_dir", help="output directory (created): new, empty or an earlier "
+                                    "export; never a checkpoint.dir or inside one")
     ap.add_argument("--overwrite", action="store_true",
-                    help="replace an export already in OUT_DIR (refused otherwise)")
+                    help="replace an export already in OUT_DIR (refused otherwise); other "
+                         "files in OUT_DIR are refused even so")
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--tokenizer", help="byte, or a tokenizer.json (default: the tokenizer of "
                                         "the checkpoint's training data)")

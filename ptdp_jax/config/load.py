@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
+import numbers
 import os
 import types
 import typing
@@ -110,7 +112,7 @@ def migrate(flat: Mapping[str, Any], strict: bool = True,
             notes.append(f"{key} is gone: {GONE[key]}")
         elif key in FIXED:
             now, why = FIXED[key]
-            if strict and not _same(value, now):
+            if strict and value is not None and not _same(value, now):
                 raise ConfigError(f"{where(key)}{key}={value!r} can no longer be set: {why}")
             notes.append(f"{key} is gone: {why}")
         elif key not in BETAS and key != "checkpoint.overwrite":
@@ -125,7 +127,8 @@ def _merge_betas(flat, out, notes) -> None:
         return
     default = TrainConfig().adam_betas
     if "train.adam_betas" not in out:
-        out["train.adam_betas"] = [flat.get(k, d) for k, d in zip(BETAS, default)]
+        out["train.adam_betas"] = [d if flat.get(k) is None else flat[k]
+                                   for k, d in zip(BETAS, default)]
     notes.append("train.beta1 and train.beta2 are now train.adam_betas: [beta1, beta2]")
 
 
@@ -152,49 +155,87 @@ def _field_types(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _coerce(key: str, value: Any, typ: Any) -> Any:
-    """Turn a YAML/CLI value into the field's type, or raise ConfigError."""
-    origin = typing.get_origin(typ)
-    args = typing.get_args(typ)
-    if origin in (typing.Union, types.UnionType):           # X | None, X | str
-        if type(None) in args and (value is None or (isinstance(value, str)
-                                                     and value.lower() in ("none", "null"))):
-            return None
-        options = [a for a in args if a is not type(None)]
-        for i, option in enumerate(options):
+def _read_int(value: Any) -> int:
+    """An int (not a bool, not a float such as 2.0) or its digits ('16', as a list's item)."""
+    if isinstance(value, str) and value.strip().lstrip("+-").replace("_", "").isdigit():
+        return int(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    raise ValueError(value)
+
+
+def _read_float(value: Any) -> float:
+    """A finite number (not a bool) or its text ('3e-4': YAML 1.1 reads that as a string)."""
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+        raise ValueError(value)
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(value)
+    return out
+
+
+def _read_bool(value: Any) -> bool:
+    """A YAML bool, or the text true / false (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(value)
+
+
+def _read_str(value: Any) -> str:
+    """A string (or, from Python, a path object) only: a number, a bool, a list or a mapping
+    is not one."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str):
+        return value
+    raise ValueError(value)
+
+
+READERS = {int: _read_int, float: _read_float, bool: _read_bool, str: _read_str}
+TYPE_NAMES = {bool: "bool (true or false)", float: "a finite float", str: "a string"}
+ITEM_NAMES = {int: "ints", float: "finite floats", str: "strings"}
+
+
+def _type_name(typ: Any) -> str:
+    """A field's type in words: 'int', 'a list of ints', 'bool (true or false) or a string'."""
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args if a is not type(None))
+    if origin is tuple:
+        return f"a list of {ITEM_NAMES[args[0]]}"
+    return TYPE_NAMES.get(typ, getattr(typ, "__name__", str(typ)))
+
+
+def _read(value: Any, typ: Any) -> Any:
+    """value as exactly `typ` (READERS; a union: its first option that reads it; a tuple:
+    from a list, or from a comma-separated string as a command line gives one); ValueError
+    otherwise."""
+    origin, args = typing.get_origin(typ), typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        for option in (a for a in args if a is not type(None)):
             try:
-                return _coerce(key, value, option)
-            except ConfigError:
-                if i == len(options) - 1:
-                    raise
+                return _read(value, option)
+            except ValueError:
+                pass
+        raise ValueError(value)
     if origin is tuple:
         if isinstance(value, str):
-            value = [v for v in value.split(",") if v.strip()]
+            value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
-            value = [value]
-        return tuple(_coerce(key, v, args[0]) for v in value)
+            raise ValueError(value)
+        return tuple(_read(v, args[0]) for v in value)
+    return READERS[typ](value)
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """A YAML/CLI value as exactly the field's type (`_read`), or ConfigError naming the key,
+    the value and the type wanted. The one place where a config value gets its type."""
     try:
-        if typ is bool:
-            if isinstance(value, str):
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(value)
-            return bool(value)
-        if typ is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError(value)
-            if isinstance(value, str):
-                value = float(value) if any(c in value for c in ".eE") else value
-            return int(value)
-        if typ is float:
-            return float(value)
-        if typ is str:
-            return str(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{key}: cannot read {value!r} as {typ.__name__}") from None
-    return value
+        return _read(value, typ)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{key}: cannot read {value!r} as {_type_name(typ)}") from None
 
 
 def all_keys() -> list[str]:
@@ -217,7 +258,8 @@ def did_you_mean(key: str) -> str:
 
 
 def _apply(cfg: Config, overrides: Mapping[str, Any], where=lambda key: "") -> Config:
-    """Apply dotted overrides; `where(key)` prefixes an error's message (file and line)."""
+    """Apply dotted overrides; `where(key)` prefixes an error's message (file and line). A
+    None (YAML null) unsets its key: the key's default."""
     sections = {f.name: f.type for f in fields(Config)}
     updates: dict[str, dict[str, Any]] = {}
     for key, value in overrides.items():
@@ -230,19 +272,22 @@ def _apply(cfg: Config, overrides: Mapping[str, Any], where=lambda key: "") -> C
         if name not in types_:
             raise ConfigError(f"{where(key)}unknown config key {key!r}{did_you_mean(key)}; "
                               f"{section} has {sorted(types_)}")
+        default = getattr(type(getattr(cfg, section))(), name)
         try:
-            updates.setdefault(section, {})[name] = _coerce(key, value, types_[name])
+            updates.setdefault(section, {})[name] = default if value is None else \
+                _coerce(key, value, types_[name])
         except ConfigError as e:
             raise ConfigError(f"{where(key)}{e}") from None
     return replace(cfg, **{s: replace(getattr(cfg, s), **u) for s, u in updates.items()})
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{'model': {'hidden_size': 8}} -> {'model.hidden_size': 8}."""
+    """{'model': {'hidden_size': 8}} -> {'model.hidden_size': 8}; a mapping below a section's
+    key stays that key's value (refused by its type, not read as a deeper key)."""
     out: dict[str, Any] = {}
     for k, v in tree.items():
         key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
+        if isinstance(v, Mapping) and not prefix:
             out.update(flatten(v, key + "."))
         else:
             out[key] = v
@@ -393,8 +438,8 @@ def load_config(config: "str | os.PathLike | Config | None" = None,
 def load_with_keys(config: "str | os.PathLike | Config | None" = None,
                    overrides: Mapping[str, Any] | None = None, *, strict: bool = True,
                    origin: str = "") -> tuple[Config, frozenset[str]]:
-    """(load_config's Config, the dotted keys that the file or the overrides set; every key
-    when `config` is a Config)."""
+    """(load_config's Config, the dotted keys that the file or the overrides set, a null
+    (unset) last not counted; every key when `config` is a Config)."""
     overrides, notes = migrate(dict(overrides or {}), strict)
     if isinstance(config, Config):
         warn_old_keys(notes, origin or "the overrides")
@@ -409,11 +454,12 @@ def load_with_keys(config: "str | os.PathLike | Config | None" = None,
     warn_old_keys(notes, origin or (f"config file {str(config)!r}" if config is not None
                                     else "the overrides"))
     cfg = _apply(cfg, overrides)
-    if "model.vocab_size" not in flat and "model.vocab_size" not in overrides:
+    given = frozenset(k for k, v in {**flat, **overrides}.items() if v is not None)
+    if "model.vocab_size" not in given:
         vocab = _data_vocab_size(cfg.data.path)
         if vocab is not None:
             cfg = replace(cfg, model=replace(cfg.model, vocab_size=vocab))
-    return cfg, frozenset(flat) | frozenset(overrides)
+    return cfg, given
 
 
 def with_absolute_paths(cfg: Config) -> Config:

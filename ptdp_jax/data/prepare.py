@@ -18,7 +18,8 @@ a dataset whose ``.json`` exists is complete.
 
 Command line: ``ptdp-prepare-data INPUT [INPUT ...] --out PREFIX
 [--tokenizer byte|bpe|PATH.json|HF_DIR] [--vocab-size N] [--text-key text] [--overwrite]``
-(an existing dataset at PREFIX is refused without ``--overwrite``).
+(an existing dataset at PREFIX is refused without ``--overwrite``; PREFIX is a file prefix
+such as ``data/mycorpus``: a folder, a path ending in ``/``, ``.`` or ``..`` is refused).
 """
 
 from __future__ import annotations
@@ -228,6 +229,20 @@ def write_token_dataset(documents: Iterable[str], out_prefix: str | os.PathLike,
     return meta
 
 
+def check_out_prefix(out_prefix: str | os.PathLike) -> Path:
+    """``out_prefix`` as a Path, or a ValueError where it names a folder rather than a file
+    prefix: an existing folder, a path ending in a separator, ``.``, ``..`` or nothing."""
+    text = os.fspath(out_prefix)
+    seps = "".join(s for s in (os.sep, os.altsep) if s)
+    if text and not text.endswith(tuple(seps)) and os.path.basename(text) not in (".", "..") \
+            and not Path(text).is_dir():
+        return Path(text)
+    where = text.rstrip(seps) or text[:1] or "."
+    raise ValueError(f"--out {text!r} is {'a folder' if text else 'empty'}; --out is a file "
+                     f"prefix: e.g. --out {os.path.join(where, 'mycorpus')} writes "
+                     f"mycorpus.bin, mycorpus.idx.npy and mycorpus.json in {where}")
+
+
 def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer: str = "byte",
                     text_key: str = "text", bpe_vocab_size: int | None = None,
                     overwrite: bool = False) -> Path:
@@ -239,10 +254,11 @@ def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer:
     together with ``bpe_vocab_size``: then a byte-level BPE is trained on the
     inputs and saved as ``out_prefix.tokenizer.json`` (recorded in the metadata
     relative to the dataset's folder).  Returns ``out_prefix`` as a Path.
-    An existing dataset at ``out_prefix`` is a FileExistsError unless ``overwrite``.
+    An existing dataset at ``out_prefix`` is a FileExistsError unless ``overwrite``; a
+    folder as ``out_prefix`` is a ValueError (check_out_prefix), before anything is read.
     """
+    prefix = check_out_prefix(out_prefix)
     paths = check_inputs(inputs, text_key)
-    prefix = Path(out_prefix)
     ours = (".bin", ".idx.npy", ".json") + ((".tokenizer.json",) if tokenizer == "bpe" else ())
     old = [f"{prefix}{s}" for s in ours if os.path.exists(f"{prefix}{s}")]
     if old and not overwrite:
@@ -299,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                     "files, read with pyarrow) into PREFIX.bin / PREFIX.idx.npy / PREFIX.json.")
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
                         help=".txt, .jsonl, .parquet or .arrow files, or folders of the last two")
-    parser.add_argument("--out", required=True, metavar="PREFIX", help="output path prefix")
+    parser.add_argument("--out", required=True, metavar="PREFIX",
+                        help="the dataset's file prefix, not a folder: e.g. data/mycorpus "
+                             "writes data/mycorpus.bin, .idx.npy and .json")
     parser.add_argument("--tokenizer", default="byte",
                         help="'byte' (default), 'bpe' (train one; needs --vocab-size), "
                              "the path of a tokenizer.json, or a Hugging Face tokenizer folder "

@@ -25,7 +25,9 @@ data ended a document. Files are written with the usual permissions
 
 The vocabulary is unpadded to ``model.vocab_size`` rows. CHECKPOINT is a step
 directory (``<checkpoint.dir>/<step>``) or a checkpoint.dir (its newest step). An
-OUT_DIR that already holds an export is refused unless ``--overwrite``.
+OUT_DIR that already holds an export is refused unless ``--overwrite``; one that is (or is
+inside) a checkpoint.dir or a step directory, or holds other files, is refused always,
+before anything is read or written.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ptdp_jax.checkpoint.format import checkpoint_kind
 from ptdp_jax.checkpoint.manager import CheckpointError, checkpoint_tokenizer, load_params
 from ptdp_jax.data.tokenizer import EOS_TOKEN
 
@@ -202,11 +205,29 @@ EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "t
                 "tokenizer_config.json", "special_tokens_map.json")
 
 
-def check_out_dir(out_dir: str | os.PathLike) -> None:
-    """FileExistsError naming `out_dir` if it holds an export's files (an export with a
-    tokenizer rewrites every one of them, so --overwrite leaves nothing stale)."""
-    old = [name for name in EXPORT_FILES if (Path(out_dir) / name).exists()]
-    if old:
+def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> None:
+    """Before anything is read or written, FileExistsError naming `out_dir` where it is (or
+    is inside) a ptdp_jax checkpoint, is a file, or holds files that are not an export's;
+    or, unless `overwrite`, where it holds an export (one with a tokenizer rewrites every
+    file of EXPORT_FILES, so --overwrite leaves nothing stale)."""
+    out = Path(os.path.abspath(os.path.expanduser(out_dir)))
+    for where in (out, out.parent):
+        kind = checkpoint_kind(where)
+        if kind:
+            raise FileExistsError(f"{str(out_dir)!r} {'is' if where == out else 'is inside'} "
+                                  f"{kind}: an export there would mix with its checkpoints; "
+                                  f"give a new directory outside it")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{str(out_dir)!r} exists and is not a directory")
+    names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    other = [name for name in names if name not in EXPORT_FILES]
+    if other:
+        shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
+        raise FileExistsError(f"{str(out_dir)!r} holds files that are not an export ({shown}); "
+                              f"give an empty or new directory (--overwrite replaces only an "
+                              f"earlier export)")
+    old = [name for name in EXPORT_FILES if name in names]
+    if old and not overwrite:
         raise FileExistsError(f"{str(out_dir)!r} already holds an export ({', '.join(old)}); "
                               f"give --overwrite to replace it, or another directory")
 
@@ -216,11 +237,11 @@ def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
                       overwrite: bool = False) -> Path:
     """Export a ptdp_jax checkpoint (step dir or checkpoint.dir) to a Hugging Face dir,
     with the tokenizer of its training data (or `tokenizer`: 'byte' or a tokenizer.json);
-    an export already in `out_dir` is refused unless `overwrite`."""
+    an `out_dir` that is a checkpoint or holds other files is refused, and an export already
+    in it unless `overwrite` (check_out_dir)."""
     from ptdp_jax.data.sources import model_tokenizer
 
-    if not overwrite:
-        check_out_dir(out_dir)                      # before the checkpoint is read
+    check_out_dir(out_dir, overwrite)               # before the checkpoint is read
     cfg, params = load_params(checkpoint)
     spec, _ = model_tokenizer(list(cfg.data.path), cfg.model.vocab_size, tokenizer,
                               checkpoint_tokenizer(checkpoint))

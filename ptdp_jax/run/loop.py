@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import jax
 
-from ptdp_jax.checkpoint import manager as CK
+from ptdp_jax.checkpoint import lock as LK, manager as CK
 from ptdp_jax.training import preflight as preflight
 from ptdp_jax.training.compile_cache import use_compile_cache
 from ptdp_jax.config import decisions as D
@@ -89,7 +89,8 @@ def _load(config, mesh_shape, overrides):
     """(Config, the keys the file or the command line set, those of the command line: the
     overrides and mesh_shape)."""
     cfg, explicit = load_with_keys(config, overrides)
-    given = migrate(dict(overrides or {}), strict=False)[0]
+    given = {k: v for k, v in migrate(dict(overrides or {}), strict=False)[0].items()
+             if v is not None}                              # a null unsets its key
     command_line = set(given)
     if mesh_shape is not None:
         if len(tuple(mesh_shape)) != 3 or any(int(a) < 1 for a in mesh_shape):
@@ -115,6 +116,7 @@ def _for_devices(loaded, log):
     return for_devices(cfg, explicit, command_line, jax.devices(), log, jax.local_device_count())
 
 
+@LK.released_on_return                 # checkpoint.dir's lock, taken in _setup
 def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None = None,
           log=print, distributed: Mapping[str, Any] | None = None,
           return_params: bool = True) -> TrainResult:
@@ -235,13 +237,14 @@ class _Setup:
 def _setup(cfg) -> _Setup:
     """What train() and dry_run() do before compiling the step: what can refuse the run
     (FP8 or cuDNN on these devices, run.dir, W&B, the data, the memory estimate,
-    checkpoint.dir), then the mesh, the optimizer and the jitted step."""
+    checkpoint.dir and its lock), then the mesh, the optimizer and the jitted step."""
     check_devices(cfg, jax.devices())                        # FP8, cuDNN
     check_directories(cfg)                                   # run.dir, run.compile_cache
     cache = use_compile_cache(cfg.run.compile_cache)         # before the first compile
     check_wandb(cfg.run.wandb_project)                       # installed, if asked for
     feed = Feed(cfg)                                         # opens and checks the data
     estimate = preflight.check_memory(cfg)                   # the estimate against a device
+    LK.lock_checkpoint_dir(cfg)                              # one run a checkpoint.dir
     replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
                                                              # checkpoints unasked
     start = CK.resume_step(cfg)
@@ -407,6 +410,7 @@ def sample_text(cfg: Config, params, tokenizer_spec: str) -> str:
 
 # ----------------------------------------------------------------------------- dry run
 
+@LK.released_on_return
 def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None = None,
             log=print, distributed: Mapping[str, Any] | None = None) -> dict:
     """Validate, open the data, check the memory estimate, build the mesh and compile
