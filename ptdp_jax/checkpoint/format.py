@@ -263,6 +263,8 @@ class _OrbaxThreadErrors(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
+        if text.startswith("Waiting for previous save to complete"):
+            return False                      # the run's checkpoint_s counts that wait
         if record.levelno < logging.ERROR or not text.startswith("[process="):
             return True
         from ptdp_jax.exits import write_error_log

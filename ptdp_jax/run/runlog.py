@@ -115,7 +115,8 @@ class RunLog:
         self.message(
             f"ptdp_jax: {cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden_size}, "
             f"mesh (data, pipe, tensor) = ({d}, {p}, {t}), schedule {cfg.parallel.schedule}"
-            f"{' v=%d' % v if v > 1 else ''}, {cfg.microbatch_split}, {cfg.train.dtype}, "
+            f"{' v=%d' % v if v > 1 else ''}, {cfg.microbatch_split}, {cfg.train.dtype}"
+            f"{' with FP8 GEMMs (' + cfg.train.fp8_recipe + ')' if cfg.train.fp8 else ''}, "
             f"recompute {cfg.train.recompute}"
             f"{', zero %d' % cfg.parallel.zero if cfg.parallel.zero and d > 1 else ''}; "
             f"run {self.run_id}, metrics in {Path(cfg.run.dir) / 'metrics.jsonl'}")
