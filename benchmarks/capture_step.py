@@ -94,7 +94,7 @@ def main(argv=None):
     mesh_shape = tuple(int(x) for x in a.mesh.split(","))
     cfg = validate(resolve_config(a.config, mesh_shape, parse_cli_overrides(a.overrides)),
                    len(jax.devices()))
-    mesh = make_mesh(cfg.parallel.mesh_shape)
+    mesh = make_mesh(cfg.parallel.mesh_dims)
     tx, _ = make_optimizer(cfg)
     c = compile_all(cfg, mesh, tx)
     state = c.init()

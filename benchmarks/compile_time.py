@@ -37,7 +37,7 @@ def main(argv=None):
         B = m * cfg.train.micro_batch_size * cfg.parallel.data
         cfg = resolve_config(cfg, None, {"train.global_batch_size": B})
         validate(cfg, len(jax.devices()))
-        mesh = make_mesh(cfg.parallel.mesh_shape)
+        mesh = make_mesh(cfg.parallel.mesh_dims)
         tx, _ = make_optimizer(cfg)
         c = compile_all(cfg, mesh, tx)
         state = jax.eval_shape(c.init)

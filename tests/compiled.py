@@ -12,7 +12,7 @@ from ptdp_jax.parallel.sharding import make_mesh
 def _lowered(cfg, wrap=lambda f: f, trace_only=False):
     """The gradient function lowered for this backend (or only traced, to lower it for
     another platform: `.lower(lowering_platforms=("cuda",))`)."""
-    mesh = make_mesh(cfg.parallel.mesh_shape)
+    mesh = make_mesh(cfg.parallel.mesh_dims)
     tx, _ = S.make_optimizer(cfg)
     params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
     shardings = S.state_shardings(cfg, mesh, tx)["params"]

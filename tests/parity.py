@@ -54,7 +54,7 @@ def batch_for(cfg, seed=0):
 
 
 def loss_and_grads(cfg, seed=0):
-    mesh = make_mesh(cfg.parallel.mesh_shape)
+    mesh = make_mesh(cfg.parallel.mesh_dims)
     tx, _ = S.make_optimizer(cfg)
     params = jax.jit(lambda: S.init_state(cfg, tx)["params"])()
     loss, grads = jax.jit(step.make_grad_fn(cfg, mesh))(params, batch_for(cfg, seed), 0)

@@ -18,7 +18,7 @@ from ptdp_jax.parallel.sharding import make_mesh
 
 
 def _score_dots(cfg):
-    mesh = make_mesh(cfg.parallel.mesh_shape)
+    mesh = make_mesh(cfg.parallel.mesh_dims)
     tx, _ = S.make_optimizer(cfg)
     params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
     jaxpr = jax.make_jaxpr(step.make_grad_fn(cfg, mesh))(params, batch_for(cfg), 0)

@@ -113,7 +113,7 @@ def test_fp8_ring_parity_under_recomputation(arch, mesh, extra):
 
 def _permuted_dtypes(cfg) -> Counter:
     params = jax.eval_shape(lambda: S.init_state(cfg, S.make_optimizer(cfg)[0])["params"])
-    grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_shape))
+    grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_dims))
     jaxpr = jax.make_jaxpr(grad_fn)(params, batch_for(cfg), 0).jaxpr
     return Counter(str(v.aval.dtype) for eqn, _ in equations(jaxpr)
                    if eqn.primitive.name == "ppermute" for v in eqn.invars)
@@ -216,7 +216,7 @@ def test_weights_are_rounded_once_a_step(mesh, extra):
     params = jax.eval_shape(lambda: S.init_state(cfg, S.make_optimizer(cfg)[0])["params"])
     dense = M.dense_weight_names(cfg.model)
     shapes = {tuple(a.shape[3:]) for k, a in params["layers"].items() if k in dense}
-    grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_shape))
+    grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_dims))
     jaxpr = jax.make_jaxpr(grad_fn)(params, batch_for(cfg), 0).jaxpr
     depths = _e4m3_rounding_depths(jaxpr, shapes)
     layers_per_stage = cfg.model.num_layers // cfg.parallel.pipe

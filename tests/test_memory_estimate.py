@@ -233,7 +233,7 @@ def test_estimate_against_the_compiled_train_and_eval_steps(mesh, extra):
          "parallel.data": mesh[0], "parallel.pipe": mesh[1], "parallel.tensor": mesh[2], **extra}
     cfg = validate(load_config(overrides=o), len(jax.devices()))
     tx = S.make_optimizer(cfg)[0]
-    compiled = compile_all(cfg, make_mesh(cfg.parallel.mesh_shape), tx)
+    compiled = compile_all(cfg, make_mesh(cfg.parallel.mesh_dims), tx)
     state = S.abstract_state(cfg, tx, compiled.shardings)
     batch = jax.ShapeDtypeStruct((8, 65), np.int32, sharding=compiled.batch_sharding)
     train_mem = compiled.step.lower(state, batch).compile().memory_analysis()

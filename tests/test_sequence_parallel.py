@@ -61,7 +61,7 @@ def test_evaluation_under_sequence_parallelism():
     from parity import batch_for
 
     def loss(cfg):
-        mesh, tx = make_mesh(cfg.parallel.mesh_shape), S.make_optimizer(cfg)[0]
+        mesh, tx = make_mesh(cfg.parallel.mesh_dims), S.make_optimizer(cfg)[0]
         params = jax.jit(lambda: S.init_state(cfg, tx)["params"])()
         return float(jax.jit(make_eval_fn(cfg, mesh))(params, batch_for(cfg)))
     assert loss(tiny_config("llama", (1, 2, 4), **SP)) == pytest.approx(

@@ -88,7 +88,7 @@ def test_evaluation_keeps_gspmd_collectives_and_the_loss():
     from ptdp_jax.parallel.sharding import make_mesh
 
     def loss(cfg):
-        mesh, tx = make_mesh(cfg.parallel.mesh_shape), S.make_optimizer(cfg)[0]
+        mesh, tx = make_mesh(cfg.parallel.mesh_dims), S.make_optimizer(cfg)[0]
         params = jax.jit(lambda: S.init_state(cfg, tx)["params"])()
         return float(jax.jit(make_eval_fn(cfg, mesh))(params, batch_for(cfg)))
     o = {"parallel.sequence_parallel": True, "train.micro_batch_size": 2}

@@ -97,6 +97,9 @@ class ParallelConfig:
     data: int = 1
     pipe: int = 1
     tensor: int = 1
+    context: int = 1                     # one sequence split over this many devices (context
+                                         # parallelism; parallel/context.py): model.seq_len a
+                                         # multiple of 2 x context
     schedule: str = "1f1b"               # gpipe | 1f1b | 1f1b-phased | interleaved | zb-h1 | zb-v | zb-phased
     virtual_stages: int = 1              # model chunks a stage: interleaved, 1f1b-phased (v > 1), zb-v (2)
     scatter_gather: bool = False         # pipelines with tensor > 1: stage messages split over
@@ -117,6 +120,15 @@ class ParallelConfig:
     @property
     def mesh_shape(self) -> tuple[int, int, int]:
         return (self.data, self.pipe, self.tensor)
+
+    @property
+    def mesh_dims(self) -> tuple[int, int, int, int]:
+        """The device mesh's sizes, (data, pipe, context, tensor)."""
+        return (self.data, self.pipe, self.context, self.tensor)
+
+    @property
+    def num_devices(self) -> int:
+        return self.data * self.pipe * self.context * self.tensor
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ FAKE_DEVICES_AT_MOST = 64      # a CPU mesh worth trying; larger ones are for a 
 
 def _devices(cfg, num_devices):
     d, pp, tp = cfg.parallel.mesh_shape
-    n = d * pp * tp
+    n = cfg.parallel.num_devices
     if num_devices is None or n <= num_devices:
         return
     if n <= FAKE_DEVICES_AT_MOST:
@@ -97,8 +97,10 @@ def _devices(cfg, num_devices):
         how = (f"a mesh for a cluster: `ptdp-plan CONFIG --gpus {n}` plans it without the "
                f"devices; to run the model here give a mesh of at most {num_devices} devices "
                f"(--mesh d,p,t) with a model that fits them")
-    need(False, f"mesh (data, pipe, tensor) = ({d}, {pp}, {tp}) needs {n} devices, only "
-                f"{num_devices} available ({how})")
+    c = cfg.parallel.context
+    mesh = (f"mesh (data, pipe, tensor) = ({d}, {pp}, {tp})" if c == 1 else
+            f"mesh (data, pipe, tensor) = ({d}, {pp}, {tp}) with parallel.context={c}")
+    need(False, f"{mesh} needs {n} devices, only {num_devices} available ({how})")
 
 
 def _tensor_split(cfg, n):
@@ -232,7 +234,19 @@ def _data(cfg, n):
              f"data.weights must be >= 0 with a positive sum, got {list(w)}")
 
 
-CHECKS = (_choices, _ranges, _devices, _heads, _tensor_split, _grad_reduce, _schedule,
+def _context(cfg, n):
+    c, m = cfg.parallel.context, cfg.model
+    need(c >= 1, f"parallel.context must be positive, got {c}")
+    if c == 1:
+        return
+    need(m.seq_len % (2 * c) == 0,
+         f"model.seq_len={m.seq_len} is not divisible by 2 x parallel.context = {2 * c} "
+         f"(each of the {c} devices holds two of {2 * c} equal chunks of a sequence)")
+    need(m.dropout == 0, f"model.dropout={m.dropout} with parallel.context={c}: dropout under "
+                         f"context parallelism is not supported; set model.dropout=0")
+
+
+CHECKS = (_choices, _ranges, _context, _devices, _heads, _tensor_split, _grad_reduce, _schedule,
           _stage_layers, _batch, _recompute, _tp_comm_overlap, _data)
 
 

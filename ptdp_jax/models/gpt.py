@@ -53,7 +53,10 @@ def embed(p, tokens_bs, cfg, sh, key_rows=None):
     # vocab-parallel lookup: partial sums over 'tensor' reduced (ACT_FULL), split by sequence
     # under sequence parallelism (ACT): an all-reduce, or a reduce-scatter
     x_bsh = sh.constrain(sh.constrain(p["wte"][tokens_bs], ACT_FULL), ACT)
-    x_bsh = x_bsh + p["wpe"][None, : tokens_bs.shape[1]]
+    if sh.context == 1:
+        x_bsh = x_bsh + p["wpe"][None, : tokens_bs.shape[1]]
+    else:                            # a device's chunks: their positions in the sequence
+        x_bsh = x_bsh + p["wpe"][sh.positions(*tokens_bs.shape)]
     x_bsh = dropout(x_bsh, cfg.dropout, fold_rows(key_rows, 1 << 20))
     return sh.constrain(x_bsh, ACT)
 

@@ -53,6 +53,8 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
     def attend(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
 
+    if sh is not None and sh.context > 1:
+        return _context_attention(q_bsnd, k_bsnd, v_bsnd, sh)
     if sh is None or sh.mesh is None or not sh.manual or sh.mesh.shape["tensor"] == 1:
         return attend(q_bsnd, k_bsnd, v_bsnd)
     if sh.mesh.shape["pipe"] == 1 and sh.in_layer_scan:
@@ -65,6 +67,32 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
         return _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, sh)
     # XLA's attention: a custom VJP keeps q, k, v as the only residuals and runs the attention
     # again inside the per-device backward (its own residuals hold the s^2 scores).
+    local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
+    local_bwd = sh.per_device(lambda q, k, v, g: jax.vjp(attend, q, k, v)[1](g),
+                              (HEADS,) * 4, (HEADS,) * 3)
+
+    @jax.custom_vjp
+    def attention(q, k, v):
+        return local_fwd(q, k, v)
+
+    attention.defvjp(lambda q, k, v: (local_fwd(q, k, v), (q, k, v)),
+                     lambda qkv, g: local_bwd(*qkv, g))
+    return attention(q_bsnd, k_bsnd, v_bsnd)
+
+
+def _context_attention(q_bsnd, k_bsnd, v_bsnd, sh):
+    """Attention over a sequence split over 'context' (parallel/context.py), per device where
+    heads are split over an automatic 'tensor'."""
+    from ptdp_jax.parallel import context as C
+    scale = 1.0 / float(q_bsnd.shape[-1]) ** 0.5
+
+    def attend(q, k, v):
+        return C.attention(q, k, v, sh.context, jax.lax.axis_index(C.AXIS), scale)
+    if "tensor" in sh.manual or sh.mesh.shape["tensor"] == 1:
+        return attend(q_bsnd, k_bsnd, v_bsnd)
+    # heads split over an automatic 'tensor': per device, its backward a region of its own
+    # (autodiff's residuals of a nested region would be split over every mesh axis, 'context'
+    # before the region's manual 'tensor', which Shardy refuses); the forward runs again there
     local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
     local_bwd = sh.per_device(lambda q, k, v, g: jax.vjp(attend, q, k, v)[1](g),
                               (HEADS,) * 4, (HEADS,) * 3)
@@ -223,16 +251,22 @@ def fold_rows(key_rows, salt: int):
     return jax.vmap(lambda k: jax.random.fold_in(k, salt))(key_rows)
 
 
-def rotary(x_bsnd, theta: float, offset=0):
+def rotary(x_bsnd, theta: float, offset=0, positions_bs=None):
     """Rotary position embedding (LLaMA) in the Hugging Face convention: the
     first half of each head's dims is rotated against the second half. The sequence
-    holds positions offset .. offset + s - 1 (decoding with a cache: models/decode.py)."""
+    holds positions offset .. offset + s - 1 (decoding with a cache: models/decode.py), or
+    `positions_bs` (b, s) where given (a device's chunks under context parallelism)."""
     b, s, n, d = x_bsnd.shape
     freqs_d2 = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-    positions = (offset + jnp.arange(s)).astype(jnp.float32)
-    angles_sd2 = positions[:, None] * freqs_d2[None, :]
-    cos_1s11h = jnp.cos(angles_sd2)[None, :, None, None, :]
-    sin_1s12h = jnp.sin(angles_sd2)[None, :, None, None, :] * jnp.array([-1.0, 1.0])[:, None]
+    if positions_bs is None:
+        positions = (offset + jnp.arange(s)).astype(jnp.float32)
+        angles_sd2 = positions[:, None] * freqs_d2[None, :]
+        cos_1s11h = jnp.cos(angles_sd2)[None, :, None, None, :]
+        sin_1s12h = jnp.sin(angles_sd2)[None, :, None, None, :] * jnp.array([-1.0, 1.0])[:, None]
+    else:
+        angles_bsd2 = positions_bs.astype(jnp.float32)[..., None] * freqs_d2
+        cos_1s11h = jnp.cos(angles_bsd2)[:, :, None, None, :]
+        sin_1s12h = jnp.sin(angles_bsd2)[:, :, None, None, :] * jnp.array([-1.0, 1.0])[:, None]
     # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) with the halves as an axis of 2, so that
     # the transpose is a reverse of that axis, not two slices padded back together (XLA:GPU
     # fused those pads into FP8's max |dq| at a fifth of the memory bandwidth)

@@ -53,7 +53,8 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     y = rms_norm(x_bsh, p["attn_norm"], cfg.norm_eps)
     gemms = lambda names: [(GEMM_SPECS[w], weight(p, w), None) for w in names]
     q, k, v = column_dense(sh, y, gemms(("wq", "wk", "wv")), HEADS)
-    q, k = (rotary(a, cfg.rope_theta) for a in (q, k))
+    pos = None if sh.context == 1 else sh.positions(q.shape[0], q.shape[1])
+    q, k = (rotary(a, cfg.rope_theta, positions_bs=pos) for a in (q, k))
     k, v = (_repeat_kv(x, cfg, sh) for x in (k, v))
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
     attn_bsh = row_dense(sh, a_bsnd, GEMM_SPECS["wo"], weight(p, "wo"))

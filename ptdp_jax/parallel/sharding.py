@@ -30,11 +30,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from ptdp_jax.config import decisions as D
-MESH_AXES = ("data", "pipe", "tensor")
+from ptdp_jax.parallel.manual import vary, varying_axes  # noqa: F401  (re-exported)
+MESH_AXES = ("data", "pipe", "context", "tensor")
 
 LOGICAL_RULES: dict[str, str | None] = {
     "batch": "data",       # microbatch rows
@@ -87,21 +89,23 @@ def rules(sequence_parallel: bool = False, rows: bool = False) -> dict:
     return {**LOGICAL_RULES, **(SEQUENCE_PARALLEL_ROWS_RULES if rows else SEQUENCE_PARALLEL_RULES)}
 
 
-def make_mesh(shape: tuple[int, int, int], devices=None, *,
+def make_mesh(shape: tuple[int, ...], devices=None, *,
               allow_cross_host_tensor: bool = False) -> Mesh:
-    """A ('data', 'pipe', 'tensor') mesh over the first d*p*t devices.
+    """A ('data', 'pipe', 'context', 'tensor') mesh over the first d*p*c*t devices; `shape` is
+    (d, p, t) (context 1) or (d, p, c, t) (`ParallelConfig.mesh_dims`).
 
-    Tensor is the fastest-varying axis, so tensor-parallel groups are
-    neighbouring devices. With several processes (hosts) the mesh covers all
-    devices and keeps 'tensor' inside a host (ptdp_jax.parallel.distributed.host_mesh_devices)."""
-    d, p, t = shape
+    Tensor is the fastest-varying axis, so tensor-parallel groups are neighbouring devices,
+    and context the next, so that a sequence's devices stay next to each other (inside a host).
+    With several processes (hosts) the mesh covers all devices and keeps 'tensor' inside a host
+    (ptdp_jax.parallel.distributed.host_mesh_devices)."""
+    d, p, c, t = shape if len(shape) == 4 else (shape[0], shape[1], 1, shape[2])
     if devices is None and jax.process_count() > 1:
         from ptdp_jax.parallel.distributed import host_mesh_devices
-        arr = host_mesh_devices((d, p, t), allow_cross_host_tensor)
-        return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
-    devs = list(devices if devices is not None else jax.devices())[: d * p * t]
-    arr = np.asarray(devs, dtype=object).reshape(d, p, t)
-    return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+        arr = host_mesh_devices((d, p * c, t), allow_cross_host_tensor).reshape(d, p, c, t)
+        return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * 4)
+    devs = list(devices if devices is not None else jax.devices())[: d * p * c * t]
+    arr = np.asarray(devs, dtype=object).reshape(d, p, c, t)
+    return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * 4)
 
 
 def logical_to_spec(names: tuple[str | None, ...], manual: frozenset[str] = frozenset(),
@@ -189,13 +193,22 @@ class Sharder:
     fp8: bool = False           # train.fp8: the layers' GEMMs on FP8 operands (models/fp8.py)
     fp8_steady: bool = False    # delayed scaling whose history rows all hold an exponent
     attention: str = "auto"     # tuning.attention (decisions.attention)
+    context: int = 1            # parallel.context: a device's rows are chunks of sequences
+                                # (parallel/context.py), inside a region manual over 'context'
 
     @classmethod
     def for_config(cls, cfg, mesh) -> "Sharder":
         sp = sequence_parallel_on(cfg.parallel)
         return cls(mesh, sequence_parallel=sp, rows=sequence_parallel_rows(cfg),
                    tp_overlap=sp and tp_overlap_on(cfg, mesh), fp8=cfg.train.fp8,
-                   attention=cfg.tuning.attention)
+                   attention=cfg.tuning.attention, context=cfg.parallel.context)
+
+    def positions(self, rows: int, s: int):
+        """(rows, s) int32: where each token of a device's rows sits in its sequence."""
+        if self.context == 1:
+            return jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (rows, s))
+        from ptdp_jax.parallel import context as C
+        return C.positions(self.context, jax.lax.axis_index(C.AXIS), s, rows)
 
     def spec(self, names) -> P:
         return logical_to_spec(tuple(names), self.manual, self.sequence_parallel, self.rows)
@@ -249,8 +262,8 @@ def manual_axes(mesh) -> tuple[str, ...]:
     if mesh.size == 1 or mesh.size == mesh.shape["tensor"]:
         return ()
     if mesh.shape["tensor"] == 1:
-        return ("data", "pipe", "tensor")
-    return ("data", "pipe")
+        return ("data", "pipe", "context", "tensor")
+    return ("data", "pipe", "context")
 
 
 def psum_over(x, manual, spec):
@@ -297,16 +310,3 @@ def direct_scatter(part_of, axis: str):
     for part in sent:
         acc = acc + part
     return acc
-
-
-def varying_axes(x) -> frozenset:
-    """The manual mesh axes x varies over (jax 0.10: manual_axis_type; later: vma)."""
-    aval = jax.typeof(x)
-    mat = getattr(aval, "manual_axis_type", None)
-    return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
-
-
-def vary(x, axes):
-    """Mark x as varying over the given manual axes (those it is not varying over yet)."""
-    missing = tuple(a for a in axes if a not in varying_axes(x))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x

@@ -91,7 +91,7 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     reset = None if describe_layout(cfg) == describe_layout(asked) else \
         f"{describe_layout(cfg)} (the training run's {describe_layout(asked)} does not fit " \
         f"mesh {shape})"
-    m = make_mesh(cfg.parallel.mesh_shape)
+    m = make_mesh(cfg.parallel.mesh_dims)
     shardings = state_shardings(cfg, m, make_optimizer(cfg)[0]).params
     params = jax.jit(lambda x: stage_params(cfg, x), out_shardings=shardings)(state["params"])
     del state

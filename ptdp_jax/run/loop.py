@@ -248,7 +248,7 @@ def _setup(cfg) -> _Setup:
     replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
                                                              # checkpoints unasked
     start = CK.resume_step(cfg)
-    mesh = make_mesh(cfg.parallel.mesh_shape,
+    mesh = make_mesh(cfg.parallel.mesh_dims,
                      allow_cross_host_tensor=cfg.tuning.allow_cross_host_tensor)
     feed.use_mesh(mesh)
     tx, lr = make_optimizer(cfg)

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
+from ptdp_jax.parallel import context as C
 from ptdp_jax.parallel.sharding import Sharder, manual_axes, psum_over, vary
 from ptdp_jax.training.state import stage_param_specs
 
@@ -84,9 +85,10 @@ def make_eval_fn(cfg, mesh, hidden: bool = False):
 
     def local(params, batch):
         params = jax.tree.map(lambda x: vary(x, manual), params)
+        batch = C.rows_of(batch, cfg.parallel.context)      # a sequence's chunks, as rows
         w = M.cast(params, dtype)
         rows = batch.shape[0]
-        b = min(cfg.train.micro_batch_size, rows)
+        b = min(cfg.train.micro_batch_size * (2 if cfg.parallel.context > 1 else 1), rows)
         mbs = batch.reshape((rows // b, b) + batch.shape[1:])
         one = loss_ring if p > 1 else loss_flat
         zero = vary(jnp.zeros((), jnp.float32), manual)

@@ -28,6 +28,7 @@ from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax.training import zero as Z
 from ptdp_jax.config.load import ConfigError
 from ptdp_jax.config import decisions as D
+from ptdp_jax.parallel import context as C
 from ptdp_jax.parallel.sharding import Sharder, manual_axes, psum_over, tp_overlap_on, vary
 from ptdp_jax.training import fp8_state as FS
 from ptdp_jax.training.state import (TrainState, fp8_stage_spec, init_state, stage_state_specs,
@@ -92,6 +93,7 @@ def make_grad_fn(cfg, mesh, steady: bool = False):
 
     def local(params, batch, keys):
         keys = _wrap_keys(keys)
+        batch = C.rows_of(batch, cfg.parallel.context)      # a sequence's chunks, as rows
         # Gradients w.r.t. a copy marked varying over 'data' (and 'pipe'): no all-reduce per
         # microbatch; the reductions happen once, below (ZeRO: reduce-scatters, zero.py).
         params = jax.tree.map(lambda x: vary(x, manual), params)
