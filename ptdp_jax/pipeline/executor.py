@@ -132,7 +132,7 @@ def _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router) 
     pairs, so that their gradients come out of the GEMM in float32), the stash strategies."""
     mc, dtype, manual = cfg.model, M.DTYPES[cfg.compute_dtype], tuple(sh.manual)
     m, v, lmax = sched.m, sched.v, max(chunk_layers(cfg))
-    b, s = batch_rs1.shape[0] // m, mc.seq_len
+    b, s = batch_rs1.shape[0] // m, batch_rs1.shape[1] - 1     # a device's rows: its chunks
     tokens = batch_rs1.reshape((m, b, s + 1))
     keys = None if keys_r is None else keys_r.reshape((m, b))
     w = M.cast(params, dtype)
@@ -154,7 +154,7 @@ def _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router) 
                              stage, sched.stage_of(sched.last_chunk))
     split = WholeBackward()
     if sched.has_weight_ops:
-        split = SplitBackward(dense, _gemm_shapes(mc, sh, weights[0][0], dense, b, dtype),
+        split = SplitBackward(dense, _gemm_shapes(mc, sh, weights[0][0], dense, b, s, dtype),
                               dtype, manual, sh.fp8,
                               stash_store(modes.static_stash, "wstash_slot"))
     return StageOps(mc, sh, manual, dtype, tokens, keys, params, w, weights, layer,
@@ -162,13 +162,13 @@ def _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router) 
                     pipe_head)
 
 
-def _gemm_shapes(mc, sh, wl, dense, b, dtype) -> dict:
+def _gemm_shapes(mc, sh, wl, dense, b, s, dtype) -> dict:
     """{GEMM weight: (x shape, dy shape)} of one layer, from one recording trace."""
     shapes = {}
     plain = M.layer_fn(mc, sh)          # no jax.checkpoint around the probes
     jax.eval_shape(lambda x: plain({k: Probe(a.w, k, shapes) if k in dense else a
                                     for k, a in wl.items()}, x, 0, None),
-                   jax.ShapeDtypeStruct((b, mc.seq_len, mc.hidden_size), dtype))
+                   jax.ShapeDtypeStruct((b, s, mc.hidden_size), dtype))
     return shapes
 
 
@@ -190,7 +190,7 @@ def initial_state(ops: StageOps, sched, alloc: Callable, b: int, mc) -> PipeStat
     """The carry before the first tick. Only the sums start at zero; every other buffer is
     written before it is read (the schedule's slots; an idle stage's arrivals go to the
     trash rows), so it comes from `alloc`."""
-    s, h, dtype, manual = mc.seq_len, mc.hidden_size, ops.dtype, ops.manual
+    s, h, dtype, manual = ops.tokens.shape[2] - 1, mc.hidden_size, ops.dtype, ops.manual
     lmax = len(ops.weights[0])
     i32 = jax.ShapeDtypeStruct((), jnp.int32)
     # residual shapes from one abstract trace made like the real ones (varying input, traced
