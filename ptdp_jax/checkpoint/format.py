@@ -432,9 +432,33 @@ def checkpoint_tokenizer(path: str | os.PathLike) -> tuple[str, str] | None:
 
 
 def load_params(path: str | os.PathLike) -> tuple[Config, dict]:
-    """(config, canonical parameters as host numpy arrays) of a checkpoint."""
-    cfg, state, _ = load_checkpoint(path)
-    return cfg, state["params"]
+    """(config, canonical parameters as host numpy arrays) of a checkpoint (a step directory
+    or a checkpoint.dir: its newest); reads the parameters alone, not the optimizer moments."""
+    step_dir = resolve_step_dir(path)
+    meta = read_meta(step_dir)
+    cfg = _meta_config(meta, step_dir)
+    dev = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0]
+                                            if _has_cpu() else jax.local_devices()[0])
+    like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev),
+                        jax.eval_shape(lambda: M.init_params(cfg.model, 0)))
+    return cfg, jax.tree.map(np.asarray, read_params(step_dir, meta, like))
+
+
+def read_params(step_dir: Path, meta: dict, like: dict) -> dict:
+    """The canonical parameters of a step directory, read alone (the optimizer moments are not
+    read, so a damaged moment does not matter), onto `like`'s shardings (ShapeDtypeStructs in
+    the canonical layout). CheckpointError naming the step directory if they cannot be read."""
+    old = meta["version"] == 1          # GPT's fused QKV: read fused, then split
+    item = {"params": ckpt_upgrade.v1_abstract(like) if old else like}
+    quiet_closed_loop()
+    try:
+        with ocp.PyTreeCheckpointer() as ckptr:
+            params = ckptr.restore(step_dir / STATE_ITEM, args=ocp.args.PyTreeRestore(
+                item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+                partial_restore=True))["params"]
+    except Exception as e:      # orbax/tensorstore raise many kinds; one clear error
+        raise CheckpointError(damaged_message(step_dir, e, resuming=False)) from e
+    return ckpt_upgrade.from_v1(params, like=like) if old else params
 
 
 def stored_shapes(step_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:
