@@ -331,11 +331,12 @@ def run_tokenizer(cfg: Config) -> str | None:
         return None
 
 
-def check_data_tokenizer(meta: dict, step_dir: Path, cfg: Config) -> None:
+def check_data_tokenizer(meta: dict, step_dir: Path, cfg: Config,
+                         instead: str = ", or start a new run in another checkpoint.dir") -> None:
     """CheckpointError where cfg's data was tokenized by another tokenizer than the one the
     checkpoint's model learned (data.sources.same_ids): the same ids would mean other text.
     Silent where either side does not tell (a checkpoint without a tokenizer, data whose
-    tokenizer file is gone)."""
+    tokenizer file is gone). `instead`: the message's last advice."""
     from ptdp_jax.data.sources import same_ids
     kept = meta.get("tokenizer")
     if kept == "byte":
@@ -351,8 +352,7 @@ def check_data_tokenizer(meta: dict, step_dir: Path, cfg: Config) -> None:
     raise CheckpointError(
         f"checkpoint {step_dir} was trained on the token ids of tokenizer {name!r}, but {data} "
         f"holds those of {spec!r}: the same ids mean other text. Use data prepared with the "
-        f"checkpoint's tokenizer (ptdp-prepare-data --tokenizer {copy}), or start a new run in "
-        f"another checkpoint.dir")
+        f"checkpoint's tokenizer (ptdp-prepare-data --tokenizer {copy}){instead}")
 
 
 def tokenizer_files(spec: str | None) -> dict[str, str]:

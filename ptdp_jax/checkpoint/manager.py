@@ -469,18 +469,26 @@ def check_checkpoint_dir(cfg: Config) -> list[int]:
     return []
 
 
-def resume_step(cfg: Config) -> int:
-    """The step a run of cfg starts from: its newest complete checkpoint's when it resumes,
-    else 0 (read before anything compiles)."""
+def resume_from(cfg: Config) -> int | None:
+    """The checkpoint of checkpoint.dir a run of cfg resumes from (its newest complete one), or
+    None where it starts fresh (no checkpoint.dir, none in it, or checkpoint.resume not true)."""
     if not cfg.checkpoint.dir or not cfg.checkpoint.resumes:
-        return 0
+        return None
     steps = _scan(checkpoint_directory(cfg))[0]
-    return steps[-1] if steps else 0
+    return steps[-1] if steps else None
+
+
+def resume_step(cfg: Config) -> int:
+    """The step a run of cfg starts from: resume_from's, else 0 (read before anything
+    compiles)."""
+    step = resume_from(cfg)
+    return 0 if step is None else step
 
 
 __all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "check_checkpoint_dir",
            "checkpoint_directory",
            "check_fresh_start",
            "checkpoint_config", "checkpoint_tokenizer",
-           "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "resume_step",
+           "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "resume_from",
+           "resume_step",
            "stored_shapes", "to_canonical_state", "to_stage_state"]

@@ -135,6 +135,11 @@ class CheckpointConfig:
     resume: bool | str = True            # true: from the newest checkpoint in dir | false: start
                                          # fresh, refused while dir holds checkpoints | overwrite:
                                          # start fresh, the earlier run's removed at the first save
+    load_weights: str = ""               # fine-tuning: a run that does not resume from dir starts
+                                         # from the parameters of this ptdp_jax checkpoint (a
+                                         # checkpoint.dir or a step directory) or Hugging Face model
+                                         # folder, at step 0 with a fresh optimizer; empty: from
+                                         # train.seed's initialisation
 
     @property
     def resumes(self) -> bool:

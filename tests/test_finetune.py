@@ -1,0 +1,145 @@
+"""Fine-tuning: checkpoint.load_weights (a run that starts from another checkpoint's or a
+Hugging Face folder's parameters, at step 0 with a fresh optimizer, on any mesh) and its
+refusals."""
+import jax
+import numpy as np
+import pytest
+
+import helpers_ckpt as H
+from ptdp_jax.checkpoint import manager as CK
+from ptdp_jax.cli.train import main as cli_main
+from ptdp_jax.config.load import ConfigError
+from ptdp_jax.exits import ExitCode
+from ptdp_jax.run.loop import resolve_config, train
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory, data_cache):
+    """A tiny GPT trained 2 steps on (1, 1, 1): (folder, overrides); its checkpoint in
+    folder/ckpt, its ptdp-export in folder/hf."""
+    from ptdp_jax.interop.export import export_checkpoint
+    d = tmp_path_factory.mktemp("source")
+    ov = H.tiny(d, data_cache, **{"train.steps": 2, "model.num_layers": 2})
+    train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log(), return_params=False)
+    export_checkpoint(d / "ckpt", d / "hf")
+    return d, ov
+
+
+def _first_loss(params, ov) -> float:
+    """The loss of canonical `params` on the batch of step 0, computed on one device."""
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.run.feed import Feed
+    from ptdp_jax.training.evaluate import make_eval_fn
+    from ptdp_jax.training.state import stage_params
+    cfg = resolve_config(None, (1, 1, 1), {**ov, "checkpoint.dir": ""})
+    mesh = make_mesh((1, 1, 1))
+    batch = Feed(cfg, mesh).batch(0)
+    return float(jax.jit(make_eval_fn(cfg, mesh))(stage_params(cfg, params), batch))
+
+
+def _adam_counts(state) -> list[int]:
+    return [int(x) for path, x in jax.tree_util.tree_leaves_with_path(state["opt"])
+            if "count" in jax.tree_util.keystr(path)]
+
+
+@pytest.mark.parametrize("kind", ["checkpoint", "hf"])
+def test_load_weights_starts_from_those_parameters(source, tmp_path, kind):
+    """A run with checkpoint.load_weights (the source's checkpoint.dir, or its ptdp-export)
+    on mesh (2, 2, 1): its first loss is that of the source's parameters computed directly,
+    it starts at step 0, and its checkpoint after one step holds a fresh optimizer's count
+    (1, where the source's moments had 2); a second run of it resumes from its own
+    checkpoint.dir, saying in one line that load_weights is ignored."""
+    d, ov = source
+    _, params = CK.load_params(d / "ckpt")
+    _, _, source_meta = CK.load_checkpoint(d / "ckpt")
+    ft = {**ov, "train.steps": 1, "run.dir": str(tmp_path / "run"),
+          "checkpoint.dir": str(tmp_path / "ft"),
+          "checkpoint.load_weights": str(d / ("ckpt" if kind == "checkpoint" else "hf"))}
+    log = H.Log()
+    res = train(mesh_shape=(2, 2, 1), overrides=ft, log=log)
+    assert res.start_step == 0 and len(res.losses) == 1
+    want = _first_loss(params, ov)
+    assert abs(res.losses[0] - want) <= 2e-6 * want, (res.losses[0], want)
+    assert abs(res.losses[0] - _first_loss(_fresh_params(ov), ov)) > 1e-3
+    assert "checkpoint.load_weights: starting at step 0 from the parameters of" in log.text
+    _, state, meta = CK.load_checkpoint(tmp_path / "ft")
+    assert meta["step"] == 1 and set(_adam_counts(state)) == {1}
+    assert set(_adam_counts(CK.load_checkpoint(d / "ckpt")[1])) == {2} and source_meta["step"] == 2
+    again = H.Log()
+    res = train(mesh_shape=(2, 2, 1), overrides=ft, log=again)
+    assert res.start_step == 1
+    lines = [ln for ln in again.lines if ln.startswith("checkpoint.load_weights")]
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line == f"checkpoint.load_weights={ft['checkpoint.load_weights']} ignored: the run " \
+                   f"resumes from its checkpoint.dir"
+
+
+def _fresh_params(ov):
+    from ptdp_jax.models import model as M
+    cfg = resolve_config(None, (1, 1, 1), ov)
+    return jax.tree.map(np.asarray, M.init_params(cfg.model, cfg.train.seed))
+
+
+@pytest.mark.parametrize("case,code,words", [
+    ("missing", ExitCode.CONFIG, ["checkpoint.load_weights=", "does not exist"]),
+    ("not_a_model", ExitCode.CONFIG, ["is neither a ptdp_jax checkpoint", "Hugging Face"]),
+    ("other_model", ExitCode.CHECKPOINT, ["checkpoint.load_weights=", "is of a different model",
+                                          "model.num_layers: checkpoint 2, config 4"]),
+    ("other_hf_model", ExitCode.CHECKPOINT, ["checkpoint.load_weights=", "hf is of a different",
+                                             "model.hidden_size: checkpoint 32, config 64"]),
+    ("other_norm_eps", ExitCode.CHECKPOINT, ["model.norm_eps: checkpoint 1e-05, config 1e-06"]),
+    ("bad_hf_tensors", ExitCode.CHECKPOINT, ["model.safetensors cannot be read as safetensors"]),
+])
+def test_load_weights_refusals_are_one_line_before_compiling(source, tmp_path, capsys, case,
+                                                              code, words):
+    """A load_weights path that is missing, not a model, of another model (a ptdp_jax or a
+    Hugging Face one; another norm epsilon too) or whose tensor file is damaged: ptdp-train
+    refuses it in one line naming the key, before compiling."""
+    import shutil
+    d, ov = source
+    ft = {**ov, "run.dir": str(tmp_path / "run"), "checkpoint.dir": str(tmp_path / "ft"),
+          "checkpoint.load_weights": str(d / "ckpt")}
+    if case == "missing":
+        ft["checkpoint.load_weights"] = str(tmp_path / "nothing")
+    elif case == "not_a_model":
+        (tmp_path / "notes").mkdir()
+        ft["checkpoint.load_weights"] = str(tmp_path / "notes")
+    elif case == "other_model":
+        ft["model.num_layers"] = 4
+    elif case == "other_hf_model":
+        ft.update({"checkpoint.load_weights": str(d / "hf"), "model.hidden_size": 64})
+    elif case == "other_norm_eps":
+        ft["model.norm_eps"] = 1e-6
+    else:
+        shutil.copytree(d / "hf", tmp_path / "hf")
+        tensors = tmp_path / "hf" / "model.safetensors"
+        tensors.write_bytes(tensors.read_bytes()[:40])
+        ft["checkpoint.load_weights"] = str(tmp_path / "hf")
+    rc = cli_main(["--mesh", "1,1,1"] + [f"{k}={v}" for k, v in ft.items()])
+    out = capsys.readouterr()
+    assert rc == code, out.err
+    assert out.err.count("\n") == 1, out.err
+    assert all(w in out.err for w in words), out.err
+    assert "compiling" not in out.out + out.err
+    assert not (tmp_path / "ft").exists() or not CK.resume_from(resolve_config(None, None, ft))
+
+
+def test_load_weights_needs_the_data_of_its_tokenizer(source, tmp_path):
+    """Data of another tokenizer than the source's bytes (a BPE of as many ids: 257, whose ids
+    mean other text): refused, naming both."""
+    from ptdp_jax.data import prepare_dataset
+    d, ov = source
+    (tmp_path / "a.txt").write_text("Other text for another tokenizer. " * 200)
+    prepare_dataset([str(tmp_path / "a.txt")], tmp_path / "bpe", tokenizer="bpe",
+                    bpe_vocab_size=257)
+    ft = {**ov, "run.dir": str(tmp_path / "run"), "checkpoint.dir": "",
+          "checkpoint.load_weights": str(d / "ckpt"), "data.path": str(tmp_path / "bpe")}
+    with pytest.raises(CK.CheckpointError, match=r"checkpoint.load_weights=.*token ids of "
+                                                 r"tokenizer 'byte'.*bpe"):
+        train(mesh_shape=(1, 1, 1), overrides=ft, log=H.Log())
+    with pytest.raises(ConfigError, match="does not exist"):
+        train(mesh_shape=(1, 1, 1), overrides={**ft, "checkpoint.load_weights": "nowhere"},
+              log=H.Log())
