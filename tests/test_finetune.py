@@ -143,3 +143,80 @@ def test_load_weights_needs_the_data_of_its_tokenizer(source, tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         train(mesh_shape=(1, 1, 1), overrides={**ft, "checkpoint.load_weights": "nowhere"},
               log=H.Log())
+
+
+# ----------------------------------------------------------------------------- resume_step
+
+def test_resume_step_resumes_from_an_older_checkpoint(tmp_path, data_cache):
+    """Checkpoints of steps 1-4; checkpoint.resume_step=2 is refused naming the later steps 3
+    and 4 (kept untouched), and a step that is not there naming those that are; with
+    checkpoint.resume=overwrite the run resumes at step 2, its losses those of the first run's
+    steps 3 and 4 bit for bit, says that 3 and 4 go at its first save, and leaves its own."""
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 4, "checkpoint.every": 1,
+                                         "checkpoint.keep": 4, "model.num_layers": 2})
+    base = train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
+    ckpt = tmp_path / "ckpt"
+    before = H.snapshot(ckpt)
+    with pytest.raises(ConfigError, match=r"checkpoint.resume_step=2: .* holds later checkpoints "
+                                          r"\(steps 3, 4\).*add checkpoint.resume=overwrite"):
+        train(mesh_shape=(1, 1, 1), overrides={**ov, "checkpoint.resume_step": 2}, log=H.Log())
+    with pytest.raises(ConfigError, match=r"checkpoint.resume_step=7: .* holds no checkpoint of "
+                                          r"step 7; it holds steps 1, 2, 3, 4$"):
+        train(mesh_shape=(1, 1, 1), overrides={**ov, "checkpoint.resume_step": 7}, log=H.Log())
+    assert H.snapshot(ckpt) == before
+    old_time = CK.read_meta(ckpt / "4")["time"]
+    log = H.Log()
+    res = train(mesh_shape=(1, 1, 1), overrides={**ov, "checkpoint.resume_step": 2,
+                                                 "checkpoint.resume": "overwrite"}, log=log)
+    assert res.start_step == 2 and res.losses == base.losses[2:]
+    assert f"resumed from {ckpt} at step 2" in log.text
+    assert (f"checkpoint.resume=overwrite: the checkpoints after step 2 in {ckpt} (steps 3, 4) "
+            f"are removed at this run's first save") in log.text
+    assert sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) == [1, 2, 3, 4]
+    assert CK.read_meta(ckpt / "4")["time"] > old_time
+
+
+def test_later_checkpoints_stay_until_the_first_save(tmp_path, data_cache):
+    """The manager of a run resumed from step 2 with checkpoint.resume=overwrite keeps the
+    later checkpoints 3 and 4 until it saves: then they go, and its own step 3 is written;
+    without overwrite the save refuses (the run was refused before compiling)."""
+    import jax.numpy as jnp
+    from dataclasses import replace
+
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training.state import make_optimizer
+    from ptdp_jax.training.step import compile_all
+    ov = H.tiny(tmp_path, data_cache, **{"model.num_layers": 2, "checkpoint.keep": 4})
+    cfg = resolve_config(None, (1, 1, 1), ov)
+    compiled = compile_all(cfg, make_mesh((1, 1, 1)), make_optimizer(cfg)[0])
+    state = compiled.init()
+    with CK.CheckpointManager.from_config(cfg, compiled.shardings) as m:
+        for s in (1, 2, 3, 4):
+            m.save(s, dict(state, step=jnp.int32(s)))
+    strict = replace(cfg, checkpoint=replace(cfg.checkpoint, resume_step=2))
+    m = CK.CheckpointManager.from_config(strict, compiled.shardings)
+    restored = m.restore(2)
+    with pytest.raises(CK.ResumeStepRefused, match=r"later checkpoints \(steps 3, 4\)"):
+        m.save(3, restored)
+    m.close()
+    over = replace(cfg, checkpoint=replace(cfg.checkpoint, resume_step=2, resume="overwrite"))
+    with CK.CheckpointManager.from_config(over, compiled.shardings) as m:
+        restored = m.restore(2)
+        assert m.steps() == [1, 2, 3, 4]
+        m.save(3, dict(restored, step=jnp.int32(3)))
+        m.wait()
+        assert m.steps() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("extra,words", [
+    ({"checkpoint.resume_step": 2, "checkpoint.resume": False},
+     "checkpoint.resume_step=2 resumes from that checkpoint and checkpoint.resume=false starts "
+     "fresh: drop one of them"),
+    ({"checkpoint.resume_step": 2, "checkpoint.dir": ""},
+     "checkpoint.resume_step=2 resumes from a checkpoint of checkpoint.dir, which is not set"),
+    ({"checkpoint.resume_step": -1}, "checkpoint.resume_step must be >= 0, got -1"),
+])
+def test_resume_step_settings_that_contradict(tmp_path, data_cache, extra, words):
+    from ptdp_jax.run.loop import resolved_config
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
+        resolved_config(None, (1, 1, 1), {**H.tiny(tmp_path, data_cache), **extra})

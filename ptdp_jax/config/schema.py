@@ -135,6 +135,10 @@ class CheckpointConfig:
     resume: bool | str = True            # true: from the newest checkpoint in dir | false: start
                                          # fresh, refused while dir holds checkpoints | overwrite:
                                          # start fresh, the earlier run's removed at the first save
+    resume_step: int | None = None       # resume from this step's checkpoint in dir, not the
+                                         # newest; later ones are refused unless
+                                         # checkpoint.resume=overwrite (then removed at the first
+                                         # save); null: the newest
     load_weights: str = ""               # fine-tuning: a run that does not resume from dir starts
                                          # from the parameters of this ptdp_jax checkpoint (a
                                          # checkpoint.dir or a step directory) or Hugging Face model
@@ -143,7 +147,9 @@ class CheckpointConfig:
 
     @property
     def resumes(self) -> bool:
-        return self.resume is True
+        """Whether a run resumes from dir where it holds checkpoints: resume=true, or
+        resume_step with resume=overwrite (which removes the later checkpoints)."""
+        return self.resume is True or (self.resume_step is not None and self.overwrites)
 
     @property
     def overwrites(self) -> bool:

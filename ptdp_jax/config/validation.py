@@ -232,8 +232,20 @@ def _data(cfg, n):
              f"data.weights must be >= 0 with a positive sum, got {list(w)}")
 
 
+def _resume_step(cfg, n):
+    c = cfg.checkpoint
+    if c.resume_step is None:
+        return
+    need(c.resume_step >= 0, f"checkpoint.resume_step must be >= 0, got {c.resume_step}")
+    need(bool(c.dir), f"checkpoint.resume_step={c.resume_step} resumes from a checkpoint of "
+                      f"checkpoint.dir, which is not set")
+    need(c.resume is not False,
+         f"checkpoint.resume_step={c.resume_step} resumes from that checkpoint and "
+         f"checkpoint.resume=false starts fresh: drop one of them")
+
+
 CHECKS = (_choices, _ranges, _devices, _heads, _tensor_split, _grad_reduce, _schedule,
-          _stage_layers, _batch, _recompute, _tp_comm_overlap, _data)
+          _stage_layers, _batch, _recompute, _tp_comm_overlap, _data, _resume_step)
 
 
 def validate(cfg: Config, num_devices: int | None = None) -> Config:

@@ -143,9 +143,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     stopper = Stopper(cfg)                 # from here a signal ends the run cleanly
     runlog.header()
     if replaced:
-        runlog.message(f"checkpoint.resume=overwrite: the earlier run's checkpoints in "
-                       f"{ckpt.directory} (steps {', '.join(map(str, replaced))}) are removed at "
-                       f"this run's first save")
+        runlog.message(CK.replaced_message(cfg, replaced))
     result = TrainResult(losses=[], params=None, config=cfg, start_step=start, run_id=run_id,
                          layout=run.note, predicted_step_s=run.predicted_step_s)
     end = cfg.train.steps
