@@ -130,6 +130,42 @@ def test_windows_and_split(tmp_path):
         small.split_sizes(s)
 
 
+def test_val_path_is_a_validation_set_of_its_own(tmp_path):
+    """With data.val_path the validation stream reads every window of that set and nothing of
+    data.path, whose windows all go to training (none held out); a set of one window will do
+    for either. A validation set of another tokenizer, or a missing one, is refused naming
+    data.val_path[0]."""
+    from ptdp_jax.config.load import ConfigError, load_config
+    from ptdp_jax.run.feed import open_streams
+    s = 10
+    train_ds = _ramp_dataset(tmp_path, "train", 1000)
+    val_ds = _ramp_dataset(tmp_path, "val", 301)
+    one = _ramp_dataset(tmp_path, "one", s + 1)
+    given = {"data.path": str(train_ds.prefix), "model.seq_len": s}
+    _, train, val = open_streams(load_config(None, given))
+    assert train.num_samples.tolist() == [95] and val.num_samples.tolist() == [4]
+    _, train, val = open_streams(load_config(None, {**given, "data.val_path": str(val_ds.prefix)}))
+    assert train.num_samples.tolist() == [99]
+    assert [d.prefix for d in val.datasets] == [val_ds.prefix]
+    _, tw = train.locate(np.arange(99))
+    k, vw = val.locate(np.arange(30))
+    assert sorted(tw) == list(range(99)) and sorted(vw) == list(range(30)) and not k.any()
+    np.testing.assert_array_equal(val.get([0])[0], val_ds.read_windows(vw[:1], s)[0])
+    _, train, val = open_streams(load_config(None, {"data.path": str(one.prefix),
+                                                    "data.val_path": str(one.prefix),
+                                                    "model.seq_len": s}))
+    assert train.num_samples.tolist() == val.num_samples.tolist() == [1]
+    (tmp_path / "b.txt").write_text("other text, other tokens " * 50)
+    bpe = prepare_dataset([tmp_path / "b.txt"], tmp_path / "bpe", tokenizer="bpe",
+                          bpe_vocab_size=257)
+    with pytest.raises(ConfigError, match=r"data.val_path\[0\] = .*bpe' was made with another "
+                                          r"tokenizer .* than the training data"):
+        open_streams(load_config(None, {**given, "data.val_path": str(bpe)}))
+    with pytest.raises(ConfigError, match=r"data.val_path\[1\] = .*nothere.*not found"):
+        open_streams(load_config(None, {**given, "data.val_path": f"{val_ds.prefix},"
+                                                                  f"{tmp_path / 'nothere'}"}))
+
+
 def test_blended_proportions_exact_in_prefixes(tmp_path):
     dss = [_ramp_dataset(tmp_path, f"d{i}", 3000 + 100 * i) for i in range(3)]
     weights = [0.67, 0.15, 0.18]

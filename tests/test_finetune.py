@@ -220,3 +220,30 @@ def test_resume_step_settings_that_contradict(tmp_path, data_cache, extra, words
     from ptdp_jax.run.loop import resolved_config
     with pytest.raises(ConfigError, match=words.replace("(", r"\(")):
         resolved_config(None, (1, 1, 1), {**H.tiny(tmp_path, data_cache), **extra})
+
+
+# ----------------------------------------------------------------------------- data.val_path
+
+def test_val_path_in_training_and_in_ptdp_eval(tmp_path, data_cache, capsys):
+    """A run with data.val_path evaluates on that set: its last validation loss is the one
+    ptdp-eval gives its checkpoint (whose saved config names the set), on another mesh too;
+    without it (data.val_path=[]) ptdp-eval evaluates data.path's held-out split, another
+    loss; ptdp-eval takes data.val_path on its command line."""
+    from ptdp_jax.cli import eval as eval_cli
+    from ptdp_jax.data import prepare_dataset
+    from ptdp_jax.run.evaluate import evaluate_checkpoint
+    (tmp_path / "val.txt").write_text("A validation text of its own, not the training one. " * 40)
+    val = prepare_dataset([tmp_path / "val.txt"], tmp_path / "val")
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 2, "model.num_layers": 2,
+                                         "data.val_path": str(val)})
+    res = train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
+    step, loss = res.val_losses[-1]
+    assert step == 2
+    assert CK.checkpoint_config(tmp_path / "ckpt" / "2").data.val_path == (str(val),)
+    for mesh in (None, "2,1,2"):
+        got = evaluate_checkpoint(tmp_path / "ckpt", mesh=mesh)["loss"]
+        assert abs(got - loss) <= 1e-5 * loss, (mesh, got, loss)
+    split = evaluate_checkpoint(tmp_path / "ckpt", overrides={"data.val_path": []})["loss"]
+    assert abs(split - loss) > 1e-3
+    assert eval_cli.main([str(tmp_path / "ckpt"), f"data.val_path={val}"]) == ExitCode.OK
+    assert f"val loss {loss:.4f}" in capsys.readouterr().out

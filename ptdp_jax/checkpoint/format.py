@@ -345,14 +345,28 @@ def check_data_tokenizer(meta: dict, step_dir: Path, cfg: Config,
         name, copy = str(kept.get("source", kept["file"])), str(step_dir / kept["file"])
     else:
         return
-    spec = run_tokenizer(cfg)
-    if spec is None or same_ids(copy, spec):
-        return
-    data = f"data.path[0] = {cfg.data.path[0]!r}" if cfg.data.path else "the embedded corpus"
-    raise CheckpointError(
-        f"checkpoint {step_dir} was trained on the token ids of tokenizer {name!r}, but {data} "
-        f"holds those of {spec!r}: the same ids mean other text. Use data prepared with the "
-        f"checkpoint's tokenizer (ptdp-prepare-data --tokenizer {copy}){instead}")
+    for data, spec in _data_tokenizers(cfg):
+        if spec is None or same_ids(copy, spec):
+            continue
+        raise CheckpointError(
+            f"checkpoint {step_dir} was trained on the token ids of tokenizer {name!r}, but "
+            f"{data} holds those of {spec!r}: the same ids mean other text. Use data prepared "
+            f"with the checkpoint's tokenizer (ptdp-prepare-data --tokenizer {copy}){instead}")
+
+
+def _data_tokenizers(cfg: Config) -> list[tuple[str, str | None]]:
+    """(data.path[0] in words, its tokenizer spec), and data.val_path[0]'s where it is given;
+    None where the data does not tell."""
+    from ptdp_jax.data.sources import tokenizer_spec_of
+    out = [(f"data.path[0] = {cfg.data.path[0]!r}" if cfg.data.path else "the embedded corpus",
+            run_tokenizer(cfg))]
+    if cfg.data.val_path:
+        try:
+            spec = tokenizer_spec_of(list(cfg.data.val_path))
+        except ValueError:
+            spec = None
+        out.append((f"data.val_path[0] = {cfg.data.val_path[0]!r}", spec))
+    return out
 
 
 def tokenizer_files(spec: str | None) -> dict[str, str]:

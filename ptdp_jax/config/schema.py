@@ -124,7 +124,11 @@ class DataConfig:
     path: tuple[str, ...] = ()           # token-file prefixes (ptdp-prepare-data); empty: the embedded
                                          # corpus, built once in $PTDP_CACHE_DIR (~/.cache/ptdp_jax)
     weights: tuple[float, ...] = ()      # blend weights, one per path (empty: equal)
-    val_fraction: float = 0.05
+    val_fraction: float = 0.05           # the share of each dataset's windows (its last) held out
+                                         # for evaluation; unused with val_path
+    val_path: tuple[str, ...] = ()       # token-file prefixes of a validation set of its own, blended
+                                         # evenly, evaluated instead of the val_fraction split (the
+                                         # training data keeps all its windows); data.path's tokenizer
 
 
 @dataclass(frozen=True)

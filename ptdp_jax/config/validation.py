@@ -220,10 +220,12 @@ def _tp_comm_overlap(cfg, n):
 
 
 def _data(cfg, n):
-    for path in cfg.data.path:
-        prefix = Path(os.path.expanduser(path))
-        need(prefix.with_name(prefix.name + ".bin").is_file() or prefix.is_file(),
-             f"data.path {path!r}: no token file {prefix}.bin (make one with ptdp-prepare-data)")
+    for key in ("data.path", "data.val_path"):
+        for path in _value(cfg, key):
+            prefix = Path(os.path.expanduser(path))
+            need(prefix.with_name(prefix.name + ".bin").is_file() or prefix.is_file(),
+                 f"{key} {path!r}: no token file {prefix}.bin (make one with "
+                 f"ptdp-prepare-data)")
     w = cfg.data.weights
     if w:
         need(len(w) == len(cfg.data.path),
