@@ -1,6 +1,7 @@
-"""Fine-tuning: checkpoint.load_weights (a run that starts from another checkpoint's or a
-Hugging Face folder's parameters, at step 0 with a fresh optimizer, on any mesh) and its
-refusals."""
+"""Fine-tuning and resuming: checkpoint.load_weights (a run that starts from another
+checkpoint's or a Hugging Face folder's parameters, at step 0 with a fresh optimizer, on any
+mesh) and its refusals; checkpoint.resume_step; data.val_path in training and ptdp-eval; what
+a resume says and keeps (config files, changed settings); ptdp-train --version."""
 import jax
 import numpy as np
 import pytest
@@ -247,3 +248,46 @@ def test_val_path_in_training_and_in_ptdp_eval(tmp_path, data_cache, capsys):
     assert abs(split - loss) > 1e-3
     assert eval_cli.main([str(tmp_path / "ckpt"), f"data.val_path={val}"]) == ExitCode.OK
     assert f"val loss {loss:.4f}" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- resuming, said
+
+def test_each_resume_keeps_its_config_and_names_changed_settings(tmp_path, data_cache):
+    """A run stopped at step 1, resumed with another train.lr, train.seed and
+    train.global_batch_size, then resumed again as it was: run.dir keeps config-<id>.yaml,
+    config-<id>-1.yaml and config-<id>-1-2.yaml, each its own start's config; the first
+    resume names the three settings in one line, the second says nothing of them."""
+    import yaml
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 2, "model.num_layers": 2,
+                                         "train.stop_at_step": 1})
+    first = train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
+    changed = {**ov, "train.lr": 1e-3, "train.seed": 1, "train.global_batch_size": 16}
+    log = H.Log()
+    assert train(mesh_shape=(1, 1, 1), overrides=changed, log=log).start_step == 1
+    notes = [ln for ln in log.lines if ln.startswith("note: ")]
+    assert notes == ["note: resumed with settings other than the checkpoint's: "
+                     "train.global_batch_size 8 -> 16, train.seed 0 -> 1, train.lr 0.003 -> 0.001 "
+                     "(from step 1 on: batches of another size (other samples from here); another "
+                     "data order and other dropout masks; another learning-rate schedule)"], notes
+    again = H.Log()
+    train(mesh_shape=(1, 1, 1), overrides=ov, log=again)
+    assert not [ln for ln in again.lines if ln.startswith("note: ")]
+    run = tmp_path / "run"
+    names = sorted(p.name for p in run.glob("config-*.yaml"))
+    rid = first.run_id
+    assert names == [f"config-{rid}-1-2.yaml", f"config-{rid}-1.yaml", f"config-{rid}.yaml"]
+    lr = lambda name: yaml.safe_load((run / name).read_text())["train"]["lr"]
+    assert [lr(f"config-{rid}.yaml"), lr(f"config-{rid}-1.yaml"), lr(f"config-{rid}-1-2.yaml")] \
+        == [3e-3, 1e-3, 3e-3]
+
+
+def test_version(capsys):
+    """ptdp-train --version prints ptdp_jax's version and jax's, and exits 0."""
+    import jaxlib
+
+    import ptdp_jax
+    with pytest.raises(SystemExit) as e:
+        cli_main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == (f"ptdp_jax {ptdp_jax.__version__}, jax {jax.__version__} "
+                                       f"(jaxlib {jaxlib.__version__})\n")

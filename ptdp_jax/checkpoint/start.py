@@ -3,7 +3,7 @@ it resumes, else the parameters of checkpoint.load_weights (weights.py), else a 
 initialisation from train.seed."""
 from __future__ import annotations
 
-from ptdp_jax.checkpoint.format import VERSION, read_meta
+from ptdp_jax.checkpoint.format import VERSION, config_from_dict, read_meta
 from ptdp_jax.checkpoint.manager import CheckpointManager, resume_from
 from ptdp_jax.checkpoint.weights import KEY as LOAD_WEIGHTS, weights_state
 
@@ -33,7 +33,28 @@ def _resume(cfg, ckpt, step: int, log):
            f"the next checkpoint is written as version {VERSION})"
            if meta["version"] != VERSION else "")
     log(f"resumed from {ckpt.directory} at step {step}{old}")
+    note = changed_settings(meta, cfg)
+    if note:
+        log(note)
     if cfg.checkpoint.load_weights:
         log(f"{LOAD_WEIGHTS}={cfg.checkpoint.load_weights} ignored: the run resumes from its "
             f"checkpoint.dir")
     return state, step, meta.get("run_id")
+
+
+# what a change of each from the checkpoint's run does to the steps after it
+EFFECTS = {"global_batch_size": "batches of another size (other samples from here)",
+           "seed": "another data order and other dropout masks",
+           "lr": "another learning-rate schedule"}
+
+
+def changed_settings(meta: dict, cfg) -> str | None:
+    """A line naming train.global_batch_size, train.seed and train.lr where cfg's differ from
+    those of the run that wrote the checkpoint (`meta`), with what that changes; else None."""
+    saved = config_from_dict(meta["config"]).train
+    keys = [k for k in EFFECTS if getattr(saved, k) != getattr(cfg.train, k)]
+    if not keys:
+        return None
+    changes = ", ".join(f"train.{k} {getattr(saved, k)} -> {getattr(cfg.train, k)}" for k in keys)
+    return (f"note: resumed with settings other than the checkpoint's: {changes} (from step "
+            f"{meta['step']} on: {'; '.join(EFFECTS[k] for k in keys)})")
