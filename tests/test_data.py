@@ -272,6 +272,58 @@ def test_cli(tmp_path, capsys):
     assert "missing.jsonl" in capsys.readouterr().err
 
 
+def test_cli_reads_text_files_by_extension(tmp_path, capsys):
+    """--ext .py,md: each file of those extensions is one document, like a .txt, given alone
+    ('1 document') or found in a folder at any depth (hidden folders, other extensions and
+    .txt files there skipped); without --ext a .py is refused naming --ext; a file that is
+    not UTF-8, or a structured format as an --ext, is one line (exit 2)."""
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / ".git").mkdir()
+    (src / "a.py").write_text("def f():\n    return 1\n")
+    (src / "pkg" / "b.md").write_text("# Title\n\nText.\n")
+    (src / "pkg" / "c.txt").write_text("not an --ext")
+    (src / ".git" / "d.py").write_text("hidden")
+    (src / "e.bin").write_bytes(b"\0\1")
+    assert main([str(src), "--out", str(tmp_path / "code"), "--ext", ".py,md"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("prepared 2 documents, ") and out.err == ""
+    tok = ByteTokenizer()
+    want = [tok.encode((src / n).read_text()) + [256] for n in ("a.py", "pkg/b.md")]
+    np.testing.assert_array_equal(TokenDataset(tmp_path / "code").tokens, np.concatenate(want))
+    assert main([str(src / "a.py"), "--out", str(tmp_path / "one"), "--ext", "py"]) == 0
+    assert capsys.readouterr().out.startswith("prepared 1 document, ")
+    (tmp_path / "bad.py").write_bytes(b"ok \xff\xfe")
+    for argv, words in (([str(src / "a.py")], "unsupported input type '.py'"),
+                        ([str(src / "a.py")], "--ext .py reads such files as plain text"),
+                        ([str(tmp_path / "bad.py"), "--ext", ".py"],
+                         "bad.py: not UTF-8 text (byte 0xff at offset 3)"),
+                        ([str(src / "a.py"), "--ext", ".py,.jsonl"], "'.jsonl' is not an "
+                                                                      "extension of plain-text")):
+        with pytest.raises(SystemExit) as e:
+            main(argv + ["--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and words in err and err.count("\n") == 1, err
+    assert not list(tmp_path.glob("x.*"))
+
+
+def test_cli_progress_only_on_large_input(tmp_path, capsys, monkeypatch):
+    """A small input, stderr not a terminal: nothing on stderr (a log stays clean); an input
+    of LARGE_INPUT_BYTES or more: a progress bar over its bytes on stderr for each pass over
+    the text (the BPE's training and the tokenizing), each reaching 100%."""
+    from ptdp_jax.data import prepare
+    txt = tmp_path / "a.txt"
+    txt.write_text("some words, more words " * 200)
+    assert main([str(txt), "--out", str(tmp_path / "small")]) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(prepare, "LARGE_INPUT_BYTES", 1000)
+    assert main([str(txt), "--out", str(tmp_path / "big"), "--tokenizer", "bpe",
+                 "--vocab-size", "270"]) == 0
+    err = capsys.readouterr().err
+    assert "training the BPE: 100%" in err and "tokenizing: 100%" in err, err
+    assert err.count("4.60k/4.60k") >= 2, err
+
+
 @pytest.mark.parametrize("out", ["bad/", ".", "..", "folder", "folder/.", ""])
 def test_cli_refuses_a_folder_as_out(tmp_path, capsys, monkeypatch, out):
     """--out is a file prefix: a folder, a path ending in '/', '.' or '..' is refused with one
