@@ -462,7 +462,8 @@ def _check_resume_step(cfg: Config, directory: Path, steps: list[int]) -> list[i
 
 
 def replaced_message(cfg: Config, replaced: list[int]) -> str:
-    """The line that names the checkpoints a run removes at its first save (check_checkpoint_dir's)."""
+    """The line naming the checkpoints a run removes at its first save (`replaced`:
+    check_checkpoint_dir's)."""
     directory = checkpoint_directory(cfg)
     which = (f"the checkpoints after step {cfg.checkpoint.resume_step}"
              if cfg.checkpoint.resumes else "the earlier run's checkpoints")

@@ -126,9 +126,10 @@ class DataConfig:
     weights: tuple[float, ...] = ()      # blend weights, one per path (empty: equal)
     val_fraction: float = 0.05           # the share of each dataset's windows (its last) held out
                                          # for evaluation; unused with val_path
-    val_path: tuple[str, ...] = ()       # token-file prefixes of a validation set of its own, blended
-                                         # evenly, evaluated instead of the val_fraction split (the
-                                         # training data keeps all its windows); data.path's tokenizer
+    val_path: tuple[str, ...] = ()       # token-file prefixes of a validation set of its own,
+                                         # blended evenly, evaluated instead of the val_fraction
+                                         # split (the training data keeps all its windows); of
+                                         # data.path's tokenizer
 
 
 @dataclass(frozen=True)
