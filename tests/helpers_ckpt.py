@@ -92,6 +92,27 @@ def snapshot(directory: Path) -> dict:
     return out
 
 
+def damage_moments(step_dir) -> int:
+    """Overwrite the stored bytes of every AdamW moment array (the 'opt.' keys held outside the
+    OCDBT index: all but the smallest) of a step directory with 0xff, which no longer
+    decompresses; the parameters' bytes, which may share a data file with them, stay intact.
+    Returns the number of arrays damaged."""
+    import tensorstore as ts
+    state = Path(step_dir) / "state"
+    base = ts.KvStore.open({"driver": "file", "path": f"{state}/"}).result()
+    version = ts.ocdbt.dump(base).result()["versions"][-1]
+    assert version["root_height"] == 0, "a tiny checkpoint's index is one node"
+    damaged = 0
+    for entry in ts.ocdbt.dump(base, version["root"]["location"]).result()["entries"]:
+        if entry["key"].startswith(b"opt.") and "indirect_value" in entry:
+            _, prefix, name, offset, size = entry["indirect_value"].split(":")
+            with open(state / prefix / name, "r+b") as f:
+                f.seek(int(offset))
+                f.write(b"\xff" * int(size))
+            damaged += 1
+    return damaged
+
+
 def trees_equal(a, b) -> bool:
     """Same structure and bit-identical leaves."""
     import jax

@@ -87,6 +87,30 @@ def test_tools_work_from_another_directory_and_after_the_data_moved(trained, tmp
         shutil.move(moved, trained / "data")
 
 
+def test_tools_read_the_parameters_only(trained, tmp_path, capsys):
+    """The AdamW moments of a checkpoint damaged (their array data overwritten): reading the
+    whole state fails, so the damage is real; ptdp-eval (to the loss of the intact copy),
+    ptdp-generate, ptdp-export and ptdp_jax.load read the parameters alone and still work."""
+    import ptdp_jax
+    from ptdp_jax.checkpoint.manager import CheckpointError, load_checkpoint, load_params
+    from ptdp_jax.cli import eval as eval_cli, export as export_cli, generate as generate_cli
+    from ptdp_jax.run import evaluate as EV
+    copy = tmp_path / "ckpt"
+    shutil.copytree(trained / "ckpt", copy)
+    assert H.damage_moments(copy / "1") >= 10
+    with pytest.raises(CheckpointError, match=r"corrupt or incomplete .*opt\."):
+        load_checkpoint(copy)
+    assert H.trees_equal(load_params(copy)[1], load_params(trained / "ckpt")[1])
+    assert EV.evaluate_checkpoint(copy)["loss"] == EV.evaluate_checkpoint(trained / "ckpt")["loss"]
+    assert eval_cli.main([str(copy)]) == ExitCode.OK
+    assert generate_cli.main([str(copy), "--prompt", "Some", "--max-new-tokens", "2"]) == \
+        ExitCode.OK
+    assert export_cli.main([str(copy), str(tmp_path / "hf")]) == ExitCode.OK
+    assert (tmp_path / "hf" / "model.safetensors").is_file()
+    assert ptdp_jax.load(copy).step == 1
+    assert "error" not in capsys.readouterr().err
+
+
 def test_byte_tokenizer_is_a_marker(tmp_path, data_cache):
     """The embedded corpus (byte tokenizer): the metadata says 'byte', no file is kept."""
     from ptdp_jax.checkpoint.manager import checkpoint_tokenizer, read_meta

@@ -130,6 +130,42 @@ def test_windows_and_split(tmp_path):
         small.split_sizes(s)
 
 
+def test_val_path_is_a_validation_set_of_its_own(tmp_path):
+    """With data.val_path the validation stream reads every window of that set and nothing of
+    data.path, whose windows all go to training (none held out); a set of one window will do
+    for either. A validation set of another tokenizer, or a missing one, is refused naming
+    data.val_path[0]."""
+    from ptdp_jax.config.load import ConfigError, load_config
+    from ptdp_jax.run.feed import open_streams
+    s = 10
+    train_ds = _ramp_dataset(tmp_path, "train", 1000)
+    val_ds = _ramp_dataset(tmp_path, "val", 301)
+    one = _ramp_dataset(tmp_path, "one", s + 1)
+    given = {"data.path": str(train_ds.prefix), "model.seq_len": s}
+    _, train, val = open_streams(load_config(None, given))
+    assert train.num_samples.tolist() == [95] and val.num_samples.tolist() == [4]
+    _, train, val = open_streams(load_config(None, {**given, "data.val_path": str(val_ds.prefix)}))
+    assert train.num_samples.tolist() == [99]
+    assert [d.prefix for d in val.datasets] == [val_ds.prefix]
+    _, tw = train.locate(np.arange(99))
+    k, vw = val.locate(np.arange(30))
+    assert sorted(tw) == list(range(99)) and sorted(vw) == list(range(30)) and not k.any()
+    np.testing.assert_array_equal(val.get([0])[0], val_ds.read_windows(vw[:1], s)[0])
+    _, train, val = open_streams(load_config(None, {"data.path": str(one.prefix),
+                                                    "data.val_path": str(one.prefix),
+                                                    "model.seq_len": s}))
+    assert train.num_samples.tolist() == val.num_samples.tolist() == [1]
+    (tmp_path / "b.txt").write_text("other text, other tokens " * 50)
+    bpe = prepare_dataset([tmp_path / "b.txt"], tmp_path / "bpe", tokenizer="bpe",
+                          bpe_vocab_size=257)
+    with pytest.raises(ConfigError, match=r"data.val_path\[0\] = .*bpe' was made with another "
+                                          r"tokenizer .* than the training data"):
+        open_streams(load_config(None, {**given, "data.val_path": str(bpe)}))
+    with pytest.raises(ConfigError, match=r"data.val_path\[1\] = .*nothere.*not found"):
+        open_streams(load_config(None, {**given, "data.val_path": f"{val_ds.prefix},"
+                                                                  f"{tmp_path / 'nothere'}"}))
+
+
 def test_blended_proportions_exact_in_prefixes(tmp_path):
     dss = [_ramp_dataset(tmp_path, f"d{i}", 3000 + 100 * i) for i in range(3)]
     weights = [0.67, 0.15, 0.18]
@@ -234,6 +270,58 @@ def test_cli(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "missing.jsonl"), "--out", str(out)])
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_cli_reads_text_files_by_extension(tmp_path, capsys):
+    """--ext .py,md: each file of those extensions is one document, like a .txt, given alone
+    ('1 document') or found in a folder at any depth (hidden folders, other extensions and
+    .txt files there skipped); without --ext a .py is refused naming --ext; a file that is
+    not UTF-8, or a structured format as an --ext, is one line (exit 2)."""
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / ".git").mkdir()
+    (src / "a.py").write_text("def f():\n    return 1\n")
+    (src / "pkg" / "b.md").write_text("# Title\n\nText.\n")
+    (src / "pkg" / "c.txt").write_text("not an --ext")
+    (src / ".git" / "d.py").write_text("hidden")
+    (src / "e.bin").write_bytes(b"\0\1")
+    assert main([str(src), "--out", str(tmp_path / "code"), "--ext", ".py,md"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("prepared 2 documents, ") and out.err == ""
+    tok = ByteTokenizer()
+    want = [tok.encode((src / n).read_text()) + [256] for n in ("a.py", "pkg/b.md")]
+    np.testing.assert_array_equal(TokenDataset(tmp_path / "code").tokens, np.concatenate(want))
+    assert main([str(src / "a.py"), "--out", str(tmp_path / "one"), "--ext", "py"]) == 0
+    assert capsys.readouterr().out.startswith("prepared 1 document, ")
+    (tmp_path / "bad.py").write_bytes(b"ok \xff\xfe")
+    for argv, words in (([str(src / "a.py")], "unsupported input type '.py'"),
+                        ([str(src / "a.py")], "--ext .py reads such files as plain text"),
+                        ([str(tmp_path / "bad.py"), "--ext", ".py"],
+                         "bad.py: not UTF-8 text (byte 0xff at offset 3)"),
+                        ([str(src / "a.py"), "--ext", ".py,.jsonl"], "'.jsonl' is not an "
+                                                                      "extension of plain-text")):
+        with pytest.raises(SystemExit) as e:
+            main(argv + ["--out", str(tmp_path / "x")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and words in err and err.count("\n") == 1, err
+    assert not list(tmp_path.glob("x.*"))
+
+
+def test_cli_progress_only_on_large_input(tmp_path, capsys, monkeypatch):
+    """A small input, stderr not a terminal: nothing on stderr (a log stays clean); an input
+    of LARGE_INPUT_BYTES or more: a progress bar over its bytes on stderr for each pass over
+    the text (the BPE's training and the tokenizing), each reaching 100%."""
+    from ptdp_jax.data import prepare
+    txt = tmp_path / "a.txt"
+    txt.write_text("some words, more words " * 200)
+    assert main([str(txt), "--out", str(tmp_path / "small")]) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(prepare, "LARGE_INPUT_BYTES", 1000)
+    assert main([str(txt), "--out", str(tmp_path / "big"), "--tokenizer", "bpe",
+                 "--vocab-size", "270"]) == 0
+    err = capsys.readouterr().err
+    assert "training the BPE: 100%" in err and "tokenizing: 100%" in err, err
+    assert err.count("4.60k/4.60k") >= 2, err
 
 
 @pytest.mark.parametrize("out", ["bad/", ".", "..", "folder", "folder/.", ""])

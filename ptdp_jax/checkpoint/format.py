@@ -333,11 +333,12 @@ def run_tokenizer(cfg: Config) -> str | None:
         return None
 
 
-def check_data_tokenizer(meta: dict, step_dir: Path, cfg: Config) -> None:
+def check_data_tokenizer(meta: dict, step_dir: Path, cfg: Config,
+                         instead: str = ", or start a new run in another checkpoint.dir") -> None:
     """CheckpointError where cfg's data was tokenized by another tokenizer than the one the
     checkpoint's model learned (data.sources.same_ids): the same ids would mean other text.
     Silent where either side does not tell (a checkpoint without a tokenizer, data whose
-    tokenizer file is gone)."""
+    tokenizer file is gone). `instead`: the message's last advice."""
     from ptdp_jax.data.sources import same_ids
     kept = meta.get("tokenizer")
     if kept == "byte":
@@ -346,15 +347,28 @@ def check_data_tokenizer(meta: dict, step_dir: Path, cfg: Config) -> None:
         name, copy = str(kept.get("source", kept["file"])), str(step_dir / kept["file"])
     else:
         return
-    spec = run_tokenizer(cfg)
-    if spec is None or same_ids(copy, spec):
-        return
-    data = f"data.path[0] = {cfg.data.path[0]!r}" if cfg.data.path else "the embedded corpus"
-    raise CheckpointError(
-        f"checkpoint {step_dir} was trained on the token ids of tokenizer {name!r}, but {data} "
-        f"holds those of {spec!r}: the same ids mean other text. Use data prepared with the "
-        f"checkpoint's tokenizer (ptdp-prepare-data --tokenizer {copy}), or start a new run in "
-        f"another checkpoint.dir")
+    for data, spec in _data_tokenizers(cfg):
+        if spec is None or same_ids(copy, spec):
+            continue
+        raise CheckpointError(
+            f"checkpoint {step_dir} was trained on the token ids of tokenizer {name!r}, but "
+            f"{data} holds those of {spec!r}: the same ids mean other text. Use data prepared "
+            f"with the checkpoint's tokenizer (ptdp-prepare-data --tokenizer {copy}){instead}")
+
+
+def _data_tokenizers(cfg: Config) -> list[tuple[str, str | None]]:
+    """(data.path[0] in words, its tokenizer spec), and data.val_path[0]'s where it is given;
+    None where the data does not tell."""
+    from ptdp_jax.data.sources import tokenizer_spec_of
+    out = [(f"data.path[0] = {cfg.data.path[0]!r}" if cfg.data.path else "the embedded corpus",
+            run_tokenizer(cfg))]
+    if cfg.data.val_path:
+        try:
+            spec = tokenizer_spec_of(list(cfg.data.val_path))
+        except ValueError:
+            spec = None
+        out.append((f"data.val_path[0] = {cfg.data.val_path[0]!r}", spec))
+    return out
 
 
 def tokenizer_files(spec: str | None) -> dict[str, str]:
@@ -434,9 +448,33 @@ def checkpoint_tokenizer(path: str | os.PathLike) -> tuple[str, str] | None:
 
 
 def load_params(path: str | os.PathLike) -> tuple[Config, dict]:
-    """(config, canonical parameters as host numpy arrays) of a checkpoint."""
-    cfg, state, _ = load_checkpoint(path)
-    return cfg, state["params"]
+    """(config, canonical parameters as host numpy arrays) of a checkpoint (a step directory
+    or a checkpoint.dir: its newest); reads the parameters alone, not the optimizer moments."""
+    step_dir = resolve_step_dir(path)
+    meta = read_meta(step_dir)
+    cfg = _meta_config(meta, step_dir)
+    dev = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0]
+                                            if _has_cpu() else jax.local_devices()[0])
+    like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=dev),
+                        jax.eval_shape(lambda: M.init_params(cfg.model, 0)))
+    return cfg, jax.tree.map(np.asarray, read_params(step_dir, meta, like))
+
+
+def read_params(step_dir: Path, meta: dict, like: dict) -> dict:
+    """The canonical parameters of a step directory, read alone (the optimizer moments are not
+    read, so a damaged moment does not matter), onto `like`'s shardings (ShapeDtypeStructs in
+    the canonical layout). CheckpointError naming the step directory if they cannot be read."""
+    old = meta["version"] == 1          # GPT's fused QKV: read fused, then split
+    item = {"params": ckpt_upgrade.v1_abstract(like) if old else like}
+    quiet_closed_loop()
+    try:
+        with ocp.PyTreeCheckpointer() as ckptr:
+            params = ckptr.restore(step_dir / STATE_ITEM, args=ocp.args.PyTreeRestore(
+                item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+                partial_restore=True))["params"]
+    except Exception as e:      # orbax/tensorstore raise many kinds; one clear error
+        raise CheckpointError(damaged_message(step_dir, e, resuming=False)) from e
+    return ckpt_upgrade.from_v1(params, like=like) if old else params
 
 
 def stored_shapes(step_dir: str | os.PathLike) -> dict[str, tuple[int, ...]]:

@@ -149,7 +149,7 @@ class CheckpointManager:
         self._in_flight: int | None = None     # the step of the newest save started
         self._to_stage = jax.jit(lambda s: to_stage_state(cfg, self.tx, s),
                                  out_shardings=shardings, donate_argnums=(0,))
-        self._resumed = False
+        self._resumed: int | None = None        # the step restored, if any
         self._failed: CheckpointError | None = None
         self._saved_any = False
         self._closed = False
@@ -217,7 +217,7 @@ class CheckpointManager:
         if int(restored["step"]) != step:
             raise CheckpointError(f"checkpoint {where} is corrupt: its state says step "
                                   f"{int(restored['step'])}")
-        self._resumed = True
+        self._resumed = step
         return self._to_stage(TrainState.of(restored))
 
     def _with_stored_fp8(self, abstract: dict, saved: Config) -> dict:
@@ -252,13 +252,17 @@ class CheckpointManager:
             **({"tokenizer": kept} if kept is not None else {}),
         }
 
-    def _drop_stale(self, step: int) -> None:
-        """A run that did not resume owns the directory from its first save on: checkpoints
-        left by an earlier run are removed, but only with checkpoint.resume=overwrite
-        (check_fresh_start refuses the run before that)."""
-        old_steps = self.steps()
+    def _drop_stale(self) -> None:
+        """A run owns the directory from its first save on: the checkpoints it did not resume
+        from (all, after a fresh start; those after its step, after checkpoint.resume_step)
+        are removed, but only with checkpoint.resume=overwrite (check_checkpoint_dir refuses
+        the run before that)."""
+        resumed = self._resumed
+        old_steps = [s for s in self.steps() if resumed is None or s > resumed]
         if old_steps and not self.cfg.checkpoint.overwrites:
-            raise FreshStartRefused(_fresh_start_message(self.directory, old_steps))
+            raise (FreshStartRefused(_fresh_start_message(self.directory, old_steps))
+                   if resumed is None else
+                   ResumeStepRefused(_later_message(self.directory, resumed, old_steps)))
         for old in old_steps:
             where = self.directory / str(old)
             read_meta(where)              # never delete what is not ours
@@ -276,8 +280,8 @@ class CheckpointManager:
         written in the background. Errors of an earlier save are raised here."""
         if self._closed:
             raise CheckpointError("save() after close()")
-        if not self._saved_any and not self._resumed:
-            self._drop_stale(step)
+        if not self._saved_any:
+            self._drop_stale()
         if self._failed is not None:
             raise self._failed
         self._check_room(step)
@@ -309,7 +313,7 @@ class CheckpointManager:
     def _check_room(self, step: int) -> None:
         """Before a save: CheckpointError when checkpoint.dir is gone or its disk cannot take
         one more checkpoint (the earlier ones stay as they are)."""
-        if (self._saved_any or self._resumed) and SV.directory_gone(self.directory):
+        if (self._saved_any or self._resumed is not None) and SV.directory_gone(self.directory):
             raise self._gone(step)
         done = self.steps()
         if not done:              # the first: orbax's own error says it (its arrays may compress)
@@ -424,6 +428,49 @@ def _fresh_start_message(directory, steps) -> str:
             f"checkpoint.resume=overwrite to remove them at this run's first save")
 
 
+class ResumeStepRefused(CheckpointError, ConfigError):
+    """checkpoint.resume_step names a checkpoint that is not there, or one with later ones
+    after it (without checkpoint.resume=overwrite): a setting to change (exit 2)."""
+
+
+def _shown_steps(steps) -> str:
+    return ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+
+
+def _later_message(directory, step: int, later) -> str:
+    return (f"checkpoint.resume_step={step}: {directory} holds later checkpoints (steps "
+            f"{_shown_steps(later)}), which would mix with this run's; they are kept: add "
+            f"checkpoint.resume=overwrite to remove them at this run's first save, or move them "
+            f"out of checkpoint.dir")
+
+
+def _check_resume_step(cfg: Config, directory: Path, steps: list[int]) -> list[int]:
+    """The checkpoints after checkpoint.resume_step (removed at the first save with
+    checkpoint.resume=overwrite); ResumeStepRefused for a step that is not there, or for
+    later ones without overwrite. [] without resume_step."""
+    step = cfg.checkpoint.resume_step
+    if step is None:
+        return []
+    if step not in steps:
+        held = f"steps {_shown_steps(steps)}" if steps else "no complete checkpoint"
+        raise ResumeStepRefused(f"checkpoint.resume_step={step}: {directory} holds no "
+                                f"checkpoint of step {step}; it holds {held}")
+    later = [s for s in steps if s > step]
+    if later and not cfg.checkpoint.overwrites:
+        raise ResumeStepRefused(_later_message(directory, step, later))
+    return later
+
+
+def replaced_message(cfg: Config, replaced: list[int]) -> str:
+    """The line naming the checkpoints a run removes at its first save (`replaced`:
+    check_checkpoint_dir's)."""
+    directory = checkpoint_directory(cfg)
+    which = (f"the checkpoints after step {cfg.checkpoint.resume_step}"
+             if cfg.checkpoint.resumes else "the earlier run's checkpoints")
+    return (f"checkpoint.resume=overwrite: {which} in {directory} (steps "
+            f"{_shown_steps(replaced)}) are removed at this run's first save")
+
+
 def checkpoint_directory(cfg: Config) -> Path:
     """checkpoint.dir as an absolute path (~ expanded)."""
     return Path(os.path.expanduser(cfg.checkpoint.dir)).absolute()
@@ -460,27 +507,42 @@ def check_checkpoint_dir(cfg: Config) -> list[int]:
                       reclaimed=len(replaced) * per_checkpoint)
         return replaced
     steps = _scan(directory)[0]
-    if steps:
-        where = directory / str(steps[-1])
+    later = _check_resume_step(cfg, directory, steps)
+    start = resume_from(cfg)
+    if start is not None:
+        where = directory / str(start)
         meta = read_meta(where)
         check_compatible(meta, cfg, str(where))
         check_data_tokenizer(meta, where, cfg)
-    SV.check_disk(cfg, directory, per_checkpoint, len(steps), steps[-1] if steps else 0)
-    return []
+    SV.check_disk(cfg, directory, per_checkpoint, len(steps) - len(later), start or 0,
+                  reclaimed=len(later) * per_checkpoint)
+    return later
+
+
+def resume_from(cfg: Config) -> int | None:
+    """The checkpoint of checkpoint.dir a run of cfg resumes from (checkpoint.resume_step, else
+    its newest complete one), or None where it starts fresh (no checkpoint.dir, none in it, or
+    a fresh start asked for). check_checkpoint_dir checks that resume_step's is there."""
+    if not cfg.checkpoint.dir or not cfg.checkpoint.resumes:
+        return None
+    if cfg.checkpoint.resume_step is not None:
+        return cfg.checkpoint.resume_step
+    steps = _scan(checkpoint_directory(cfg))[0]
+    return steps[-1] if steps else None
 
 
 def resume_step(cfg: Config) -> int:
-    """The step a run of cfg starts from: its newest complete checkpoint's when it resumes,
-    else 0 (read before anything compiles)."""
-    if not cfg.checkpoint.dir or not cfg.checkpoint.resumes:
-        return 0
-    steps = _scan(checkpoint_directory(cfg))[0]
-    return steps[-1] if steps else 0
+    """The step a run of cfg starts from: resume_from's, else 0 (read before anything
+    compiles)."""
+    step = resume_from(cfg)
+    return 0 if step is None else step
 
 
-__all__ = ["CheckpointError", "CheckpointManager", "StopSignal", "check_checkpoint_dir",
+__all__ = ["CheckpointError", "CheckpointManager", "ResumeStepRefused", "StopSignal",
+           "check_checkpoint_dir", "replaced_message",
            "checkpoint_directory",
            "check_fresh_start",
            "checkpoint_config", "checkpoint_tokenizer",
-           "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "resume_step",
+           "load_checkpoint", "load_params", "read_meta", "resolve_step_dir", "resume_from",
+           "resume_step",
            "stored_shapes", "to_canonical_state", "to_stage_state"]

@@ -15,11 +15,22 @@ from ptdp_jax.exits import ExitCode, leave_now
 from ptdp_jax.config.memory_limit import use_planned_fraction
 
 
+def version() -> str:
+    """'ptdp_jax 0.1.0, jax 0.10.2 (jaxlib 0.10.2)': what --version prints."""
+    import jax
+    import jaxlib
+
+    from ptdp_jax import __version__
+    return f"ptdp_jax {__version__}, jax {jax.__version__} (jaxlib {jaxlib.__version__})"
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(
         prog="ptdp-train", description="Train a GPT or LLaMA model with PTD-P parallelism.",
         epilog="example: ptdp-train configs/demo.yaml --mesh 2,2,2 train.steps=50 "
                "parallel.schedule=1f1b parallel.virtual_stages=1")
+    ap.add_argument("--version", action="version", version=version(),
+                    help="print the versions of ptdp_jax and jax, and exit")
     ap.add_argument("config", nargs="?", help="YAML file of overrides (default: built-in defaults)")
     ap.add_argument("--mesh", help="data,pipe,tensor sizes, e.g. 2,2,2 (default: the config's)")
     ap.add_argument("--resume", dest="resume", action="store_true", default=None,

@@ -463,11 +463,12 @@ def load_with_keys(config: "str | os.PathLike | Config | None" = None,
 
 
 def with_absolute_paths(cfg: Config) -> Config:
-    """cfg with data.path absolute (relative paths: to the working directory), as a run
-    saves it (checkpoint, run.dir), so that the saved config names the same files from any
-    directory."""
-    paths = tuple(os.path.abspath(os.path.expanduser(p)) for p in cfg.data.path)
-    return cfg if paths == cfg.data.path else replace(cfg, data=replace(cfg.data, path=paths))
+    """cfg with data.path and data.val_path absolute (relative paths: to the working
+    directory), as a run saves it (checkpoint, run.dir), so that the saved config names the
+    same files from any directory."""
+    absolute = lambda paths: tuple(os.path.abspath(os.path.expanduser(p)) for p in paths)
+    data = replace(cfg.data, path=absolute(cfg.data.path), val_path=absolute(cfg.data.val_path))
+    return cfg if data == cfg.data else replace(cfg, data=data)
 
 
 def to_yaml(cfg: Config) -> str:

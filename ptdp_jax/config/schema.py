@@ -136,7 +136,12 @@ class DataConfig:
     path: tuple[str, ...] = ()           # token-file prefixes (ptdp-prepare-data); empty: the embedded
                                          # corpus, built once in $PTDP_CACHE_DIR (~/.cache/ptdp_jax)
     weights: tuple[float, ...] = ()      # blend weights, one per path (empty: equal)
-    val_fraction: float = 0.05
+    val_fraction: float = 0.05           # the share of each dataset's windows (its last) held out
+                                         # for evaluation; unused with val_path
+    val_path: tuple[str, ...] = ()       # token-file prefixes of a validation set of its own,
+                                         # blended evenly, evaluated instead of the val_fraction
+                                         # split (the training data keeps all its windows); of
+                                         # data.path's tokenizer
 
 
 @dataclass(frozen=True)
@@ -147,10 +152,21 @@ class CheckpointConfig:
     resume: bool | str = True            # true: from the newest checkpoint in dir | false: start
                                          # fresh, refused while dir holds checkpoints | overwrite:
                                          # start fresh, the earlier run's removed at the first save
+    resume_step: int | None = None       # resume from this step's checkpoint in dir, not the
+                                         # newest; later ones are refused unless
+                                         # checkpoint.resume=overwrite (then removed at the first
+                                         # save); null: the newest
+    load_weights: str = ""               # fine-tuning: a run that does not resume from dir starts
+                                         # from the parameters of this ptdp_jax checkpoint (a
+                                         # checkpoint.dir or a step directory) or Hugging Face model
+                                         # folder, at step 0 with a fresh optimizer; empty: from
+                                         # train.seed's initialisation
 
     @property
     def resumes(self) -> bool:
-        return self.resume is True
+        """Whether a run resumes from dir where it holds checkpoints: resume=true, or
+        resume_step with resume=overwrite (which removes the later checkpoints)."""
+        return self.resume is True or (self.resume_step is not None and self.overwrites)
 
     @property
     def overwrites(self) -> bool:

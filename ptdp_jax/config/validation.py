@@ -222,10 +222,12 @@ def _tp_comm_overlap(cfg, n):
 
 
 def _data(cfg, n):
-    for path in cfg.data.path:
-        prefix = Path(os.path.expanduser(path))
-        need(prefix.with_name(prefix.name + ".bin").is_file() or prefix.is_file(),
-             f"data.path {path!r}: no token file {prefix}.bin (make one with ptdp-prepare-data)")
+    for key in ("data.path", "data.val_path"):
+        for path in _value(cfg, key):
+            prefix = Path(os.path.expanduser(path))
+            need(prefix.with_name(prefix.name + ".bin").is_file() or prefix.is_file(),
+                 f"{key} {path!r}: no token file {prefix}.bin (make one with "
+                 f"ptdp-prepare-data)")
     w = cfg.data.weights
     if w:
         need(len(w) == len(cfg.data.path),
@@ -246,8 +248,20 @@ def _context(cfg, n):
                          f"context parallelism is not supported; set model.dropout=0")
 
 
+def _resume_step(cfg, n):
+    c = cfg.checkpoint
+    if c.resume_step is None:
+        return
+    need(c.resume_step >= 0, f"checkpoint.resume_step must be >= 0, got {c.resume_step}")
+    need(bool(c.dir), f"checkpoint.resume_step={c.resume_step} resumes from a checkpoint of "
+                      f"checkpoint.dir, which is not set")
+    need(c.resume is not False,
+         f"checkpoint.resume_step={c.resume_step} resumes from that checkpoint and "
+         f"checkpoint.resume=false starts fresh: drop one of them")
+
+
 CHECKS = (_choices, _ranges, _context, _devices, _heads, _tensor_split, _grad_reduce, _schedule,
-          _stage_layers, _batch, _recompute, _tp_comm_overlap, _data)
+          _stage_layers, _batch, _recompute, _tp_comm_overlap, _data, _resume_step)
 
 
 def validate(cfg: Config, num_devices: int | None = None) -> Config:

@@ -5,7 +5,9 @@
   ``seq_len``: window ``i`` is ``tokens[i*s : i*s + s + 1]`` (inputs are the
   first ``s``, labels the last ``s``); document boundaries are ignored, an
   ``eos`` token separates documents.  The LAST ``val_fraction`` of the windows
-  (at least one) is held out for validation, the rest is for training.
+  (at least one) is held out for validation, the rest is for training; without a
+  ``val_fraction`` (None: a separate validation set, ``data.val_path``) a stream of
+  either split takes every window.
 * :class:`BlendedStream` is an infinite, deterministic stream over several
   datasets.  Global sample ``g`` goes to dataset ``k`` by Megatron's blending
   rule (pick the dataset whose count is furthest below ``weight_k * (g + 1)``),
@@ -90,11 +92,18 @@ class TokenDataset:
         """Number of whole ``seq_len + 1`` windows (stride ``seq_len``)."""
         return max(0, (self.num_tokens - 1) // seq_len)
 
-    def split_sizes(self, seq_len: int, val_fraction: float = 0.05) -> tuple[int, int]:
-        """``(num_train, num_val)`` windows; validation is the last ``val_fraction``."""
+    def split_sizes(self, seq_len: int, val_fraction: float | None = 0.05) -> tuple[int, int]:
+        """``(num_train, num_val)`` windows; validation is the last ``val_fraction``
+        (None: none held out, ``(num_windows, 0)``; at least one window)."""
+        n = self.num_windows(seq_len)
+        if val_fraction is None:
+            if n < 1:
+                raise ValueError(f"token dataset {str(self.prefix)!r} has {self.num_tokens} "
+                                 f"tokens: too few for 1 sample of seq_len {seq_len} "
+                                 f"(needs >= {seq_len + 1})")
+            return n, 0
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-        n = self.num_windows(seq_len)
         if n < 2:
             raise ValueError(f"token dataset {str(self.prefix)!r} has {self.num_tokens} tokens: "
                              f"too few for 2 samples of seq_len {seq_len} "
@@ -170,11 +179,12 @@ class BlendedStream:
 
     ``get(g)`` returns samples for global indices ``g`` (any order, any subset):
     the result depends only on the datasets, weights, seq_len, seed, split and
-    ``val_fraction`` -- never on which samples were read before.
+    ``val_fraction`` -- never on which samples were read before. ``val_fraction=None``:
+    every window of each dataset, whichever the split (a validation set of its own).
     """
 
     def __init__(self, datasets: list[TokenDataset], weights: list[float] | None, seq_len: int,
-                 seed: int, split: str = "train", val_fraction: float = 0.05):
+                 seed: int, split: str = "train", val_fraction: float | None = 0.05):
         if split not in ("train", "val"):
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
         if not datasets:
@@ -185,8 +195,9 @@ class BlendedStream:
         self.seq_len, self.seed = int(seq_len), int(seed)
         self.weights = _check_weights(weights, len(self.datasets))
         sizes = [ds.split_sizes(self.seq_len, val_fraction) for ds in self.datasets]
-        self.num_samples = np.array([n_val if split == "val" else n_tr for n_tr, n_val in sizes])
-        self._base = np.array([n_tr if split == "val" else 0 for n_tr, _ in sizes])
+        held_out = split == "val" and val_fraction is not None
+        self.num_samples = np.array([n_val if held_out else n_tr for n_tr, n_val in sizes])
+        self._base = np.array([n_tr if held_out else 0 for n_tr, _ in sizes])
         self._int_weights = np.array(_integer_weights(self.weights), dtype=np.int64)
         self._choice, self._within = blending_indices(self._int_weights.tolist())
         self._perms: dict[tuple[int, int], np.ndarray] = {}

@@ -8,16 +8,20 @@ A prepared dataset ``PREFIX`` is three files (Megatron's indexed dataset, simpli
 * ``PREFIX.json``    metadata: format version, dtype, num_tokens, num_docs,
                      vocab_size, eos_id, tokenizer spec, sources
 
-Inputs: a ``.txt`` file is ONE document; a ``.jsonl`` file holds one document
+Inputs: a ``.txt`` file is ONE document, and so is a file of any extension named in
+``text_exts`` (``--ext .py,.md``: plain UTF-8 text); a ``.jsonl`` file holds one document
 per line in field ``text_key`` (blank lines are skipped); a ``.parquet`` or ``.arrow``
 file (Arrow IPC, what Hugging Face ``datasets`` writes) one document a row in column
 ``text_key`` (read through pyarrow, an optional dependency; null rows are skipped); a
-folder, its ``.parquet`` and ``.arrow`` files (``Dataset.save_to_disk``'s folder).
+folder, its ``.parquet`` and ``.arrow`` files (``Dataset.save_to_disk``'s folder) and, with
+``text_exts``, its files of those extensions at any depth (hidden ones skipped). Large inputs
+(or any, on a terminal) show a progress bar on stderr.
 Files are written under temporary names and renamed; the metadata is written last, so
 a dataset whose ``.json`` exists is complete.
 
 Command line: ``ptdp-prepare-data INPUT [INPUT ...] --out PREFIX
-[--tokenizer byte|bpe|PATH.json|HF_DIR] [--vocab-size N] [--text-key text] [--overwrite]``
+[--tokenizer byte|bpe|PATH.json|HF_DIR] [--vocab-size N] [--text-key text] [--ext .py,.md]
+[--overwrite]``
 (an existing dataset at PREFIX is refused without ``--overwrite``; PREFIX is a file prefix
 such as ``data/mycorpus``: a folder, a path ending in ``/``, ``.`` or ``..`` is refused).
 """
@@ -48,27 +52,58 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 SUFFIXES = (".txt", ".jsonl", ".parquet", ".arrow")
 ARROW_SUFFIXES = (".parquet", ".arrow")
+STRUCTURED = (".jsonl",) + ARROW_SUFFIXES       # not plain text: never an --ext
+LARGE_INPUT_BYTES = 256 << 20                   # a progress bar from this much input on
 
 
-def check_inputs(inputs: Iterable[str | os.PathLike], text_key: str | None = None) -> list[Path]:
-    """Input files, checked: each a ``.txt``, ``.jsonl``, ``.parquet`` or ``.arrow`` file;
-    a folder stands for its ``.parquet`` and ``.arrow`` files, in name order. With
-    `text_key`, each Parquet/Arrow file must have that column."""
-    paths = []
+def parse_exts(text: str | None) -> tuple[str, ...]:
+    """'--ext .py,.md' (or 'py,md') as ('.py', '.md'); ValueError for an empty one or one of
+    the structured formats (.jsonl, .parquet, .arrow), which are read as records."""
+    exts = []
+    for item in (text or "").split(","):
+        ext = item.strip()
+        ext = ext if ext.startswith(".") or not ext else "." + ext
+        if ext in ("", ".") or "/" in ext or ext in STRUCTURED:
+            raise ValueError(f"--ext {text!r}: {item.strip()!r} is not an extension of plain-text "
+                             f"files (give e.g. --ext .py,.md; {', '.join(STRUCTURED)} are read "
+                             f"as records, not as text)")
+        exts.append(ext)
+    return tuple(dict.fromkeys(exts))
+
+
+def _folder_files(folder: Path, text_exts: tuple[str, ...]) -> list[Path]:
+    """A folder's inputs in name order: its .parquet and .arrow files, and its files of
+    `text_exts` at any depth (hidden files and folders skipped)."""
+    files = [f for f in folder.iterdir() if f.suffix in ARROW_SUFFIXES and f.is_file()]
+    if text_exts:
+        files += [f for f in folder.rglob("*") if f.suffix in text_exts and f.is_file()
+                  and not any(part.startswith(".") for part in f.relative_to(folder).parts)]
+    return sorted(set(files))
+
+
+def check_inputs(inputs: Iterable[str | os.PathLike], text_key: str | None = None,
+                 text_exts: tuple[str, ...] = ()) -> list[Path]:
+    """Input files, checked: each a ``.txt``, ``.jsonl``, ``.parquet`` or ``.arrow`` file, or
+    one of `text_exts` (plain text); a folder stands for _folder_files'. With `text_key`, each
+    Parquet/Arrow file must have that column."""
+    paths, suffixes = [], SUFFIXES + tuple(e for e in text_exts if e not in SUFFIXES)
     for p in map(Path, inputs):
         if p.is_dir():
-            files = sorted(f for f in p.iterdir() if f.suffix in ARROW_SUFFIXES)
+            files = _folder_files(p, text_exts)
             if not files:
-                raise ValueError(f"{p}: a folder with no .parquet or .arrow files (of a "
-                                 f"DatasetDict saved to disk, give one split's folder, such "
-                                 f"as {p / 'train'})")
+                what = " or ".join([".parquet or .arrow files"]
+                                   + [f"{', '.join(text_exts)} files"] * bool(text_exts))
+                raise ValueError(f"{p}: a folder with no {what} (of a DatasetDict saved to "
+                                 f"disk, give one split's folder, such as {p / 'train'}; for "
+                                 f"text files of other extensions, --ext .py,.md)")
             paths += files
             continue
         if not p.is_file():
             raise FileNotFoundError(f"input file not found: {p}")
-        if p.suffix not in SUFFIXES:
+        if p.suffix not in suffixes:
             raise ValueError(f"{p}: unsupported input type {p.suffix!r} (expected "
-                             f"{', '.join(SUFFIXES)} or a folder of .parquet/.arrow files)")
+                             f"{', '.join(suffixes)} or a folder of .parquet/.arrow files; "
+                             f"--ext {p.suffix or '.EXT'} reads such files as plain text)")
         paths.append(p)
     if not paths:
         raise ValueError("no input files given")
@@ -140,11 +175,11 @@ def _arrow_documents(path: Path, text_key: str) -> Iterator[str]:
 
 
 def iter_documents(path: str | os.PathLike, text_key: str = "text") -> Iterator[str]:
-    """Documents of one input file (``.txt``: the whole file; ``.jsonl``: one per line;
-    ``.parquet`` / ``.arrow``: one per row of column ``text_key``)."""
+    """Documents of one input file (``.jsonl``: one per line; ``.parquet`` / ``.arrow``: one
+    per row of column ``text_key``; any other, ``.txt`` or an ``--ext``: the whole file)."""
     path = Path(path)
-    if path.suffix == ".txt":
-        yield path.read_text(encoding="utf-8")
+    if path.suffix not in STRUCTURED:
+        yield _read_text(path)
         return
     if path.suffix in ARROW_SUFFIXES:
         yield from _arrow_documents(path, text_key)
@@ -162,6 +197,41 @@ def iter_documents(path: str | os.PathLike, text_key: str = "text") -> Iterator[
             if not isinstance(record[text_key], str):
                 raise ValueError(f"{path}:{lineno}: field {text_key!r} is not a string")
             yield record[text_key]
+
+
+def _read_text(path: Path) -> str:
+    """A plain-text input whole; ValueError naming it where it is not UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                         f"{e.start}); convert it, or leave it out") from None
+
+
+def _progress_bar(paths: list[Path], what: str):
+    """A tqdm bar over the input bytes on stderr where stderr is a terminal or the input is
+    at least LARGE_INPUT_BYTES (a log then gets a line every 30 s); None otherwise."""
+    total = sum(p.stat().st_size for p in paths)
+    terminal = sys.stderr.isatty()
+    if not (terminal or total >= LARGE_INPUT_BYTES):
+        return None
+    from tqdm import tqdm
+    return tqdm(total=total, desc=what, unit="B", unit_scale=True, file=sys.stderr,
+                mininterval=0.5 if terminal else 30.0, dynamic_ncols=terminal)
+
+
+def _tracked(paths: list[Path], text_key: str, bar) -> Iterator[str]:
+    """The documents of `paths`, moving `bar` (input bytes, or None) on the way: by each
+    document's length within a file (never past its end), to the file's end after it."""
+    done = 0
+    for p in paths:
+        done += p.stat().st_size
+        for doc in iter_documents(p, text_key):
+            yield doc
+            if bar is not None:
+                bar.update(min(len(doc), done - bar.n))
+        if bar is not None:
+            bar.update(done - bar.n)
 
 
 def _encode_docs(tok, texts: list[str]) -> list[np.ndarray]:
@@ -245,9 +315,9 @@ def check_out_prefix(out_prefix: str | os.PathLike) -> Path:
 
 def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer: str = "byte",
                     text_key: str = "text", bpe_vocab_size: int | None = None,
-                    overwrite: bool = False) -> Path:
-    """Tokenize ``inputs`` (.txt, .jsonl, .parquet, .arrow files, folders of the last two)
-    into the dataset ``out_prefix``.
+                    overwrite: bool = False, text_exts: tuple[str, ...] = ()) -> Path:
+    """Tokenize ``inputs`` (.txt, .jsonl, .parquet, .arrow files, folders of the last two;
+    files of ``text_exts`` as plain text, also in folders) into the dataset ``out_prefix``.
 
     ``tokenizer`` is ``'byte'``, a path to a ``tokenizer.json`` (or a Hugging Face
     tokenizer folder holding one), or ``'bpe'``
@@ -258,7 +328,7 @@ def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer:
     folder as ``out_prefix`` is a ValueError (check_out_prefix), before anything is read.
     """
     prefix = check_out_prefix(out_prefix)
-    paths = check_inputs(inputs, text_key)
+    paths = check_inputs(inputs, text_key, tuple(text_exts))
     ours = (".bin", ".idx.npy", ".json") + ((".tokenizer.json",) if tokenizer == "bpe" else ())
     old = [f"{prefix}{s}" for s in ours if os.path.exists(f"{prefix}{s}")]
     if old and not overwrite:
@@ -266,14 +336,18 @@ def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer:
                               f"({', '.join(old)}); give --overwrite to replace it, or "
                               f"another prefix")
 
-    def documents() -> Iterator[str]:
-        for p in paths:
-            yield from iter_documents(p, text_key)
+    def documents(what: str) -> Iterator[str]:
+        bar = _progress_bar(paths, what)
+        try:
+            yield from _tracked(paths, text_key, bar)
+        finally:
+            if bar is not None:
+                bar.close()
 
     if tokenizer == "bpe":
         if bpe_vocab_size is None:
             raise ValueError("tokenizer 'bpe' needs a vocab size (--vocab-size / bpe_vocab_size)")
-        tok = BPETokenizer.train(documents(), bpe_vocab_size)
+        tok = BPETokenizer.train(documents("training the BPE"), bpe_vocab_size)
         tok_path = Path(f"{prefix}.tokenizer.json")
         tmp_path = Path(f"{tok_path}.tmp{os.getpid()}.json")
         tok.save(tmp_path)
@@ -285,7 +359,8 @@ def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer:
             raise ValueError(f"a BPE vocab size only applies to tokenizer 'bpe', not {tokenizer!r}")
         tok = load_tokenizer(tokenizer)
         spec = tok.spec
-    write_token_dataset(documents(), prefix, tok, spec, sources=[str(p.resolve()) for p in paths])
+    write_token_dataset(documents("tokenizing"), prefix, tok, spec,
+                        sources=[str(p.resolve()) for p in paths])
     return prefix
 
 
@@ -306,15 +381,23 @@ def prepare_default_corpus(cache_dir: str | os.PathLike) -> Path:
     return prefix
 
 
+def _count(n: int, word: str) -> str:
+    """'1 document', '2 documents'."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """``ptdp-prepare-data``: tokenize text files into a token dataset."""
     parser = argparse.ArgumentParser(
         prog="ptdp-prepare-data",
         description="Tokenize .txt (one document per file), .jsonl (one document per line) "
                     "and .parquet / .arrow files (one document per row; Hugging Face datasets' "
-                    "files, read with pyarrow) into PREFIX.bin / PREFIX.idx.npy / PREFIX.json.")
+                    "files, read with pyarrow) into PREFIX.bin / PREFIX.idx.npy / PREFIX.json; "
+                    "text files of other extensions with --ext. Large inputs show a progress "
+                    "bar on stderr.")
     parser.add_argument("inputs", nargs="+", metavar="INPUT",
-                        help=".txt, .jsonl, .parquet or .arrow files, or folders of the last two")
+                        help=".txt, .jsonl, .parquet or .arrow files, files of --ext, or "
+                             "folders of .parquet/.arrow files (and of --ext files)")
     parser.add_argument("--out", required=True, metavar="PREFIX",
                         help="the dataset's file prefix, not a folder: e.g. data/mycorpus "
                              "writes data/mycorpus.bin, .idx.npy and .json")
@@ -325,19 +408,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size")
     parser.add_argument("--text-key", default="text",
                         help="the JSONL field or Parquet/Arrow column holding the text")
+    parser.add_argument("--ext", metavar=".EXT,...",
+                        help="more extensions of plain-text files, comma-separated (e.g. "
+                             ".py,.md): each such file is one document, like a .txt, and a "
+                             "folder given stands for its files of these extensions too (at "
+                             "any depth, hidden ones skipped)")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a dataset already at PREFIX (refused otherwise)")
     args = parser.parse_args(argv)
     try:
+        exts = parse_exts(args.ext) if args.ext is not None else ()
         prefix = prepare_dataset(args.inputs, args.out, args.tokenizer, args.text_key,
-                                 args.vocab_size, overwrite=args.overwrite)
+                                 args.vocab_size, overwrite=args.overwrite, text_exts=exts)
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         parser.exit(2, f"ptdp-prepare-data: error: {e}\n")
     ds = TokenDataset(prefix)
     files = [f"{prefix}{s}" for s in (".bin", ".idx.npy", ".json")]
     if args.tokenizer == "bpe":
         files.append(f"{prefix}.tokenizer.json")
-    print(f"prepared {ds.num_docs} documents, {ds.num_tokens} tokens "
+    print(f"prepared {_count(ds.num_docs, 'document')}, {_count(ds.num_tokens, 'token')} "
           f"(vocab {ds.vocab_size}, {ds.dtype.name}) -> {', '.join(files)}")
     if args.tokenizer == "bpe" and args.vocab_size and ds.vocab_size < args.vocab_size:
         print(f"note: the BPE stopped at {ds.vocab_size} of the {args.vocab_size} ids asked for: "

@@ -15,11 +15,13 @@ from .prepare import prepare_default_corpus
 
 
 def validate_data_config(paths: list[str] | None, weights: list[float] | None, seq_len: int,
-                         val_fraction: float = 0.05) -> list[float]:
+                         val_fraction: float | None = 0.05, key: str = "data.path") -> list[float]:
     """Check ``data.path`` / ``data.weights`` against ``seq_len``; returns normalized weights.
 
     Empty ``paths`` means the default corpus (then ``weights`` must be empty too).
-    Raises ``FileNotFoundError`` / ``ValueError`` naming the offending key.
+    ``val_fraction`` None: nothing held out (a validation set of its own); ``key``: the
+    config key the paths are (data.val_path too). Raises ``FileNotFoundError`` /
+    ``ValueError`` naming the offending key.
     """
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
@@ -33,9 +35,9 @@ def validate_data_config(paths: list[str] | None, weights: list[float] | None, s
         try:
             TokenDataset(p).split_sizes(seq_len, val_fraction)
         except FileNotFoundError as e:
-            raise FileNotFoundError(f"data.path[{i}] = {str(p)!r}: {e}") from None
+            raise FileNotFoundError(f"{key}[{i}] = {str(p)!r}: {e}") from None
         except ValueError as e:
-            raise ValueError(f"data.path[{i}] = {str(p)!r}: {e}") from None
+            raise ValueError(f"{key}[{i}] = {str(p)!r}: {e}") from None
     return w.tolist()
 
 
@@ -95,6 +97,20 @@ def check_same_tokenizer(names: list[str], datasets: list[TokenDataset]) -> None
                 f"different tokenizers ({datasets[0].tokenizer_spec!r} and "
                 f"{datasets[i].tokenizer_spec!r}); datasets blended into one run must share "
                 f"one tokenizer (re-run ptdp-prepare-data with the same --tokenizer)")
+
+
+def check_val_tokenizer(train_name: str, train: TokenDataset, val_paths: list[str],
+                        val: list[TokenDataset]) -> None:
+    """ValueError naming the first validation dataset (data.val_path) whose token ids come from
+    another tokenizer than the training data's (`train`, named `train_name`)."""
+    want = tokenizer_identity(train)
+    for i, (path, ds) in enumerate(zip(val_paths, val)):
+        if tokenizer_identity(ds) != want:
+            raise ValueError(
+                f"data.val_path[{i}] = {str(path)!r} was made with another tokenizer "
+                f"({ds.tokenizer_spec!r}) than the training data {train_name} "
+                f"({train.tokenizer_spec!r}): its ids would mean other text to the model "
+                f"(re-run ptdp-prepare-data with --tokenizer {train.tokenizer_spec})")
 
 
 def model_tokenizer(paths, model_vocab_size: int, spec: str | None = None,

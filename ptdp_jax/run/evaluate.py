@@ -74,7 +74,7 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     checkpoint; 'layout' says the keys reset where the training layout does not fit the
     mesh (layout_for_mesh), else is None. Overrides outside EVAL_KEYS: a ConfigError."""
     from ptdp_jax.checkpoint.manager import (check_data_tokenizer, checkpoint_config,
-                                             load_checkpoint, read_meta, resolve_step_dir)
+                                             load_params, read_meta, resolve_step_dir)
     from ptdp_jax.config.load import load_config, parse_mesh
     from ptdp_jax.run.feed import Feed
     from ptdp_jax.parallel.sharding import make_mesh
@@ -84,8 +84,9 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     refuse_other_keys(overrides)
     step_dir = resolve_step_dir(checkpoint)
     asked = load_config(checkpoint_config(step_dir), overrides)
-    check_data_tokenizer(read_meta(step_dir), step_dir, asked)     # before the state is read
-    _, state, meta = load_checkpoint(step_dir)
+    meta = read_meta(step_dir)
+    check_data_tokenizer(meta, step_dir, asked)     # before the parameters are read
+    _, host_params = load_params(step_dir)           # the parameters only, not the moments
     shape = parse_mesh(mesh) if mesh else (1, 1, 1)
     cfg = layout_for_mesh(asked, shape, overrides, len(jax.devices()))
     reset = None if describe_layout(cfg) == describe_layout(asked) else \
@@ -93,8 +94,8 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
         f"mesh {shape})"
     m = make_mesh(cfg.parallel.mesh_dims)
     shardings = state_shardings(cfg, m, make_optimizer(cfg)[0]).params
-    params = jax.jit(lambda x: stage_params(cfg, x), out_shardings=shardings)(state["params"])
-    del state
+    params = jax.jit(lambda x: stage_params(cfg, x), out_shardings=shardings)(host_params)
+    del host_params
     feed = Feed(cfg, m)
     eval_fn = jax.jit(make_eval_fn(cfg, m), in_shardings=(shardings, feed.sharding))
     loss = evaluate(eval_fn, params, feed.val_batch, cfg.train.eval_batches)

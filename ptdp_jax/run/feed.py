@@ -1,8 +1,8 @@
 """The data of a run as sharded global batches: `Feed(cfg).batch(step)`.
 
-Opens ``data.path`` (or the embedded corpus), checks it against the model (vocabulary,
-sequence length, one tokenizer for every blended dataset) and raises ConfigError naming
-the key otherwise; then hands out the global batch of a step as one array sharded over
+Opens ``data.path`` (or the embedded corpus) and ``data.val_path``, checks them against the
+model (vocabulary, sequence length, one tokenizer for every dataset) and raises ConfigError
+naming the key otherwise; then hands out the global batch of a step as one array sharded over
 'data', each process reading from disk only the rows of its own devices.
 """
 from __future__ import annotations
@@ -15,35 +15,55 @@ from ptdp_jax.config import decisions as D
 from ptdp_jax.config.load import Config, ConfigError
 from ptdp_jax.data import (BlendedStream, batch_for_step, check_same_tokenizer, open_datasets,
                            validate_data_config)
+from ptdp_jax.data.sources import check_val_tokenizer
 
 
 def open_streams(cfg: Config):
     """(datasets, train stream, validation stream); ConfigError for data that cannot
-    serve this model."""
-    paths = list(cfg.data.path)
-    names = paths or ["<embedded corpus>"]
+    serve this model. The validation stream is data.val_path's every window where it is
+    given (data.path keeps all of its own for training), else data.path's last
+    data.val_fraction."""
+    paths, val_paths = list(cfg.data.path), list(cfg.data.val_path)
+    held_out = None if val_paths else cfg.data.val_fraction
     s = cfg.model.seq_len
     try:
-        weights = validate_data_config(paths, list(cfg.data.weights) or None, s,
-                                       cfg.data.val_fraction)
+        weights = validate_data_config(paths, list(cfg.data.weights) or None, s, held_out)
         datasets = open_datasets(paths, D.cache_dir())
+        names = paths or ["<embedded corpus>"]
         check_same_tokenizer(names, datasets)
-        for name, ds in zip(names, datasets):
-            if ds.vocab_size > cfg.model.vocab_size:
-                raise ValueError(f"data.path {name!r} has vocabulary {ds.vocab_size} but "
-                                 f"model.vocab_size={cfg.model.vocab_size} is smaller")
-            if ds.num_windows(s) < 2:
-                raise ValueError(f"data {name!r} has {ds.num_tokens} tokens: fewer than two "
-                                 f"sequences of model.seq_len={s} (one to train on, one to "
-                                 f"validate on; it needs at least {2 * s + 1} tokens)")
-        mk = lambda split: BlendedStream(datasets, weights, s, cfg.train.seed, split=split,
-                                         val_fraction=cfg.data.val_fraction)
-        return datasets, mk("train"), mk("val")
+        _check_fit(cfg, names, datasets, 1 if val_paths else 2)
+        mk = lambda sets, w, split: BlendedStream(sets, w, s, cfg.train.seed, split=split,
+                                                  val_fraction=held_out)
+        if not val_paths:
+            return datasets, mk(datasets, weights, "train"), mk(datasets, weights, "val")
+        val_weights = validate_data_config(val_paths, None, s, None, key="data.val_path")
+        val_sets = open_datasets(val_paths)
+        check_val_tokenizer(repr(names[0]), datasets[0], val_paths, val_sets)
+        _check_fit(cfg, [f"data.val_path[{i}] = {p!r}" for i, p in enumerate(val_paths)],
+                   val_sets, 1)
+        return datasets, mk(datasets, weights, "train"), mk(val_sets, val_weights, "val")
     except (ValueError, FileNotFoundError) as e:
         msg = str(e)
         if "seq_len" in msg and "model.seq_len" not in msg:
             msg += f" (model.seq_len={s})"
         raise ConfigError(msg) from None
+
+
+def _check_fit(cfg: Config, names, datasets, windows: int) -> None:
+    """ValueError for a dataset whose vocabulary the model lacks, or with fewer than
+    `windows` sequences of model.seq_len (2: one to train on, one to validate on)."""
+    s = cfg.model.seq_len
+    for name, ds in zip(names, datasets):
+        shown = name if name.startswith("data.") else f"data.path {name!r}"
+        if ds.vocab_size > cfg.model.vocab_size:
+            raise ValueError(f"{shown} has vocabulary {ds.vocab_size} but "
+                             f"model.vocab_size={cfg.model.vocab_size} is smaller")
+        if ds.num_windows(s) < windows:
+            why = ("fewer than two sequences of model.seq_len={s} (one to train on, one to "
+                   "validate on; it needs at least {n} tokens)" if windows == 2 else
+                   "not one sequence of model.seq_len={s} (it needs at least {n} tokens)")
+            raise ValueError(f"{shown} has {ds.num_tokens} tokens: "
+                             + why.format(s=s, n=windows * s + 1))
 
 
 def global_batch(stream, step: int, cfg: Config, sharding: NamedSharding):

@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import jax
 
-from ptdp_jax.checkpoint import lock as LK, manager as CK
+from ptdp_jax.checkpoint import lock as LK, manager as CK, start as ST, weights as LW
 from ptdp_jax.training import preflight as preflight
 from ptdp_jax.training.compile_cache import use_compile_cache
 from ptdp_jax.config import decisions as D
@@ -138,14 +138,12 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     train_step = None if nothing else _compile_steps(cfg, setup, log)
     feed, compiled, lr, replaced = setup.feed, setup.compiled, setup.lr, setup.replaced
     with phase("restore", setup.start, cfg):
-        state, start, run_id, ckpt = _restore_or_init(cfg, compiled, log)
+        state, start, run_id, ckpt = _restore_or_init(cfg, compiled, setup.weights, log)
     runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
     stopper = Stopper(cfg)                 # from here a signal ends the run cleanly
     runlog.header()
     if replaced:
-        runlog.message(f"checkpoint.resume=overwrite: the earlier run's checkpoints in "
-                       f"{ckpt.directory} (steps {', '.join(map(str, replaced))}) are removed at "
-                       f"this run's first save")
+        runlog.message(CK.replaced_message(cfg, replaced))
     result = TrainResult(losses=[], params=None, config=cfg, start_step=start, run_id=run_id,
                          layout=run.note, predicted_step_s=run.predicted_step_s)
     end = cfg.train.steps
@@ -232,6 +230,7 @@ class _Setup:
     compiled: Any                # step.Compiled: jitted, not compiled yet
     cache: str | None            # the compilation cache in use
     start: int                   # the step the run resumes from (0: a fresh start)
+    weights: Any = None          # checkpoint.load_weights's source, checked (or None)
 
 
 def _setup(cfg) -> _Setup:
@@ -248,11 +247,13 @@ def _setup(cfg) -> _Setup:
     replaced = CK.check_checkpoint_dir(cfg)                  # before compiling; never drops
                                                              # checkpoints unasked
     start = CK.resume_step(cfg)
+    weights = LW.check_load_weights(cfg)                     # unless the run resumes
     mesh = make_mesh(cfg.parallel.mesh_dims,
                      allow_cross_host_tensor=cfg.tuning.allow_cross_host_tensor)
     feed.use_mesh(mesh)
     tx, lr = make_optimizer(cfg)
-    return _Setup(feed, estimate, replaced, tx, lr, compile_all(cfg, mesh, tx), cache, start)
+    return _Setup(feed, estimate, replaced, tx, lr, compile_all(cfg, mesh, tx), cache, start,
+                  weights)
 
 
 def _compile_steps(cfg, run: _Setup, log) -> Steps:
@@ -279,24 +280,10 @@ def _compile_step(cfg, compiled, tx, jitted=None):
     return exe
 
 
-def _restore_or_init(cfg, compiled, log):
-    """(state, start step, run id, checkpoint manager or None): the newest checkpoint
-    in checkpoint.dir if resuming, else a fresh state."""
-    ckpt, state, start, run_id = None, None, 0, None
-    if cfg.checkpoint.dir:
-        ckpt = CK.CheckpointManager.from_config(cfg, compiled.shardings)
-        if cfg.checkpoint.resumes:
-            restored = ckpt.restore_latest()
-            if restored is not None:
-                state, start = restored
-                meta = CK.read_meta(ckpt.directory / str(start))
-                run_id = meta.get("run_id")
-                old = (f" (format version {meta['version']}: GPT's fused QKV weight split into "
-                       f"q, k, v; the next checkpoint is written as version {CK.VERSION})"
-                       if meta["version"] != CK.VERSION else "")
-                log(f"resumed from {ckpt.directory} at step {start}{old}")
-    if state is None:
-        state = compiled.init()
+def _restore_or_init(cfg, compiled, weights, log):
+    """(state, start step, run id, checkpoint manager or None): checkpoint.dir's checkpoint if
+    resuming, else checkpoint.load_weights's parameters, else a fresh state (start.py)."""
+    state, start, run_id, ckpt = ST.restore_or_init(cfg, compiled, weights, log)
     run_id = run_id or new_run_id()
     if ckpt is not None:
         ckpt.run_id = run_id

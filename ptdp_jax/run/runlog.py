@@ -1,6 +1,7 @@
 """What a run tells its user: the progress bar on a terminal (otherwise a line every 10 steps:
-decisions.progress_bar), metrics.jsonl and TensorBoard, the resolved config in run.dir, and
-messages that go through the bar's own write so that they never run into it.
+decisions.progress_bar), metrics.jsonl and TensorBoard, the resolved config in run.dir (a file
+for each start: config_file), and messages that go through the bar's own write so that they
+never run into it.
 
     runlog = RunLog(cfg, log, start_step, run_id)
     runlog.message("...")                             # above the bar
@@ -40,6 +41,17 @@ def new_run_id() -> str:
         from jax.experimental import multihost_utils
         ids = np.asarray(multihost_utils.broadcast_one_to_all(ids))
     return time.strftime("%Y%m%d-%H%M%S", time.localtime(int(ids[0]))) + f"-{int(ids[1]):06x}"
+
+
+def config_file(run_dir: Path, run_id: str, start: int) -> Path:
+    """Where a run keeps its resolved config in run.dir: config-<run id>.yaml from step 0,
+    config-<run id>-<start step>.yaml for each resume (-2, -3, ... after it where one resumed
+    from that step before): a resume never overwrites an earlier config."""
+    stem = f"config-{run_id}" + (f"-{start}" if start else "")
+    path, n = run_dir / f"{stem}.yaml", 2
+    while path.exists():
+        path, n = run_dir / f"{stem}-{n}.yaml", n + 1
+    return path
 
 
 def peak_memory_gib(devices=None) -> float | None:
@@ -83,9 +95,10 @@ class RunLog:
                                         wandb_project=cfg.run.wandb_project,
                                         config=with_absolute_paths(cfg).to_dict())
         if enabled:
-            run_dir = Path(cfg.run.dir)
-            (run_dir / f"config-{run_id}.yaml").write_text(
-                f"# ptdp_jax run {run_id}: the resolved config\n" + to_yaml(with_absolute_paths(cfg)))
+            where = f"resumed at step {start}" if start else "from step 0"
+            config_file(Path(cfg.run.dir), run_id, start).write_text(
+                f"# ptdp_jax run {run_id}, {where}: the resolved config\n"
+                + to_yaml(with_absolute_paths(cfg)))
         self.n_dev = math.prod(cfg.parallel.mesh_shape)
         self.flops = MX.model_flops_per_iteration(cfg, recompute=False)
         self.peak = MX.peak_flops_per_device(jax.devices()[0])
