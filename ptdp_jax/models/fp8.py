@@ -10,9 +10,9 @@ whose reductions differ in the last bit still picks the same scale as one device
 The operands reach the GEMM as convert(fp8) * scale, the form XLA's GPU GEMM rewriter turns
 into one cuBLASLt FP8 GEMM (float32 accumulation, output in the compute dtype). Elsewhere
 (CPU) the same numbers come from an emulated GEMM. The amax of a tensor is over the whole
-tensor: GSPMD reduces it over 'tensor' where the tensor is split; data-parallel replicas and
-pipeline stages each quantize their own microbatches, as one device does microbatch by
-microbatch.
+tensor: GSPMD reduces it over 'tensor' where the tensor is split, and over a sequence's chunks
+under context parallelism (`context.sequence_max`); data-parallel replicas and pipeline stages
+each quantize their own microbatches, as one device does microbatch by microbatch.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from ptdp_jax.parallel.context import sequence_max
 
 E4M3 = jnp.float8_e4m3fn     # weights and activations (largest value 448)
 E5M2 = jnp.float8_e5m2       # output gradients (largest value 57344)
@@ -33,8 +35,9 @@ def scale_of(x, fmt):
 
 
 def amax_of(x):
-    """max |x| as a float32 scalar."""
-    return jnp.max(jnp.abs(x)).astype(jnp.float32)
+    """max |x| as a float32 scalar, over the whole sequence where it is split over devices
+    (context parallelism: one scale for a tensor, as on one device)."""
+    return sequence_max(jnp.max(jnp.abs(x)).astype(jnp.float32), x)
 
 
 def scale_of_amax(amax, fmt):

@@ -48,6 +48,14 @@ def rows_of(tokens_bs1, c: int):
     return tokens_bs1 if c == 1 else local_rows(tokens_bs1, c, jax.lax.axis_index(AXIS))
 
 
+def sequence_max(value, like):
+    """value's max over the context ranks where `like` (an array the value came from) is split
+    over them (inside a region manual over 'context', c > 1); value itself elsewhere."""
+    if AXIS not in varying_axes(like) or jax.lax.axis_size(AXIS) == 1:
+        return value
+    return vary(jax.lax.pmax(value, AXIS), (AXIS,))    # the type of what it came from
+
+
 def positions(c: int, rank, L: int, rows: int):
     """(rows, L) int32: the positions in their sequence of this rank's rows' tokens."""
     starts = jnp.stack([chunk_of(rank, j, c) * L for j in (0, 1)]).astype(jnp.int32)
@@ -65,17 +73,58 @@ def natural_order(x_rows, c: int):
     return jnp.concatenate(chunks, axis=1)
 
 
-def attention(q_rnd, k_rnd, v_rnd, c: int, rank, scale: float, axis: str = AXIS):
+def chunk_order(x_bs, c: int):
+    """Inverse of natural_order: (b, s, ...) -> (c, 2b, L, ...), rank r's rows at [r]."""
+    b, s = x_bs.shape[:2]
+    L = s // (2 * c)
+    chunks = x_bs.reshape((b, 2 * c, L) + x_bs.shape[2:])
+    per_rank = [jnp.stack([chunks[:, r], chunks[:, 2 * c - 1 - r]], axis=1) for r in range(c)]
+    return jnp.stack(per_rank).reshape((c, 2 * b, L) + x_bs.shape[2:])
+
+
+def attention(q_rnd, k_rnd, v_rnd, c: int, rank, scale: float):
     """Causal attention of this rank's rows (2b, L, heads, d) over the keys of every rank
-    (all-gathered over `axis`, the key/value heads only): each query sees the keys at or
-    before its position. Returns (2b, L, heads, d)."""
+    (all-gathered over 'context', the key/value heads only): each query sees the keys at or
+    before its position. Returns (2b, L, heads, d). The backward gathers the keys and values
+    again (a layer keeps only its own chunks) and reduce-scatters their gradients."""
     rows, L = q_rnd.shape[:2]
-    gather = lambda x: natural_order(jax.lax.all_gather(x, axis, axis=0, tiled=False), c)
-    k_bsnd, v_bsnd = gather(k_rnd), gather(v_rnd)
     pos_q = positions(c, rank, L, rows).reshape(rows // 2, 2 * L)
-    q_bsnd = q_rnd.reshape((rows // 2, 2 * L) + q_rnd.shape[2:])
-    out = blockwise_attention(q_bsnd, k_bsnd, v_bsnd, pos_q, scale)
-    return out.reshape(q_rnd.shape)
+    return _context_attention(q_rnd, k_rnd, v_rnd, pos_q, c, scale)
+
+
+def _gather(x_rnd, c):
+    return natural_order(jax.lax.all_gather(x_rnd, AXIS, axis=0, tiled=False), c)
+
+
+def _scatter(dx_bsnd, c):
+    """The transpose of _gather: each rank's rows of the gradient, summed over the ranks."""
+    return jax.lax.psum_scatter(chunk_order(dx_bsnd, c), AXIS, scatter_dimension=0,
+                                tiled=False)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _context_attention(q, k, v, pos, c, scale):
+    return _context_fwd(q, k, v, pos, c, scale)[0]
+
+
+def _context_fwd(q, k, v, pos, c, scale):
+    rows, L = q.shape[:2]
+    q_b = q.reshape((rows // 2, 2 * L) + q.shape[2:])
+    out, (_, _, _, _, out_b, lse) = _forward(q_b, _gather(k, c), _gather(v, c), pos, scale)
+    return out.reshape(q.shape), (q, k, v, pos, out_b, lse)
+
+
+def _context_bwd(c, scale, res, g):
+    q, k, v, pos, out_b, lse = res
+    rows, L = q.shape[:2]
+    q_b = q.reshape((rows // 2, 2 * L) + q.shape[2:])
+    g_b = g.reshape(q_b.shape)
+    dq, dk, dv, _ = _attention_bwd(scale, (q_b, _gather(k, c), _gather(v, c), pos, out_b, lse),
+                                   g_b)
+    return dq.reshape(q.shape), _scatter(dk, c), _scatter(dv, c), None
+
+
+_context_attention.defvjp(_context_fwd, _context_bwd)
 
 
 # ----------------------------------------------------------------------------- the attention

@@ -1,0 +1,144 @@
+"""Context parallelism (parallel.context, ptdp_jax/parallel/context.py): the blockwise
+attention against plain attention, the chunks' load balance, and loss and gradients of a
+context-split step against one device on each kind of layout (float32, parity.py's
+tolerance; FP8 within parity.py's FP8 bound)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, PartitionSpec as P
+
+from parity import (assert_close, assert_close_fp8, loss_and_grads, reference, tiny_config)
+from ptdp_jax.config.load import ConfigError, load_config
+from ptdp_jax.config.validation import validate
+from ptdp_jax.parallel import context as C
+
+FP8 = (("train.fp8", True),)
+
+
+def _plain(q, k, v):
+    g = q.shape[2] // k.shape[2]
+    return jax.nn.dot_product_attention(q, jnp.repeat(k, g, 2), jnp.repeat(v, g, 2),
+                                        is_causal=True)
+
+
+def _qkv(b=2, s=64, n=4, kv=2, d=16):
+    keys = jax.random.split(jax.random.key(0), 4)
+    return (*(jax.random.normal(k_, (b, s, h, d)) for k_, h in zip(keys, (n, kv, kv))),
+            jax.random.normal(keys[3], (b, s, n, d)))
+
+
+def test_blockwise_attention_is_attention(monkeypatch):
+    monkeypatch.setattr(C, "BLOCK", 8)                       # 8 query and 8 key tiles
+    q, k, v, g = _qkv()
+    pos = jnp.broadcast_to(jnp.arange(64), (2, 64))
+    ours = lambda q, k, v: C.blockwise_attention(q, k, v, pos, 0.25)
+    np.testing.assert_allclose(ours(q, k, v), _plain(q, k, v), atol=2e-6)
+    for a, b in zip(jax.vjp(ours, q, k, v)[1](g), jax.vjp(_plain, q, k, v)[1](g)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("c", [2, 4])
+def test_split_attention_over_devices_is_attention(c, monkeypatch):
+    """Each rank's two chunks attend the keys all ranks gathered, by position; the gradients
+    of the keys and values go back to the ranks that hold them."""
+    monkeypatch.setattr(C, "BLOCK", 4)
+    q, k, v, g = _qkv()
+    mesh = Mesh(np.array(jax.devices()[:c]), ("context",))
+
+    def local(q, k, v):
+        rows = lambda x: C.chunk_order(x, c)[jax.lax.axis_index("context")]
+        o = C.attention(rows(q), rows(k), rows(v), c, jax.lax.axis_index("context"), 0.25)
+        return jax.lax.all_gather(o, "context", axis=0, tiled=False)
+
+    split = jax.shard_map(local, mesh=mesh, in_specs=(P(),) * 3, out_specs=P(),
+                          axis_names={"context"}, check_vma=False)
+    ours = lambda q, k, v: C.natural_order(split(q, k, v), c)
+    np.testing.assert_allclose(ours(q, k, v), _plain(q, k, v), atol=2e-6)
+    for a, b in zip(jax.vjp(ours, q, k, v)[1](g), jax.vjp(_plain, q, k, v)[1](g)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("c", [1, 2, 4, 8])
+def test_every_rank_does_the_same_attention_work(c):
+    """Ranks i and 2c-1-i's chunks: the (query, key) pairs each rank computes are equal, and
+    together they are every pair of the causal square, once."""
+    s = 64
+    L = s // (2 * c)
+    work = [int(np.sum(np.asarray(C.positions(c, r, L, 2)) + 1)) for r in range(c)]
+    assert len(set(work)) == 1 and sum(work) == s * (s + 1) // 2
+    seen = np.sort(np.concatenate([np.asarray(C.positions(c, r, L, 2)).ravel()
+                                   for r in range(c)]))
+    np.testing.assert_array_equal(seen, np.arange(s))
+
+
+def test_chunks_round_trip():
+    x = jnp.arange(2 * 32).reshape(2, 32)
+    np.testing.assert_array_equal(C.natural_order(C.chunk_order(x, 4), 4), x)
+    tokens = jnp.arange(2 * 33).reshape(2, 33)
+    rows = C.local_rows(tokens, 2, 1)                       # chunks 1 and 2 of 4, + next token
+    np.testing.assert_array_equal(rows[0], tokens[0, 8:17])
+    np.testing.assert_array_equal(rows[1], tokens[0, 16:25])
+
+
+# (arch, (data, pipe, tensor), overrides): each kind of layout with context parallelism
+LAYOUTS = [
+    ("llama", (1, 1, 1), {"parallel.context": 2}),
+    ("gpt", (1, 1, 1), {"parallel.context": 4}),
+    ("llama", (1, 1, 1), {"parallel.context": 8}),
+    ("llama", (2, 1, 1), {"parallel.context": 2, "parallel.zero": 3}),
+    ("llama", (1, 1, 2), {"parallel.context": 2, "parallel.sequence_parallel": True,
+                          "model.num_kv_heads": 4}),
+    ("gpt", (1, 2, 1), {"parallel.context": 2, "parallel.schedule": "zb-phased",
+                        "parallel.virtual_stages": 2}),
+    ("llama", (1, 2, 1), {"parallel.context": 2, "parallel.schedule": "interleaved",
+                          "parallel.virtual_stages": 2}),
+    ("gpt", (1, 2, 1), {"parallel.context": 2, "train.recompute": "full"}),
+    ("llama", (2, 1, 2), {"parallel.context": 2, "parallel.zero": 1}),
+]
+IDS = ["c2", "c4-gpt", "c8", "d2-zero3", "t2-sp-gqa", "zb-phased-v2", "interleaved",
+       "1f1b-full", "d2-t2-zero1"]
+
+
+@pytest.mark.parametrize("arch,mesh,extra", LAYOUTS, ids=IDS)
+def test_context_parity(arch, mesh, extra):
+    base = {k: v for k, v in extra.items() if k == "model.num_kv_heads"}
+    ref = loss_and_grads(tiny_config(arch, (1, 1, 1), **base)) if base else reference(arch)
+    assert_close(loss_and_grads(tiny_config(arch, mesh, **extra)), ref)
+
+
+@pytest.mark.parametrize("arch,mesh,extra", [
+    ("llama", (1, 1, 1), {"parallel.context": 2}),
+    ("gpt", (1, 2, 1), {"parallel.context": 2, "parallel.schedule": "zb-phased"}),
+    ("llama", (1, 1, 2), {"parallel.context": 2, "parallel.sequence_parallel": True})],
+    ids=["c2", "zb-phased", "t2-sp"])
+def test_context_parity_fp8(arch, mesh, extra):
+    """A scale is the max over a tensor's chunks on every rank, as on one device."""
+    got = loss_and_grads(tiny_config(arch, mesh, **dict(FP8), **extra))
+    assert_close_fp8(got, reference(arch, FP8), reference(arch))
+
+
+def test_the_evaluation_step_splits_the_sequence_too():
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training import state as S
+    from ptdp_jax.training.evaluate import make_eval_fn
+    from parity import batch_for
+    losses = []
+    for extra in ({}, {"parallel.context": 4}):
+        cfg = tiny_config("llama", (1, 1, 1), **extra)
+        params = jax.jit(lambda: S.init_state(cfg, S.make_optimizer(cfg)[0])["params"])()
+        fn = jax.jit(make_eval_fn(cfg, make_mesh(cfg.parallel.mesh_dims)))
+        losses.append(float(fn(params, batch_for(cfg))))
+    np.testing.assert_allclose(losses[1], losses[0], rtol=2e-6)
+
+
+@pytest.mark.parametrize("overrides,words", [
+    ({"parallel.context": 3}, "model.seq_len=16 is not divisible by 2 x parallel.context = 6"),
+    ({"parallel.context": 2, "model.dropout": 0.1}, "dropout under context parallelism"),
+    ({"parallel.context": 4, "parallel.data": 4},
+     "with parallel.context=4 needs 16 devices, only 8 available"),
+    ({"parallel.context": 0}, "parallel.context must be positive")])
+def test_bad_context_settings_are_one_clear_error(overrides, words):
+    cfg = load_config(overrides={"model.seq_len": 16, **overrides})
+    with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        validate(cfg, 8)
