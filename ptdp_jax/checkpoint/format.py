@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 
 from ptdp_jax.checkpoint import upgrade as ckpt_upgrade
 from ptdp_jax.config.load import Config, ConfigError, flatten, load_config
-from ptdp_jax.config.validation import unwritable
+from ptdp_jax.paths import unwritable
 from ptdp_jax.models import model as M
 from ptdp_jax.training.state import (  # noqa: F401  (the train state's layouts live in ptdp_jax.training.state)
     canonical_abstract_state, canonical_shardings, make_optimizer, to_canonical_state,
@@ -371,7 +371,7 @@ def tokenizer_files(spec: str | None) -> dict[str, str]:
 # ----------------------------------------------------------------------------- writable
 
 def _check_writable(directory: Path) -> None:
-    """CheckpointError unless files can be made in `directory` (validation.unwritable)."""
+    """CheckpointError unless files can be made in `directory` (paths.unwritable)."""
     why = unwritable(directory)
     if why:
         raise CheckpointError(f"checkpoint.dir {directory} {why}")

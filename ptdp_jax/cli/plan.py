@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+from ptdp_jax.command import command
 from ptdp_jax.config.load import ConfigError, load_config, parse_cli_overrides
 from ptdp_jax.exits import ExitCode
 from ptdp_jax.training.memory import GiB
@@ -98,15 +99,8 @@ def format_table(rows: list[Candidate], top: int) -> str:
     return "\n".join(lines)
 
 
+@command("ptdp-plan")
 def main(argv=None) -> int:
-    try:
-        return _plan(argv)
-    except BrokenPipeError:              # `ptdp-plan ... | head`: the reader has gone
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no error at exit
-        return ExitCode.OK
-
-
-def _plan(argv) -> int:
     args = parse_args(argv)
     try:
         items = parse_cli_overrides(args.overrides)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ptdp_jax.command import command
 from ptdp_jax.config.load import ConfigError, parse_cli_overrides, parse_mesh
 from ptdp_jax.exits import ExitCode, leave_now
 from ptdp_jax.config.memory_limit import use_planned_fraction
+from ptdp_jax.paths import os_error_line
 
 
 def parse_args(argv=None):
@@ -52,6 +54,7 @@ def parse_args(argv=None):
     return args
 
 
+@command("ptdp-train", quiet_pipe=False)
 def main(argv=None) -> int:
     args = parse_args(argv)
     use_planned_fraction()                  # before jax starts its backend
@@ -101,6 +104,10 @@ def _main(args) -> tuple[int, str]:
         return _fail(ExitCode.DISTRIBUTED_INIT, str(e))
     except CheckpointError as e:
         return _fail(ExitCode.CHECKPOINT, f"checkpoint error: {e}")
+    except OSError as e:                   # a path that cannot be read or written
+        if os_error_line(e) is None:
+            raise
+        return _fail(ExitCode.CONFIG, f"error: {os_error_line(e)}")
     except KeyboardInterrupt:
         return _fail(ExitCode.INTERRUPTED, "interrupted (a second Ctrl-C, or one before "
                                            "training started): stopped at once; a resume "

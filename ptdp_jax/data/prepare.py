@@ -33,6 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ptdp_jax.command import command
+from ptdp_jax.paths import unwritable
+
 from .corpus import default_corpus_documents, default_corpus_name
 from .dataset import TokenDataset
 from .tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
@@ -255,7 +258,8 @@ def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer:
     inputs and saved as ``out_prefix.tokenizer.json`` (recorded in the metadata
     relative to the dataset's folder).  Returns ``out_prefix`` as a Path.
     An existing dataset at ``out_prefix`` is a FileExistsError unless ``overwrite``; a
-    folder as ``out_prefix`` is a ValueError (check_out_prefix), before anything is read.
+    folder as ``out_prefix``, or one whose folder cannot take files, is a ValueError
+    (check_out_prefix, paths.unwritable), before anything is read.
     """
     prefix = check_out_prefix(out_prefix)
     paths = check_inputs(inputs, text_key)
@@ -265,6 +269,9 @@ def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer:
         raise FileExistsError(f"--out {str(prefix)!r}: a dataset is already there "
                               f"({', '.join(old)}); give --overwrite to replace it, or "
                               f"another prefix")
+    why = unwritable(prefix.parent)             # last: its probe file touches the folder
+    if why:
+        raise ValueError(f"--out {os.fspath(out_prefix)!r}: {prefix.parent} {why}")
 
     def documents() -> Iterator[str]:
         for p in paths:
@@ -301,11 +308,18 @@ def prepare_default_corpus(cache_dir: str | os.PathLike) -> Path:
         return prefix
     except (FileNotFoundError, ValueError):
         pass
+    why = unwritable(prefix.parent)
+    if why:
+        raise ValueError(f"the embedded corpus (data.path empty) is built once in "
+                         f"$PTDP_CACHE_DIR (default ~/.cache/ptdp_jax), but {prefix.parent} "
+                         f"{why}: set PTDP_CACHE_DIR to a folder that can be written, or give "
+                         f"data.path")
     write_token_dataset(default_corpus_documents(), prefix, ByteTokenizer(),
                         sources=["pydoc_data.topics"])
     return prefix
 
 
+@command("ptdp-prepare-data")
 def main(argv: list[str] | None = None) -> int:
     """``ptdp-prepare-data``: tokenize text files into a token dataset."""
     parser = argparse.ArgumentParser(
