@@ -147,13 +147,34 @@ def iter_documents(path: str | os.PathLike, text_key: str = "text") -> Iterator[
     ``.parquet`` / ``.arrow``: one per row of column ``text_key``)."""
     path = Path(path)
     if path.suffix == ".txt":
-        yield path.read_text(encoding="utf-8")
+        text = _utf8(path.read_bytes(), path)
+        yield text.replace("\r\n", "\n").replace("\r", "\n")     # as a text-mode read
         return
     if path.suffix in ARROW_SUFFIXES:
         yield from _arrow_documents(path, text_key)
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    yield from _jsonl_documents(path, text_key)
+
+
+def _utf8(data: bytes, path: Path, offset: int = 0, lineno: int | None = None) -> str:
+    """`data` (read from `path` at byte `offset`) as UTF-8 text; a ValueError naming the file,
+    the byte offset in it (and the line) where it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = f"line {lineno}, " if lineno is not None else ""
+        raise ValueError(f"{path}: not UTF-8 text ({line}byte offset {offset + e.start}: "
+                         f"0x{data[e.start]:02x}); convert it to UTF-8 first (e.g. iconv -f "
+                         f"latin1 -t utf-8)") from None
+
+
+def _jsonl_documents(path: Path, text_key: str) -> Iterator[str]:
+    """The field `text_key` of each non-blank line of a JSONL file."""
+    offset = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = _utf8(raw, path, offset, lineno)
+            offset += len(raw)
             if not line.strip():
                 continue
             try:

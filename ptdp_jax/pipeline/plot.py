@@ -1,15 +1,17 @@
 """Draw pipeline schedules in the style of Figure 4 of the Megatron-LM (PTD-P) paper.
 
 ``ptdp-schedule --schedule interleaved --p 4 --v 2 --m 8`` prints the tick grid, the tick count,
-the predicted and the theoretical bubble fraction, and writes a PNG.
+the predicted and the theoretical bubble fraction, and writes a picture (PNG unless --out
+ends otherwise).
 
 In the picture the x axis is time in the cost model (t_f = 1, t_b = 2 per microbatch and stage,
 divided by v per chunk): a tick is as wide as its most expensive op, and each op is as wide as its
 own cost. Rows are stages (stage 0 on top). Microbatch numbers are 1-BASED, like the paper.
 Forward cells are blue, backward cells green (zero-bubble schedules: input gradients B green,
-weight gradients W orange); the first model chunk of a stage is dark, the
-other chunks (v > 1; ZB-V: the way back up the V) are lighter. A split backward (upper half, then lower half at the next tick)
-is drawn as one cell with a dotted line between the halves.
+weight gradients W orange; zb-phased has both whole backwards and B / W); the first model chunk
+of a stage is dark, the other chunks (v > 1; ZB-V: the way back up the V) are lighter. A split
+backward (upper half, then lower half at the next tick) is drawn as one cell with a dotted line
+between the halves.
 """
 from __future__ import annotations
 
@@ -39,6 +41,21 @@ _WGT = ["#d9730d", "#f0a35e", "#f6c79b", "#fbe3cd"]   # zero-bubble weight-gradi
 def _colour(kind: str, vchunk: int) -> str:
     palette = {"F": _FWD, "B": _BWD, "W": _WGT}[kind]
     return palette[min(vchunk, len(palette) - 1)]
+
+
+def legend_labels(s: Schedule) -> list[str]:
+    """The legend's names of the cell kinds (F, B, then W where the schedule has weight ops),
+    each per local chunk when v > 1. Green cells are whole backwards, except in zero-bubble
+    tables, where they are input gradients (B) whose weight gradient (W) runs apart; zb-phased
+    has both (whole backwards, and B / W where splitting pays)."""
+    whole = any(op is not None and op.kind == "B" and op.half in ("full", "upper", "lower")
+                for row in s.table for op in row)
+    split = s.has_weight_ops
+    names = {"F": "forward", "W": "weight gradient (W)",
+             "B": "whole backward, or input gradient (B)" if whole and split
+             else "input gradient (B)" if split else "backward"}
+    kinds = "FBW" if split else "FB"
+    return [f"{names[k]}{f' chunk {c}' if s.v > 1 else ''}" for k in kinds for c in range(s.v)]
 
 
 def draw_schedule(schedule: Schedule, path: str, t_f: float = 1.0, t_b: float = 2.0) -> str:
@@ -85,15 +102,9 @@ def draw_schedule(schedule: Schedule, path: str, t_f: float = 1.0, t_b: float = 
                  f"{s.bubble_fraction(t_f, t_b):.4f} (theory {float(theory):.4f}); "
                  "cell numbers = microbatch (1-based)", fontsize=9)
     kinds = "FBW" if s.has_weight_ops else "FB"
-    mixed = s.has_weight_ops and any(op is not None and op.kind == "B" and op.half == "full"
-                                     for row in s.table for op in row)   # zb-phased: whole
-    # backwards, and B / W where they pay
-    names = {"F": "forward", "W": "weight gradient (W)",
-             "B": "backward (B alone: input gradient)" if mixed
-             else "input gradient (B)" if s.has_weight_ops else "backward"}
     handles = [Rectangle((0, 0), 1, 1, facecolor=_colour(k, c), edgecolor="black", lw=0.6)
                for k in kinds for c in range(s.v)]
-    labels = [f"{names[k]}{f' chunk {c}' if s.v > 1 else ''}" for k in kinds for c in range(s.v)]
+    labels = legend_labels(s)
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
