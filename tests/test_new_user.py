@@ -157,6 +157,42 @@ def test_truncated_checkpoint_names_the_failed_read(trained, tmp_path):
     assert f"the newest older checkpoint is step 1: give {copy / '1'} instead" in r.stderr
 
 
+def test_a_step_without_its_metadata_gets_the_way_back(trained, tmp_path, capsys):
+    """The newest step folder without meta/ptdp_meta.json (said only "is not a ptdp_jax
+    checkpoint"): the advice of a damaged state, to resume from step 1 or give it instead."""
+    from ptdp_jax.cli.eval import main as eval_main
+    from ptdp_jax.cli.train import main as train_main
+    ckpt, ov = trained
+    copy = tmp_path / "ckpt"
+    shutil.copytree(ckpt, copy)
+    (copy / "2" / "meta" / "ptdp_meta.json").unlink()
+    ov = {**ov, "checkpoint.dir": str(copy), "run.dir": str(tmp_path / "run"), "train.steps": 3}
+    assert train_main(["--mesh", "1,1,1", *[f"{k}={v}" for k, v in ov.items()]]) == \
+        ExitCode.CHECKPOINT
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{copy / '2'} is not a ptdp_jax checkpoint: no meta/ptdp_meta.json" in err
+    assert f"the newest older checkpoint is step 1 ({copy / '1'})" in err
+    assert f"mv {copy / '2'} " in err
+    assert eval_main([str(copy)]) == ExitCode.CHECKPOINT
+    assert f"the newest older checkpoint is step 1: give {copy / '1'} instead" in \
+        capsys.readouterr().err
+
+
+def test_resuming_bpe_on_byte_data_names_the_tokenizer(trained_bpe, tmp_path, capsys):
+    """A BPE model's checkpoint.dir resumed on the embedded byte corpus: the tokenizer is
+    named, as ptdp-eval names it (it blamed model.vocab_size, which nobody set)."""
+    from ptdp_jax.cli.train import main as train_main
+    ckpt, _ = trained_bpe
+    ov = {**H.tiny(tmp_path, None, **{"train.steps": 2, "model.num_layers": 2}),
+          "checkpoint.dir": str(ckpt)}
+    assert train_main(["--mesh", "1,1,1", *[f"{k}={v}" for k, v in ov.items()]]) == \
+        ExitCode.CHECKPOINT
+    err = capsys.readouterr().err
+    assert "was trained on the token ids of tokenizer" in err and "holds those of 'byte'" in err
+    assert "model.vocab_size" not in err and len(err.strip().splitlines()) == 1, err
+
+
 # ----------------------------------------------------------------------------- smaller ones
 
 def test_mismatch_message_compares_resolved_values(trained):

@@ -87,6 +87,18 @@ def read_meta(step_dir: str | os.PathLike) -> dict:
     return meta
 
 
+def step_meta(step_dir: str | os.PathLike, resuming: bool = False) -> dict:
+    """read_meta of a step directory; where it fails for a step of a checkpoint.dir (no
+    metadata, or unreadable), the CheckpointError says what damaged_message says of a damaged
+    state: the newest older checkpoint, and how to use it instead."""
+    try:
+        return read_meta(step_dir)
+    except CheckpointError as e:
+        if _step_of(Path(step_dir).name) is None:
+            raise
+        raise CheckpointError(damaged_message(step_dir, e, resuming)) from None
+
+
 def _meta_config(meta: dict, where) -> Config:
     try:
         return config_from_dict(meta["config"])
@@ -96,7 +108,7 @@ def _meta_config(meta: dict, where) -> Config:
 
 def checkpoint_config(step_dir: str | os.PathLike) -> Config:
     """The resolved config a checkpoint was written with."""
-    return _meta_config(read_meta(step_dir), step_dir)
+    return _meta_config(step_meta(step_dir), step_dir)
 
 
 def _model_keys(m, seq_len: bool | None = None) -> dict[str, Any]:
@@ -205,7 +217,8 @@ def damaged_message(step_dir: str | os.PathLike, e: BaseException, resuming: boo
     out of checkpoint.dir, since a run resumes from the newest)."""
     step_dir = Path(step_dir)
     directory, step = step_dir.parent, _step_of(step_dir.name)
-    what = f"checkpoint {step_dir} is corrupt or incomplete ({_read_error(e)})"
+    what = str(e) if isinstance(e, CheckpointError) else \
+        f"checkpoint {step_dir} is corrupt or incomplete ({_read_error(e)})"
     older = None
     for s in reversed(_scan(directory)[0] if step is not None else []):
         try:
@@ -397,7 +410,7 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[Config, dict, dict]:
     `path` is a step directory or a checkpoint.dir (its newest complete step). The state is
     the tree as stored ({'params', 'opt', 'step', 'bad_steps'}: `TrainState.as_dict`)."""
     step_dir = resolve_step_dir(path)
-    meta = read_meta(step_dir)
+    meta = step_meta(step_dir)
     cfg = _meta_config(meta, step_dir)
     tx, _ = make_optimizer(cfg)
     dev = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0]
@@ -423,7 +436,7 @@ def checkpoint_tokenizer(path: str | os.PathLike) -> tuple[str, str] | None:
     checkpoint: 'byte', or the copy of a tokenizer.json in its step directory; None for a
     checkpoint that keeps none (older ones, imports without a usable tokenizer)."""
     step_dir = resolve_step_dir(path)
-    kept = read_meta(step_dir).get("tokenizer")
+    kept = step_meta(step_dir).get("tokenizer")
     if kept == "byte":
         return "byte", "byte"
     if isinstance(kept, dict) and (step_dir / kept.get("file", "")).is_file():

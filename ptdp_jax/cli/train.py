@@ -59,7 +59,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     use_planned_fraction()                  # before jax starts its backend
     from ptdp_jax.parallel import distributed as distributed
-    rc, why = _main(args)
+    from ptdp_jax.parallel.stopping import quiet_after_a_stop
+    with quiet_after_a_stop():              # a second SIGTERM: still exit 0
+        rc, why = _main(args)
     # Multi-process: tell the other processes and leave (a failed one at once, so they stop
     # too; a clean one in order, so that no process prints gRPC errors on the way out).
     distributed.finish(rc == 0, why, exit_code=rc)

@@ -142,6 +142,10 @@ def import_hf(hf_dir: str | os.PathLike) -> tuple[dict, dict]:
     Hugging Face directory."""
     hf_dir = Path(hf_dir)
     conf_path = hf_dir / "config.json"
+    if not hf_dir.is_dir():
+        what = "is not a folder" if hf_dir.exists() else "does not exist"
+        raise ValueError(f"{hf_dir} {what}: give the folder of a Hugging Face model (its "
+                         f"config.json and *.safetensors)")
     if not conf_path.is_file():
         raise ValueError(f"{hf_dir} has no config.json")
     conf = json.loads(conf_path.read_text())
