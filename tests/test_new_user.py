@@ -193,6 +193,35 @@ def test_resuming_bpe_on_byte_data_names_the_tokenizer(trained_bpe, tmp_path, ca
     assert "model.vocab_size" not in err and len(err.strip().splitlines()) == 1, err
 
 
+def test_a_warning_is_one_line(tmp_path):
+    """A command's warning is `ptdp-train: warning: ...` (it printed `load.py:148:
+    ConfigWarning: ...` and the line of code under it)."""
+    r = _run(*_tool("ptdp_jax.cli.train"), "configs/tiny-gpt.yaml", "--print-config",
+             "checkpoint.overwrite=true")
+    _clean(r, ExitCode.OK)
+    assert r.stderr.startswith("ptdp-train: warning: config file 'configs/tiny-gpt.yaml': keys "
+                               "of an earlier version: checkpoint.overwrite=true is now "
+                               "checkpoint.resume=overwrite")
+    assert r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("flags", ["--xla_force_host_platform_device_count=eight",
+                                   "--xla_force_host_platform_device_count=",
+                                   "--xla_backend_optimization_level=0 "
+                                   "--xla_force_host_platform_device_count=0"])
+def test_a_malformed_device_count_in_xla_flags_is_one_line(flags):
+    """XLA_FLAGS with a device count that is not a whole number >= 1: one line before jax
+    starts, exit 2 (XLA printed its 94-line flag list and aborted)."""
+    env = H.subprocess_env(XLA_FLAGS=flags)
+    r = subprocess.run([sys.executable, *_tool("ptdp_jax.cli.train"), "--print-config"],
+                       cwd=H.REPO, capture_output=True, text=True, timeout=300, env=env)
+    _clean(r, ExitCode.CONFIG)
+    word = flags.split()[-1]
+    assert r.stderr == (f"ptdp-train: error: XLA_FLAGS: {word!r}: the number of CPU devices "
+                        f"must be a whole number >= 1, e.g. "
+                        f"--xla_force_host_platform_device_count=8\n"), r.stderr
+
+
 # ----------------------------------------------------------------------------- smaller ones
 
 def test_mismatch_message_compares_resolved_values(trained):

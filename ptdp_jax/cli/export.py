@@ -11,7 +11,7 @@ from ptdp_jax.interop.export import DTYPES, export_checkpoint
 from ptdp_jax.config.memory_limit import use_planned_fraction
 
 
-@command("ptdp-export")
+@command("ptdp-export", starts_jax=True)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="ptdp-export",

@@ -13,7 +13,7 @@ from ptdp_jax.interop.hf_import import (_shown, check_destination, config_path, 
                                         write_config)
 
 
-@command("ptdp-import-hf")
+@command("ptdp-import-hf", starts_jax=True)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="ptdp-import-hf",

@@ -54,7 +54,7 @@ def parse_args(argv=None):
     return args
 
 
-@command("ptdp-train", quiet_pipe=False)
+@command("ptdp-train", quiet_pipe=False, starts_jax=True)
 def main(argv=None) -> int:
     args = parse_args(argv)
     use_planned_fraction()                  # before jax starts its backend
