@@ -88,7 +88,8 @@ def _main(args) -> tuple[int, str]:
         mesh = parse_mesh(args.mesh) if args.mesh else None
         if args.print_config:
             from ptdp_jax.config.load import to_yaml
-            print(to_yaml(resolved_config(args.config, mesh, overrides)), end="")
+            from ptdp_jax.run.resolve import spelled_out
+            print(to_yaml(spelled_out(resolved_config(args.config, mesh, overrides))), end="")
             return ExitCode.OK, ""
         maybe_initialize(args.coordinator, args.num_processes, args.process_id,
                          heartbeat_timeout=args.heartbeat_timeout, init_timeout=args.init_timeout)

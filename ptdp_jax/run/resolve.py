@@ -99,6 +99,14 @@ def _line(cfg, why: str, est, mem) -> tuple[str, float | None, float | None]:
             + (f", {gib:.1f} GiB a device" if gib is not None else ""), step, gib)
 
 
+def spelled_out(cfg: Config) -> Config:
+    """cfg with the model sizes that null stands for written out (model.ffn_hidden_size, and
+    LLaMA's model.num_kv_heads), as ptdp-train --print-config shows the config that runs."""
+    m = cfg.model
+    kv = m.kv_heads if m.arch == "llama" else m.num_kv_heads
+    return replace(cfg, model=replace(m, ffn_hidden_size=m.ffn, num_kv_heads=kv))
+
+
 def _with_recompute(cfg: Config) -> Config:
     """train.recompute=auto resolved by the memory estimate against a device
     (decisions.recompute)."""
