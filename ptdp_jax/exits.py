@@ -13,7 +13,8 @@ import sys
 
 
 class ExitCode(enum.IntEnum):
-    OK = 0                  # done (also after SIGTERM / Ctrl-C / train.stop_*: checkpoint written)
+    OK = 0                  # done (also after SIGTERM / Ctrl-C / train.stop_*: checkpoint written
+                            # where checkpoint.dir is set)
     ERROR = 1               # anything else (a bug, an unexpected failure: with a traceback)
     CONFIG = 2              # a bad config, argument or input file, or a run that cannot fit in
                             # memory (tuning.skip_memory_check); nothing was started

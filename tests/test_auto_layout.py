@@ -44,6 +44,16 @@ def test_auto_layout_picks_a_valid_layout_and_trains(tmp_path):
     assert res.layout.startswith("parallel.layout=auto")
 
 
+def test_auto_layout_on_cpu_predicts_no_step_time():
+    """On CPU devices the planner's layout says it was planned for GPUs and predicts no step
+    time (it printed an H200's "predicted 0.0052 s a step" as this machine's)."""
+    run = for_devices(*_load(None, None, TINY), jax.devices(), lambda *a: None, gpu="h200")
+    assert run.note.startswith("parallel.layout=auto: the planner's layout for 8 devices: mesh")
+    assert "predicted" not in run.note.replace("no step time is predicted", "")
+    assert run.note.endswith("planned as for h200 GPUs, so no step time is predicted on cpu")
+    assert run.predicted_step_s is None and run.memory_gib > 0
+
+
 def test_explicit_keys_win():
     cfg, _ = resolved(None, None, dict(TINY, **{"parallel.pipe": 2, "train.recompute": "full"}))
     assert cfg.parallel.pipe == 2 and cfg.train.recompute == "full"

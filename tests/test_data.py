@@ -297,7 +297,7 @@ def test_cli_reads_text_files_by_extension(tmp_path, capsys):
     for argv, words in (([str(src / "a.py")], "unsupported input type '.py'"),
                         ([str(src / "a.py")], "--ext .py reads such files as plain text"),
                         ([str(tmp_path / "bad.py"), "--ext", ".py"],
-                         "bad.py: not UTF-8 text (byte 0xff at offset 3)"),
+                         "bad.py: not UTF-8 text (byte offset 3: 0xff)"),
                         ([str(src / "a.py"), "--ext", ".py,.jsonl"], "'.jsonl' is not an "
                                                                       "extension of plain-text")):
         with pytest.raises(SystemExit) as e:
@@ -322,6 +322,24 @@ def test_cli_progress_only_on_large_input(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "training the BPE: 100%" in err and "tokenizing: 100%" in err, err
     assert err.count("4.60k/4.60k") >= 2, err
+
+
+@pytest.mark.parametrize("name,data,where", [
+    ("latin1.txt", "caf\xe9 au lait".encode("latin-1"), "(byte offset 3: 0xe9)"),
+    ("latin1.jsonl", b'{"text": "ok"}\n\n{"text": "caf\xe9"}\n', "(line 3, byte offset 29: 0xe9)"),
+], ids=["txt", "jsonl"])
+def test_a_file_that_is_not_utf8_is_named(tmp_path, capsys, name, data, where):
+    """A .txt or .jsonl file that is not UTF-8: one line naming the file and the byte offset
+    of the first byte that is not (it said only "'utf-8' codec can't decode byte 0xe9")."""
+    (tmp_path / name).write_bytes(data)
+    (tmp_path / "good.txt").write_text("caf\u00e9\r\nau lait", encoding="utf-8")
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "good.txt"), str(tmp_path / name), "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{tmp_path / name}: not UTF-8 text {where}" in err, err
+    prefix = prepare_dataset([tmp_path / "good.txt"], tmp_path / "good")     # CRLF read as LF
+    assert ByteTokenizer().decode(TokenDataset(prefix).tokens[:-1]) == "caf\u00e9\nau lait"
 
 
 @pytest.mark.parametrize("out", ["bad/", ".", "..", "folder", "folder/.", ""])

@@ -65,6 +65,47 @@ def test_docs_hold_no_history(page):
     assert not re.search(r"\bissues? \d+|(?<![\w&])#\d+\b", text, re.IGNORECASE)
 
 
+def _paragraphs(text: str) -> list[str]:
+    """Paragraphs and list items, each on one line."""
+    parts = re.split(r"\n\s*\n|\n(?=\s*- )", text)
+    return [" ".join(p.split()) for p in parts]
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_a_signals_checkpoint_is_said_to_need_checkpoint_dir(page):
+    """Where a page says SIGTERM (or a stop) writes a checkpoint, it says that needs
+    checkpoint.dir: without one nothing is saved."""
+    for para in _paragraphs(PAGES[page]):
+        if re.search(r"SIGTERM.*(writes a checkpoint|checkpoint is written|checkpoint was "
+                     r"written)", para):
+            assert "checkpoint.dir" in para, para
+
+
+def test_the_quick_tests_time_is_the_measured_one():
+    """`make test` took 14 min 42 s on a 2-core AMD EPYC (AVX2) on 2026-12-01, not the
+    "about 5 minutes" the README and the Makefile said."""
+    makefile = (ROOT / "Makefile").read_text()
+    for text in (README, makefile):
+        timed = [ln for ln in text.splitlines() if re.search(r"make test\s", ln)
+                 and re.search(r"\d+ min", ln)]
+        assert timed and all("14 min 42 s" in ln for ln in timed), timed
+        assert "about 5 minutes" not in text and "AMD EPYC" in text and "2026-12-01" in text
+
+
+def test_the_planners_time_is_the_measured_one():
+    """ptdp-plan searches for 20-70 s, not 'seconds'."""
+    assert "CPU only, seconds" not in DOCS["planner.md"]
+    assert "20–70 s" in DOCS["planner.md"]
+
+
+def test_the_bpe_example_names_every_file_it_writes():
+    """A BPE run of ptdp-prepare-data writes PREFIX.tokenizer.json beside the token files."""
+    example = README[README.index("ptdp-prepare-data corpus/"):]
+    example = example[:example.index("```")]
+    for ending in (".bin", ".idx.npy", ".json", ".tokenizer.json"):
+        assert f"data/mycorpus{ending}" in example, ending
+
+
 def test_readme_is_short():
     assert len(README.splitlines()) <= 300
 
@@ -72,6 +113,19 @@ def test_readme_is_short():
 def test_exit_code_table_is_the_enum():
     rows = re.findall(r"^\| (\d+) \| `(\w+)` \|", DOCS["troubleshooting.md"], re.MULTILINE)
     assert {int(code): name for code, name in rows} == {c.value: c.name for c in ExitCode}
+
+
+UNSAID = ("train.log_every", "train.eval_batches", "train.grad_clip", "train.seed",
+          "model.init_std", "data.val_fraction", "checkpoint.keep")
+
+
+@pytest.mark.parametrize("key", UNSAID)
+def test_keys_whose_name_does_not_say_it_have_a_meaning(key):
+    """configuration.md's row of each key whose effect its name does not tell holds a meaning
+    (train.log_every had none: the means over how many steps, where they go)."""
+    row = re.search(rf"^\| `{re.escape(key)}` \|[^|]*\|[^|]*\|(.*)\|$",
+                    DOCS["configuration.md"], re.MULTILINE)
+    assert row and row.group(1).strip(), key
 
 
 def test_configuration_reference_is_current():

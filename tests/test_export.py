@@ -175,6 +175,21 @@ def test_damaged_inputs_exit_2_naming_the_file(tmp_path, capsys):
     assert "my.yaml is not a tokenizer.json" in capsys.readouterr().err
 
 
+def test_import_of_no_model_folder_says_what_is_there(tmp_path, capsys):
+    """HF_DIR missing (it said "has no config.json"), a file, or a folder without config.json:
+    one line each, exit 2, nothing written."""
+    from ptdp_jax.exits import ExitCode
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    for name, words in (("missing", "does not exist"), ("file", "is not a folder"),
+                        ("empty", "has no config.json")):
+        rc = import_cli.main([str(tmp_path / name), str(tmp_path / f"out-{name}")])
+        err = capsys.readouterr().err
+        assert rc == ExitCode.CONFIG and err.count("\n") == 1, err
+        assert err.startswith(f"ptdp-import-hf: {tmp_path / name} {words}"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "file"]
+
+
 @pytest.mark.parametrize("arch,extra", [("gpt", {}), ("llama", {}), ("llama", GQA)],
                          ids=["gpt", "llama", "llama-gqa"])
 def test_import_round_trip(tmp_path, arch, extra, capsys):

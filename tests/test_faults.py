@@ -5,6 +5,7 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -233,6 +234,34 @@ def test_disk_full_on_a_real_small_filesystem(tmp_path, data_cache):
         assert H.trees_equal(jax.device_get(restored["params"]), jax.device_get(state["params"]))
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+SECOND_SIGTERM = """
+import os, signal, sys
+import ptdp_jax.run.loop as loop
+from ptdp_jax.parallel.stopping import StopSignal
+
+def train(*args, **kwargs):            # a run stopped by SIGTERM, as train() is
+    guard = StopSignal()
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert guard.requested
+    guard.restore()                    # the run is over: its handlers are put back
+    os.kill(os.getpid(), signal.SIGTERM)   # the second, while the command ends
+    print("done: stopped (received SIGTERM)", flush=True)
+
+loop.train = train
+from ptdp_jax.cli.train import main
+sys.exit(main(["--mesh", "1,1,1", "train.steps=1"]))
+"""
+
+
+def test_a_second_sigterm_while_ptdp_train_ends_still_exits_0(tmp_path):
+    """Two SIGTERMs a second apart: the first stops the run (checkpoint, done:); the second
+    came after the run had put its handlers back, and killed the command (exit 143)."""
+    r = subprocess.run([sys.executable, "-c", SECOND_SIGTERM], cwd=tmp_path, text=True,
+                       capture_output=True, timeout=300,
+                       env=H.subprocess_env(PYTHONPATH=str(H.REPO)))
+    assert r.returncode == 0 and "done: stopped" in r.stdout, (r.returncode, r.stderr[-2000:])
 
 
 def test_stop_signal_flag_and_second_sigint():

@@ -81,8 +81,8 @@ def test_cycle_finder_finds_cycles():
 
 # The layers, lowest first: a module may import its own layer and those below it, never one
 # above (each folder's __init__ says what it owns). The package's own __init__ is the facade.
-LAYERS = ["exits", "data", "config", "parallel", "models", "pipeline", "training", "checkpoint",
-          "plan", "run", "interop", "cli"]
+LAYERS = ["exits", "paths", "command", "data", "config", "parallel", "models", "pipeline",
+          "training", "checkpoint", "plan", "run", "interop", "cli"]
 
 
 def layer_of(module: str) -> int | None:

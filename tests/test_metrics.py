@@ -167,6 +167,19 @@ def test_metrics_logger_tensorboard_scalars(tmp_path):
     assert (5, "loss", 2.0) in tags
 
 
+def test_tensorboard_warns_of_a_nan_once(tmp_path, caplog):
+    """tensorboardX's 'NaN or Inf found in input tensor.' came once per non-finite scalar
+    (ten times for a few skipped steps): now once."""
+    import logging
+    nan = float("nan")
+    with caplog.at_level(logging.WARNING, logger="tensorboardX"):
+        with MetricsLogger(tmp_path) as log:
+            for step in range(1, 6):
+                log.log(step, {"loss": nan, "grad_norm": nan})
+    said = [r for r in caplog.records if "NaN or Inf" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+
+
 def test_metrics_logger_disabled(tmp_path):
     run = tmp_path / "off"
     log = MetricsLogger(run, enabled=False)

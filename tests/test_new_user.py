@@ -157,6 +157,71 @@ def test_truncated_checkpoint_names_the_failed_read(trained, tmp_path):
     assert f"the newest older checkpoint is step 1: give {copy / '1'} instead" in r.stderr
 
 
+def test_a_step_without_its_metadata_gets_the_way_back(trained, tmp_path, capsys):
+    """The newest step folder without meta/ptdp_meta.json (said only "is not a ptdp_jax
+    checkpoint"): the advice of a damaged state, to resume from step 1 or give it instead."""
+    from ptdp_jax.cli.eval import main as eval_main
+    from ptdp_jax.cli.train import main as train_main
+    ckpt, ov = trained
+    copy = tmp_path / "ckpt"
+    shutil.copytree(ckpt, copy)
+    (copy / "2" / "meta" / "ptdp_meta.json").unlink()
+    ov = {**ov, "checkpoint.dir": str(copy), "run.dir": str(tmp_path / "run"), "train.steps": 3}
+    assert train_main(["--mesh", "1,1,1", *[f"{k}={v}" for k, v in ov.items()]]) == \
+        ExitCode.CHECKPOINT
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{copy / '2'} is not a ptdp_jax checkpoint: no meta/ptdp_meta.json" in err
+    assert f"the newest older checkpoint is step 1 ({copy / '1'})" in err
+    assert f"mv {copy / '2'} " in err
+    assert eval_main([str(copy)]) == ExitCode.CHECKPOINT
+    assert f"the newest older checkpoint is step 1: give {copy / '1'} instead" in \
+        capsys.readouterr().err
+
+
+def test_resuming_bpe_on_byte_data_names_the_tokenizer(trained_bpe, tmp_path, capsys):
+    """A BPE model's checkpoint.dir resumed on the embedded byte corpus: the tokenizer is
+    named, as ptdp-eval names it (it blamed model.vocab_size, which nobody set)."""
+    from ptdp_jax.cli.train import main as train_main
+    ckpt, _ = trained_bpe
+    ov = {**H.tiny(tmp_path, None, **{"train.steps": 2, "model.num_layers": 2}),
+          "checkpoint.dir": str(ckpt)}
+    assert train_main(["--mesh", "1,1,1", *[f"{k}={v}" for k, v in ov.items()]]) == \
+        ExitCode.CHECKPOINT
+    err = capsys.readouterr().err
+    assert "was trained on the token ids of tokenizer" in err and "holds those of 'byte'" in err
+    assert "model.vocab_size" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_warning_is_one_line(tmp_path):
+    """A command's warning is `ptdp-train: warning: ...` (it printed `load.py:148:
+    ConfigWarning: ...` and the line of code under it)."""
+    r = _run(*_tool("ptdp_jax.cli.train"), "configs/tiny-gpt.yaml", "--print-config",
+             "checkpoint.overwrite=true")
+    _clean(r, ExitCode.OK)
+    assert r.stderr.startswith("ptdp-train: warning: config file 'configs/tiny-gpt.yaml': keys "
+                               "of an earlier version: checkpoint.overwrite=true is now "
+                               "checkpoint.resume=overwrite")
+    assert r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("flags", ["--xla_force_host_platform_device_count=eight",
+                                   "--xla_force_host_platform_device_count=",
+                                   "--xla_backend_optimization_level=0 "
+                                   "--xla_force_host_platform_device_count=0"])
+def test_a_malformed_device_count_in_xla_flags_is_one_line(flags):
+    """XLA_FLAGS with a device count that is not a whole number >= 1: one line before jax
+    starts, exit 2 (XLA printed its 94-line flag list and aborted)."""
+    env = H.subprocess_env(XLA_FLAGS=flags)
+    r = subprocess.run([sys.executable, *_tool("ptdp_jax.cli.train"), "--print-config"],
+                       cwd=H.REPO, capture_output=True, text=True, timeout=300, env=env)
+    _clean(r, ExitCode.CONFIG)
+    word = flags.split()[-1]
+    assert r.stderr == (f"ptdp-train: error: XLA_FLAGS: {word!r}: the number of CPU devices "
+                        f"must be a whole number >= 1, e.g. "
+                        f"--xla_force_host_platform_device_count=8\n"), r.stderr
+
+
 # ----------------------------------------------------------------------------- smaller ones
 
 def test_mismatch_message_compares_resolved_values(trained):

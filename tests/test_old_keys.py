@@ -148,7 +148,8 @@ def test_print_config_shows_every_key(capsys):
     from ptdp_jax.config.load import flatten
     assert sorted(flatten(yaml.safe_load(text))) == sorted(all_keys())
     from ptdp_jax.run.loop import resolved_config
-    assert text == to_yaml(resolved_config())
+    from ptdp_jax.run.resolve import spelled_out         # ffn_hidden_size written out
+    assert text == to_yaml(spelled_out(resolved_config()))
 
 
 def test_at_most_61_user_keys_and_8_expert_ones():

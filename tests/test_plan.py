@@ -15,6 +15,8 @@ from ptdp_jax.plan import cost as plan_cost, play
 from ptdp_jax.cli.plan import main as plan_main
 from ptdp_jax.plan.estimate import estimate_step
 from ptdp_jax.plan.hardware import gpu_kind, with_overrides
+from ptdp_jax.plan.search import over
+from ptdp_jax.training.memory import GiB
 
 from plan_cases import A100, H100, best, config
 
@@ -253,11 +255,37 @@ def test_cli_table_and_pinned_keys(capsys):
     (["--gpus", "4", "model.hidden_size=100", "model.num_heads=3"],
      ["model.hidden_size=100", "model.num_heads=3"]),
     (["--gpus", "4", "--batch", "0"], ["train.global_batch_size", "0"]),
+    (["--gpus", "4", "--top", "-3"], ["--top must be a positive number", "got -3"]),
+    (["--gpus", "4", "--top", "0"], ["--top must be a positive number", "got 0"]),
+    (["--gpus", "4", "--tokens", "-1"], ["--tokens must be a positive number", "got -1"]),
+    (["--gpus", "4", "--tokens", "nan"], ["--tokens must be a positive number", "got nan"]),
 ])
 def test_bad_input_is_a_clear_error(argv, words, capsys):
     assert plan_main(["configs/bench-1.3b.yaml"] + argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("ptdp-plan: config error:") and all(w in err for w in words), err
+    assert err.count("\n") == 1, err
+
+
+PINNED = ["parallel.data=1", "parallel.pipe=8", "parallel.tensor=1",
+                 "train.micro_batch_size=1", "train.recompute=full", "parallel.schedule=1f1b"]
+
+
+@pytest.mark.parametrize("name,words", [
+    ("llama3-8b", ["8.03B parameters;"]),               # GPT's formula said 7.00B
+    ("gpt-145.6b", ["145.62B parameters;"]),            # the paper's count, equal here
+])
+def test_the_header_counts_the_models_parameters(name, words, capsys):
+    assert plan_main([f"configs/{name}.yaml", "--gpus", "8", *PINNED]) in (0, 2)
+    head = capsys.readouterr().out.splitlines()[0]
+    assert all(w in head for w in words) and "(paper's formula)" not in head, head
+
+
+def test_a_layout_just_over_the_limit_shows_the_gap():
+    """128.64 GiB against 128.6: not '128.6 GiB > 128.6 GiB'."""
+    assert over(128.64 * GiB, 128.6 * GiB) == "128.64 GiB > 128.60 GiB"
+    assert over(76.31 * GiB, 76.0 * GiB) == "76.3 GiB > 76.0 GiB"
+    assert over(1.00001 * GiB, GiB) == "1.0000 GiB > 1.0000 GiB"       # at most 4 decimals
 
 
 @pytest.mark.parametrize("json_flag", [[], ["--json"]])

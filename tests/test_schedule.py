@@ -266,3 +266,14 @@ def test_cli_out_where_no_png_can_go_is_a_user_error(tmp_path, capsys, where, wo
     printed, err = capsys.readouterr()
     assert printed == "" and err.count("\n") == 1, err
     assert err.startswith(f"ptdp-schedule: error: --out {out}: ") and all(w in err for w in words)
+
+
+@pytest.mark.parametrize("name,v,b", [("1f1b", 1, "backward"), ("zb-h1", 1, "input gradient (B)"),
+                                      ("zb-phased", 1, "whole backward, or input gradient (B)")])
+def test_the_legend_names_the_backward_cells(name, v, b):
+    """zb-phased's green cells are whole backwards and input gradients B (its legend said
+    "B alone: input gradient" for both)."""
+    from ptdp_jax.pipeline.plot import legend_labels
+    s = build_schedule(name, 4, 8, v)
+    assert legend_labels(s)[1] == b
+    assert legend_labels(s)[2:] == (["weight gradient (W)"] if s.has_weight_ops else [])

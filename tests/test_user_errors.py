@@ -98,7 +98,8 @@ def test_print_config_round_trips(capsys):
     assert rc == 0
     tree = yaml.safe_load(out)
     assert tree["train"]["steps"] == 7 and tree["parallel"]["pipe"] == 2
-    want = resolved_config("configs/demo.yaml", (1, 2, 1), {"train.steps": 7})
+    from ptdp_jax.run.resolve import spelled_out               # model.ffn_hidden_size: 512
+    want = spelled_out(resolved_config("configs/demo.yaml", (1, 2, 1), {"train.steps": 7}))
     from ptdp_jax.config.load import flatten
     assert load_config(overrides=flatten(tree)) == want
     assert yaml.safe_load(to_yaml(want)) == tree
@@ -299,6 +300,19 @@ def test_print_config_is_the_config_that_would_run(capsys):
     assert rc == 0 and tree["train"]["dtype"] == "float32" and tree["train"]["recompute"] == "none"
     rc, _, err = _cli(capsys, "configs/tiny-gpt.yaml", "train.log_every=0", "--print-config")
     assert rc == ExitCode.CONFIG and "train.log_every must be positive, got 0" in err
+
+
+@pytest.mark.parametrize("config,ffn,kv", [("configs/tiny-gpt.yaml", 4 * 32, None),
+                                           ("configs/llama3-8b.yaml", 14336, 8),
+                                           ("configs/tiny-llama.yaml", 96, 4)])
+def test_print_config_shows_the_sizes_that_run(config, ffn, kv, tmp_path, capsys):
+    """model.ffn_hidden_size (and LLaMA's num_kv_heads) as the run uses them, not null; the
+    printed config, read again, prints the same."""
+    rc, out, _ = _cli(capsys, config, "--mesh", "1,1,1", "--print-config")
+    model = yaml.safe_load(out)["model"]
+    assert rc == 0 and model["ffn_hidden_size"] == ffn and model["num_kv_heads"] == kv, model
+    (tmp_path / "printed.yaml").write_text(out)
+    assert _cli(capsys, tmp_path / "printed.yaml", "--mesh", "1,1,1", "--print-config")[1] == out
 
 
 def test_a_dotted_resume_wins_over_the_flag(capsys):

@@ -57,13 +57,14 @@ def test_zb_v_table(p, m):
         assert bubble <= p + 3
         if p in (2, 4):
             assert bubble == p - 1
+            assert s.bubble_fraction_exact() == bubble_fraction_theory("zb-v", p, m, 2)
     if p > 1:
         zb_h1 = build_schedule("zb-h1", p, m)
         assert bubble < 2 * (zb_h1.num_ticks - 3 * m) < 2 * (one_f_one_b.num_ticks - 3 * m)
         assert s.bubble_fraction_exact() < zb_h1.bubble_fraction_exact()
         assert s.bubble_fraction_exact() < one_f_one_b.bubble_fraction_exact()
     assert s.bubble_fraction_exact() * 6 * m == bubble
-    assert bubble_fraction_theory("zb-v", p, m, 2) == 0
+    assert bubble_fraction_theory("zb-v", p, m, 2) * 6 * m == p - 1    # docs/schedules.md
 
 
 def test_zb_v_executor_arrays():
@@ -106,6 +107,8 @@ def test_zb_v_executor_arrays():
 def test_cli_draws_zb_v(tmp_path, capsys):
     printed = draw(tmp_path, capsys, "--schedule", "zb-v", "--p", "4", "--m", "8")
     assert "ticks: 51" in printed and "v=2" in printed
+    # the docs' p - 1 unit ticks (it printed "theory 0.000000 (0)")
+    assert "predicted 0.062500 (1/16), theory 0.062500 (1/16)" in printed
 
 
 @pytest.mark.parametrize("over,words", [

@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 
 from ptdp_jax.checkpoint import upgrade as ckpt_upgrade
 from ptdp_jax.config.load import Config, ConfigError, flatten, load_config
-from ptdp_jax.config.validation import unwritable
+from ptdp_jax.paths import unwritable
 from ptdp_jax.models import model as M
 from ptdp_jax.training.state import (  # noqa: F401  (the train state's layouts live in ptdp_jax.training.state)
     canonical_abstract_state, canonical_shardings, make_optimizer, to_canonical_state,
@@ -87,6 +87,18 @@ def read_meta(step_dir: str | os.PathLike) -> dict:
     return meta
 
 
+def step_meta(step_dir: str | os.PathLike, resuming: bool = False) -> dict:
+    """read_meta of a step directory; where it fails for a step of a checkpoint.dir (no
+    metadata, or unreadable), the CheckpointError says what damaged_message says of a damaged
+    state: the newest older checkpoint, and how to use it instead."""
+    try:
+        return read_meta(step_dir)
+    except CheckpointError as e:
+        if _step_of(Path(step_dir).name) is None:
+            raise
+        raise CheckpointError(damaged_message(step_dir, e, resuming)) from None
+
+
 def _meta_config(meta: dict, where) -> Config:
     try:
         return config_from_dict(meta["config"])
@@ -96,7 +108,7 @@ def _meta_config(meta: dict, where) -> Config:
 
 def checkpoint_config(step_dir: str | os.PathLike) -> Config:
     """The resolved config a checkpoint was written with."""
-    return _meta_config(read_meta(step_dir), step_dir)
+    return _meta_config(step_meta(step_dir), step_dir)
 
 
 def _model_keys(m, seq_len: bool | None = None) -> dict[str, Any]:
@@ -205,7 +217,8 @@ def damaged_message(step_dir: str | os.PathLike, e: BaseException, resuming: boo
     out of checkpoint.dir, since a run resumes from the newest)."""
     step_dir = Path(step_dir)
     directory, step = step_dir.parent, _step_of(step_dir.name)
-    what = f"checkpoint {step_dir} is corrupt or incomplete ({_read_error(e)})"
+    what = str(e) if isinstance(e, CheckpointError) else \
+        f"checkpoint {step_dir} is corrupt or incomplete ({_read_error(e)})"
     older = None
     for s in reversed(_scan(directory)[0] if step is not None else []):
         try:
@@ -387,7 +400,7 @@ def tokenizer_files(spec: str | None) -> dict[str, str]:
 # ----------------------------------------------------------------------------- writable
 
 def _check_writable(directory: Path) -> None:
-    """CheckpointError unless files can be made in `directory` (validation.unwritable)."""
+    """CheckpointError unless files can be made in `directory` (paths.unwritable)."""
     why = unwritable(directory)
     if why:
         raise CheckpointError(f"checkpoint.dir {directory} {why}")
@@ -413,7 +426,7 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[Config, dict, dict]:
     `path` is a step directory or a checkpoint.dir (its newest complete step). The state is
     the tree as stored ({'params', 'opt', 'step', 'bad_steps'}: `TrainState.as_dict`)."""
     step_dir = resolve_step_dir(path)
-    meta = read_meta(step_dir)
+    meta = step_meta(step_dir)
     cfg = _meta_config(meta, step_dir)
     tx, _ = make_optimizer(cfg)
     dev = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0]
@@ -439,7 +452,7 @@ def checkpoint_tokenizer(path: str | os.PathLike) -> tuple[str, str] | None:
     checkpoint: 'byte', or the copy of a tokenizer.json in its step directory; None for a
     checkpoint that keeps none (older ones, imports without a usable tokenizer)."""
     step_dir = resolve_step_dir(path)
-    kept = read_meta(step_dir).get("tokenizer")
+    kept = step_meta(step_dir).get("tokenizer")
     if kept == "byte":
         return "byte", "byte"
     if isinstance(kept, dict) and (step_dir / kept.get("file", "")).is_file():

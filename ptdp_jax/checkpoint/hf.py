@@ -142,6 +142,10 @@ CONVERTERS = {"gpt2": (gpt_model, gpt_from_hf), "llama": (llama_model, llama_fro
 def _read_conf(hf_dir: Path) -> dict:
     """config.json of a Hugging Face directory of a supported model_type; ValueError else."""
     conf_path = hf_dir / "config.json"
+    if not hf_dir.is_dir():
+        what = "is not a folder" if hf_dir.exists() else "does not exist"
+        raise ValueError(f"{hf_dir} {what}: give the folder of a Hugging Face model (its "
+                         f"config.json and *.safetensors)")
     if not conf_path.is_file():
         raise ValueError(f"{hf_dir} has no config.json")
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 
 from ptdp_jax.checkpoint.format import LOCK_FILE, CheckpointError
-from ptdp_jax.config.validation import unwritable
+from ptdp_jax.paths import unwritable
 
 _HELD: dict[Path, int] = {}          # directory -> the descriptor of a lock this process holds
 _IN_USE = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)

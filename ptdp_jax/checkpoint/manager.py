@@ -69,7 +69,7 @@ from ptdp_jax.checkpoint.format import (  # noqa: F401  (re-exported: the public
     _check_writable, _FilesHandler, _FilesSave, _scan, _shape_tree, _short, check_compatible,
     check_data_tokenizer, check_directory, checkpoint_config, checkpoint_tokenizer, config_from_dict, damaged_message,
     load_checkpoint, load_params, quiet_closed_loop, quiet_orbax_errors, read_meta, resolve_step_dir, run_tokenizer,
-    stored_shapes, tokenizer_files)
+    step_meta, stored_shapes, tokenizer_files)
 from ptdp_jax.training.state import (  # noqa: F401  (re-exported: the public checkpoint API)
     TrainState, canonical_abstract_state, canonical_shardings, make_optimizer,
     to_canonical_state, to_stage_state, with_shardings as _with_shardings)
@@ -196,7 +196,7 @@ class CheckpointManager:
 
     def restore(self, step: int):
         where = self.directory / str(step)
-        meta = read_meta(where)
+        meta = step_meta(where, resuming=True)
         if int(meta["step"]) != step:
             raise CheckpointError(f"checkpoint {where} is corrupt: its metadata says step "
                                   f"{meta['step']}")
@@ -511,9 +511,9 @@ def check_checkpoint_dir(cfg: Config) -> list[int]:
     start = resume_from(cfg)
     if start is not None:
         where = directory / str(start)
-        meta = read_meta(where)
-        check_compatible(meta, cfg, str(where))
-        check_data_tokenizer(meta, where, cfg)
+        meta = step_meta(where, resuming=True)
+        check_data_tokenizer(meta, where, cfg)      # first: another tokenizer's data has
+        check_compatible(meta, cfg, str(where))     # another model.vocab_size too
     SV.check_disk(cfg, directory, per_checkpoint, len(steps) - len(later), start or 0,
                   reclaimed=len(later) * per_checkpoint)
     return later

@@ -5,11 +5,13 @@ import argparse
 import sys
 
 from ptdp_jax.checkpoint.manager import CheckpointError
+from ptdp_jax.command import command
 from ptdp_jax.exits import ExitCode
 from ptdp_jax.interop.export import DTYPES, export_checkpoint
 from ptdp_jax.config.memory_limit import use_planned_fraction
 
 
+@command("ptdp-export", starts_jax=True)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="ptdp-export",

@@ -4,9 +4,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ptdp_jax.command import command
 from ptdp_jax.run.generate import generate
 
 
+@command("ptdp-generate", starts_jax=True)
 def main(argv=None) -> int:
     from ptdp_jax.config.memory_limit import use_planned_fraction
     use_planned_fraction()                  # before jax starts its backend

@@ -5,12 +5,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from ptdp_jax.command import command
 from ptdp_jax.config.load import ConfigError, parse_cli_overrides
 from ptdp_jax.exits import ExitCode
-from ptdp_jax.interop.hf_import import (_shown, config_path, hf_tokenizer, import_config,
-                                        import_hf, write_checkpoint, write_config)
+from ptdp_jax.interop.hf_import import (_shown, check_destination, config_path, hf_tokenizer,
+                                        import_config, import_hf, write_checkpoint,
+                                        write_config)
 
 
+@command("ptdp-import-hf", starts_jax=True)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="ptdp-import-hf",
@@ -27,9 +30,7 @@ def main(argv=None) -> int:
     use_planned_fraction()                  # before jax starts its backend
     yaml_path = config_path(args.checkpoint_dir)
     try:
-        if yaml_path.exists():
-            raise ValueError(f"{yaml_path} exists; ptdp-import-hf writes the model's config "
-                             f"there: move it away, or import into another directory")
+        check_destination(args.checkpoint_dir)
         overrides = parse_cli_overrides(args.overrides)
         model, params = import_hf(args.hf_dir)
         cfg, params = import_config(model, overrides, params)

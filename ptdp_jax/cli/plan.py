@@ -16,9 +16,11 @@ import json
 import os
 import sys
 
+from ptdp_jax.command import command
 from ptdp_jax.config.load import ConfigError, load_config, parse_cli_overrides
 from ptdp_jax.exits import ExitCode
 from ptdp_jax.training.memory import GiB
+from ptdp_jax.models.model import num_params
 from ptdp_jax.training.metrics import paper_param_count
 from ptdp_jax.plan.hardware import GPU_KINDS, gpu_kind, with_overrides
 from ptdp_jax.plan.search import DEFAULT_TOKENS, LAYOUT_KEYS, Candidate, plan, rejected_summary
@@ -98,17 +100,13 @@ def format_table(rows: list[Candidate], top: int) -> str:
     return "\n".join(lines)
 
 
+@command("ptdp-plan")
 def main(argv=None) -> int:
-    try:
-        return _plan(argv)
-    except BrokenPipeError:              # `ptdp-plan ... | head`: the reader has gone
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # no error at exit
-        return ExitCode.OK
-
-
-def _plan(argv) -> int:
     args = parse_args(argv)
     try:
+        if args.top < 1:
+            raise ConfigError(f"--top must be a positive number of layouts to show, got "
+                              f"{args.top}")
         items = parse_cli_overrides(args.overrides)
         hw = {k[3:]: v for k, v in items.items() if k.startswith("hw.")}
         overrides = {k: v for k, v in items.items() if not k.startswith("hw.")}
@@ -131,8 +129,8 @@ def _plan(argv) -> int:
         return _no_layout(args, cfg, rows)
     m = cfg.model
     print(f"{m.arch.upper()} l={m.num_layers} h={m.hidden_size} heads={m.num_heads} "
-          f"s={m.seq_len} V={m.vocab_size}: {paper_param_count(cfg) / 1e9:.2f}B parameters "
-          f"(paper's formula); global batch {cfg.train.global_batch_size}; {args.gpus} x "
+          f"s={m.seq_len} V={m.vocab_size}: {_parameters(m)}; "
+          f"global batch {cfg.train.global_batch_size}; {args.gpus} x "
           f"{kind.name} ({kind.memory_bytes / GiB:.1f} GiB, limit "
           f"{kind.usable_memory_fraction:.0%}), "
           f"{args.gpus_per_host} per host; "
@@ -143,6 +141,14 @@ def _plan(argv) -> int:
     print(f"\n{sum(c.ok for c in rows)} valid layouts of {len(rows)}; "
           f"rejected: {_rejected(rows) or 'none'}")
     return _no_layout(args, cfg, rows)
+
+
+def _parameters(m) -> str:
+    """The model's parameter count (its tensors, the padded vocabulary's rows included); for
+    GPT also the paper's formula (which the paper's model names use) where it shows otherwise."""
+    real, paper = _params(num_params(m)), _params(paper_param_count(m))
+    formula = f" ({paper} by the paper's formula)" if m.arch == "gpt" and paper != real else ""
+    return f"{real} parameters{formula}"
 
 
 def planned_fraction(environ=os.environ) -> dict:

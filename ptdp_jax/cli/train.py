@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ptdp_jax.command import command
 from ptdp_jax.config.load import ConfigError, parse_cli_overrides, parse_mesh
 from ptdp_jax.exits import ExitCode, leave_now
 from ptdp_jax.config.memory_limit import use_planned_fraction
+from ptdp_jax.paths import os_error_line
 
 
 def version() -> str:
@@ -63,11 +65,14 @@ def parse_args(argv=None):
     return args
 
 
+@command("ptdp-train", quiet_pipe=False, starts_jax=True)
 def main(argv=None) -> int:
     args = parse_args(argv)
     use_planned_fraction()                  # before jax starts its backend
     from ptdp_jax.parallel import distributed as distributed
-    rc, why = _main(args)
+    from ptdp_jax.parallel.stopping import quiet_after_a_stop
+    with quiet_after_a_stop():              # a second SIGTERM: still exit 0
+        rc, why = _main(args)
     # Multi-process: tell the other processes and leave (a failed one at once, so they stop
     # too; a clean one in order, so that no process prints gRPC errors on the way out).
     distributed.finish(rc == 0, why, exit_code=rc)
@@ -94,7 +99,8 @@ def _main(args) -> tuple[int, str]:
         mesh = parse_mesh(args.mesh) if args.mesh else None
         if args.print_config:
             from ptdp_jax.config.load import to_yaml
-            print(to_yaml(resolved_config(args.config, mesh, overrides)), end="")
+            from ptdp_jax.run.resolve import spelled_out
+            print(to_yaml(spelled_out(resolved_config(args.config, mesh, overrides))), end="")
             return ExitCode.OK, ""
         maybe_initialize(args.coordinator, args.num_processes, args.process_id,
                          heartbeat_timeout=args.heartbeat_timeout, init_timeout=args.init_timeout)
@@ -112,6 +118,10 @@ def _main(args) -> tuple[int, str]:
         return _fail(ExitCode.DISTRIBUTED_INIT, str(e))
     except CheckpointError as e:
         return _fail(ExitCode.CHECKPOINT, f"checkpoint error: {e}")
+    except OSError as e:                   # a path that cannot be read or written
+        if os_error_line(e) is None:
+            raise
+        return _fail(ExitCode.CONFIG, f"error: {os_error_line(e)}")
     except KeyboardInterrupt:
         return _fail(ExitCode.INTERRUPTED, "interrupted (a second Ctrl-C, or one before "
                                            "training started): stopped at once; a resume "

@@ -27,7 +27,8 @@ class ModelConfig:
     dropout: float = 0.0
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
-    init_std: float = 0.02
+    init_std: float = 0.02               # std of the normal initialisation (output projections:
+                                         # over sqrt(2 num_layers), as Megatron's)
 
     @property
     def ffn(self) -> int:
@@ -73,8 +74,8 @@ class TrainConfig:
                                          # the run (a 5-step run of a 2000-step warm-up: tiny lr)
     weight_decay: float = 0.1
     adam_betas: tuple[float, ...] = (0.9, 0.95)  # AdamW's (beta1, beta2)
-    grad_clip: float = 1.0
-    seed: int = 0
+    grad_clip: float = 1.0               # the gradients' global norm is clipped to this; 0: never
+    seed: int = 0                        # the initial parameters, the data's order and dropout
     dtype: str = "auto"                  # auto (bfloat16 on GPUs, float32 on CPUs) | float32 |
                                          # bfloat16 (bf16 compute, fp32 master weights)
     fp8: bool = False                    # the transformer layers' GEMMs on FP8 operands (E4M3
@@ -86,8 +87,12 @@ class TrainConfig:
                                          # selective | full
     eval_every: int = 50                 # validation every this many steps and after the last; 0: after
                                          # the last only
-    eval_batches: int = 2
-    log_every: int = 1
+    eval_batches: int = 2                # batches of train.global_batch_size a validation averages
+    log_every: int = 1                   # a line of metrics.jsonl (and TensorBoard) every this many
+                                         # steps, its loss the mean over them (an evaluation, a
+                                         # checkpoint or the last step closes one early); with no
+                                         # progress bar, the screen shows one every max(this, 10)
+                                         # steps
     sample_tokens: int = 0               # at the end, print this many tokens sampled after "The "
                                          # (0: none; ptdp-generate samples a checkpoint at will)
 
@@ -148,7 +153,7 @@ class DataConfig:
 class CheckpointConfig:
     dir: str = ""                        # empty: no checkpoints
     every: int = 0                       # 0: only at the end
-    keep: int = 3
+    keep: int = 3                        # the newest this many checkpoints stay, older ones go
     resume: bool | str = True            # true: from the newest checkpoint in dir | false: start
                                          # fresh, refused while dir holds checkpoints | overwrite:
                                          # start fresh, the earlier run's removed at the first save

@@ -4,11 +4,11 @@ looks at one topic and raises at its first violation."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from ptdp_jax.config import decisions as D
 from ptdp_jax.config.load import CHOICES, Config, ConfigError
+from ptdp_jax.paths import unwritable
 
 TRISTATE = (True, False, "auto")
 POSITIVE = ("model.num_layers", "model.hidden_size", "model.num_heads", "model.vocab_size",
@@ -304,36 +304,31 @@ def check_devices(cfg: Config, devices) -> None:
                       "are those of a GPU's FP8 GEMMs", stacklevel=2)
 
 
-def unwritable(directory: Path) -> str | None:
-    """Why no file can be made in `directory` (or, where it does not exist yet, in its nearest
-    existing ancestor, which must be a directory), or None."""
-    probe = directory
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        return "exists and is not a directory" if probe == directory else \
-            f"cannot be made: {probe} is a file, not a directory"
-    try:
-        fd, name = tempfile.mkstemp(dir=probe, prefix=".ptdp-write-check-")
-        os.close(fd)
-        os.unlink(name)
-    except OSError as e:
-        where = "" if probe == directory else f" (it does not exist yet; {probe} is where it " \
-                                              f"would be made)"
-        return f"is not writable{where}: {e.strerror or e}"
-    return None
-
-
 def check_directories(cfg: Config) -> None:
-    """Before compiling: run.dir, and run.compile_cache where it names a directory, can take
-    files (ConfigError naming the key and why not)."""
+    """Before compiling: run.dir and run.compile_cache's directory (auto's too) can take
+    files (ConfigError naming the key, the directory and why not)."""
     need(bool(str(cfg.run.dir).strip()), "run.dir is empty: give the folder the run's metrics, "
                                          "TensorBoard events and resolved config go to (default "
                                          "runs/latest)")
-    dirs = {"run.dir": cfg.run.dir}
-    if isinstance(cfg.run.compile_cache, str) and cfg.run.compile_cache not in ("auto", "off"):
-        dirs["run.compile_cache"] = cfg.run.compile_cache
-    for key, path in dirs.items():
-        directory = Path(os.path.expanduser(path)).absolute()
-        why = unwritable(directory)
-        need(why is None, f"{key}={path!r}: {directory} {why}")
+    directory = Path(os.path.expanduser(cfg.run.dir)).absolute()
+    why = unwritable(directory)
+    need(why is None, f"run.dir={cfg.run.dir!r}: {directory} {why}")
+    _check_compile_cache(cfg.run.compile_cache)
+
+
+def _check_compile_cache(value) -> None:
+    """ConfigError where run.compile_cache's directory (auto: JAX's own, else
+    decisions.compile_cache_dir's default) cannot take files."""
+    import jax
+    jax_dir = jax.config.jax_compilation_cache_dir
+    path = D.compile_cache_dir(value, jax_dir)
+    why = path and unwritable(Path(path))
+    if not why:
+        return
+    if value in (True, "auto"):
+        origin = "JAX_COMPILATION_CACHE_DIR" if jax_dir else "the default, under " \
+            "$XDG_CACHE_HOME or ~/.cache"
+        raise ConfigError(f"run.compile_cache=auto: {path} ({origin}) {why}; set "
+                          f"run.compile_cache=off, or run.compile_cache=DIR a folder that can "
+                          f"be written")
+    raise ConfigError(f"run.compile_cache={value!r}: {path} {why}")

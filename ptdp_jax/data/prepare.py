@@ -37,6 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ptdp_jax.command import command
+from ptdp_jax.paths import unwritable
+
 from .corpus import default_corpus_documents, default_corpus_name
 from .dataset import TokenDataset
 from .tokenizer import BPETokenizer, ByteTokenizer, load_tokenizer
@@ -184,8 +187,28 @@ def iter_documents(path: str | os.PathLike, text_key: str = "text") -> Iterator[
     if path.suffix in ARROW_SUFFIXES:
         yield from _arrow_documents(path, text_key)
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    yield from _jsonl_documents(path, text_key)
+
+
+def _utf8(data: bytes, path: Path, offset: int = 0, lineno: int | None = None) -> str:
+    """`data` (read from `path` at byte `offset`) as UTF-8 text; a ValueError naming the file,
+    the byte offset in it (and the line) where it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = f"line {lineno}, " if lineno is not None else ""
+        raise ValueError(f"{path}: not UTF-8 text ({line}byte offset {offset + e.start}: "
+                         f"0x{data[e.start]:02x}); convert it to UTF-8 first (e.g. iconv -f "
+                         f"latin1 -t utf-8)") from None
+
+
+def _jsonl_documents(path: Path, text_key: str) -> Iterator[str]:
+    """The field `text_key` of each non-blank line of a JSONL file."""
+    offset = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = _utf8(raw, path, offset, lineno)
+            offset += len(raw)
             if not line.strip():
                 continue
             try:
@@ -200,12 +223,10 @@ def iter_documents(path: str | os.PathLike, text_key: str = "text") -> Iterator[
 
 
 def _read_text(path: Path) -> str:
-    """A plain-text input whole; ValueError naming it where it is not UTF-8."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
-                         f"{e.start}); convert it, or leave it out") from None
+    """A plain-text input whole, newlines as a text-mode read gives them; ValueError naming it
+    (and the byte offset) where it is not UTF-8."""
+    text = _utf8(path.read_bytes(), path)
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _progress_bar(paths: list[Path], what: str):
@@ -325,7 +346,8 @@ def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer:
     inputs and saved as ``out_prefix.tokenizer.json`` (recorded in the metadata
     relative to the dataset's folder).  Returns ``out_prefix`` as a Path.
     An existing dataset at ``out_prefix`` is a FileExistsError unless ``overwrite``; a
-    folder as ``out_prefix`` is a ValueError (check_out_prefix), before anything is read.
+    folder as ``out_prefix``, or one whose folder cannot take files, is a ValueError
+    (check_out_prefix, paths.unwritable), before anything is read.
     """
     prefix = check_out_prefix(out_prefix)
     paths = check_inputs(inputs, text_key, tuple(text_exts))
@@ -335,6 +357,9 @@ def prepare_dataset(inputs: list[str], out_prefix: str | os.PathLike, tokenizer:
         raise FileExistsError(f"--out {str(prefix)!r}: a dataset is already there "
                               f"({', '.join(old)}); give --overwrite to replace it, or "
                               f"another prefix")
+    why = unwritable(prefix.parent)             # last: its probe file touches the folder
+    if why:
+        raise ValueError(f"--out {os.fspath(out_prefix)!r}: {prefix.parent} {why}")
 
     def documents(what: str) -> Iterator[str]:
         bar = _progress_bar(paths, what)
@@ -376,6 +401,12 @@ def prepare_default_corpus(cache_dir: str | os.PathLike) -> Path:
         return prefix
     except (FileNotFoundError, ValueError):
         pass
+    why = unwritable(prefix.parent)
+    if why:
+        raise ValueError(f"the embedded corpus (data.path empty) is built once in "
+                         f"$PTDP_CACHE_DIR (default ~/.cache/ptdp_jax), but {prefix.parent} "
+                         f"{why}: set PTDP_CACHE_DIR to a folder that can be written, or give "
+                         f"data.path")
     write_token_dataset(default_corpus_documents(), prefix, ByteTokenizer(),
                         sources=["pydoc_data.topics"])
     return prefix
@@ -386,6 +417,7 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+@command("ptdp-prepare-data")
 def main(argv: list[str] | None = None) -> int:
     """``ptdp-prepare-data``: tokenize text files into a token dataset."""
     parser = argparse.ArgumentParser(

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ptdp_jax.checkpoint.format import checkpoint_kind
+from ptdp_jax.paths import unwritable
 from ptdp_jax.checkpoint.manager import CheckpointError, checkpoint_tokenizer, load_params
 from ptdp_jax.data.tokenizer import EOS_TOKEN
 
@@ -207,7 +208,8 @@ EXPORT_FILES = ("config.json", "generation_config.json", "model.safetensors", "t
 
 def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> None:
     """Before anything is read or written, FileExistsError naming `out_dir` where it is (or
-    is inside) a ptdp_jax checkpoint, is a file, or holds files that are not an export's;
+    is inside) a ptdp_jax checkpoint, is a file, cannot take files (paths.unwritable: below a
+    file, read-only), or holds files that are not an export's;
     or, unless `overwrite`, where it holds an export (one with a tokenizer rewrites every
     file of EXPORT_FILES, so --overwrite leaves nothing stale)."""
     out = Path(os.path.abspath(os.path.expanduser(out_dir)))
@@ -230,6 +232,9 @@ def check_out_dir(out_dir: str | os.PathLike, overwrite: bool = False) -> None:
     if old and not overwrite:
         raise FileExistsError(f"{str(out_dir)!r} already holds an export ({', '.join(old)}); "
                               f"give --overwrite to replace it, or another directory")
+    why = unwritable(out)                           # last: its probe file touches `out`
+    if why:
+        raise FileExistsError(f"{str(out_dir)!r}: {out} {why}")
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,

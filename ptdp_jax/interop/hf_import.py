@@ -30,6 +30,7 @@ from ptdp_jax.checkpoint.hf import (  # noqa: F401  (re-exported: the importer's
     CONVERTERS, check_tensor_files, gpt_from_hf, gpt_model, hf_model, import_hf, llama_from_hf,
     llama_model)
 from ptdp_jax.config.load import ConfigError, load_config
+from ptdp_jax.paths import unwritable
 
 
 FREE_MODEL_KEYS = ("model.dropout", "model.init_std")
@@ -117,6 +118,19 @@ def write_checkpoint(cfg, params, directory: str | os.PathLike,
     with manager:
         manager.save(0, state)
     return Path(directory) / "0"
+
+
+def check_destination(checkpoint_dir: str | os.PathLike) -> None:
+    """Before anything is read: ValueError naming the folder where CHECKPOINT_DIR, or the
+    CHECKPOINT_DIR.yaml beside it, cannot be written (paths.unwritable), or that YAML exists."""
+    yaml_path = config_path(checkpoint_dir)
+    if yaml_path.exists():
+        raise ValueError(f"{yaml_path} exists; ptdp-import-hf writes the model's config "
+                         f"there: move it away, or import into another directory")
+    for folder in (Path(os.path.expanduser(checkpoint_dir)).absolute(), yaml_path.parent):
+        why = unwritable(folder)
+        if why:
+            raise ValueError(f"{checkpoint_dir}: {folder} {why}")
 
 
 def config_path(checkpoint_dir: str | os.PathLike) -> Path:

@@ -2,7 +2,8 @@
 or train.stop_after_minutes (Megatron's --exit-signal-handler, --exit-interval,
 --exit-duration-in-mins). Each ends the step in flight; the loop then writes a
 checkpoint (with checkpoint.dir) and returns normally, so the command exits 0. A
-second Ctrl-C raises KeyboardInterrupt at once.
+second Ctrl-C raises KeyboardInterrupt at once; a second SIGTERM is ignored, also while
+ptdp-train ends after the run (quiet_after_a_stop).
 
     stopper = Stopper(cfg)
     ...
@@ -11,10 +12,27 @@ second Ctrl-C raises KeyboardInterrupt at once.
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 from typing import Any
+
+
+_QUIET_AFTER_A_STOP = False     # within quiet_after_a_stop (ptdp-train)
+
+
+@contextlib.contextmanager
+def quiet_after_a_stop():
+    """Around ptdp-train's run: where a signal stops it, SIGTERM is ignored from then on in the
+    process (StopSignal.restore), so a second SIGTERM while the command ends (a scheduler's
+    repeat) leaves it to exit 0 as after one, instead of killing it (exit 143)."""
+    global _QUIET_AFTER_A_STOP
+    _QUIET_AFTER_A_STOP = True
+    try:
+        yield
+    finally:
+        _QUIET_AFTER_A_STOP = False
 
 
 class StopSignal:
@@ -44,7 +62,12 @@ class StopSignal:
         self.name = signal.Signals(signum).name
 
     def restore(self) -> None:
+        """The previous handlers back; after a stop by signal under quiet_after_a_stop, SIGTERM
+        ignored instead (SIG_IGN: Python's teardown puts its own handlers back to the
+        default, which kills, while jax is still shutting down)."""
         for sig, handler in self._previous.items():
+            if sig == signal.SIGTERM and self.requested and _QUIET_AFTER_A_STOP:
+                handler = signal.SIG_IGN    # kept through the interpreter's teardown too
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 

@@ -1,29 +1,35 @@
 """Draw pipeline schedules in the style of Figure 4 of the Megatron-LM (PTD-P) paper.
 
 ``ptdp-schedule --schedule interleaved --p 4 --v 2 --m 8`` prints the tick grid, the tick count,
-the predicted and the theoretical bubble fraction, and writes a PNG.
+the predicted and the theoretical bubble fraction, and writes a picture (PNG unless --out
+ends otherwise).
 
 In the picture the x axis is time in the cost model (t_f = 1, t_b = 2 per microbatch and stage,
 divided by v per chunk): a tick is as wide as its most expensive op, and each op is as wide as its
 own cost. Rows are stages (stage 0 on top). Microbatch numbers are 1-BASED, like the paper.
 Forward cells are blue, backward cells green (zero-bubble schedules: input gradients B green,
-weight gradients W orange); the first model chunk of a stage is dark, the
-other chunks (v > 1; ZB-V: the way back up the V) are lighter. A split backward (upper half, then lower half at the next tick)
-is drawn as one cell with a dotted line between the halves.
+weight gradients W orange; zb-phased has both whole backwards and B / W); the first model chunk
+of a stage is dark, the other chunks (v > 1; ZB-V: the way back up the V) are lighter. A split
+backward (upper half, then lower half at the next tick) is drawn as one cell with a dotted line
+between the halves.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backend_bases import FigureCanvasBase  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
+from ptdp_jax.command import command  # noqa: E402
 from ptdp_jax.exits import ExitCode  # noqa: E402
+from ptdp_jax.paths import nearest_existing, unwritable  # noqa: E402
 
 from .schedule import SCHEDULES, Schedule, bubble_fraction_theory, build_schedule  # noqa: E402
 
@@ -35,6 +41,21 @@ _WGT = ["#d9730d", "#f0a35e", "#f6c79b", "#fbe3cd"]   # zero-bubble weight-gradi
 def _colour(kind: str, vchunk: int) -> str:
     palette = {"F": _FWD, "B": _BWD, "W": _WGT}[kind]
     return palette[min(vchunk, len(palette) - 1)]
+
+
+def legend_labels(s: Schedule) -> list[str]:
+    """The legend's names of the cell kinds (F, B, then W where the schedule has weight ops),
+    each per local chunk when v > 1. Green cells are whole backwards, except in zero-bubble
+    tables, where they are input gradients (B) whose weight gradient (W) runs apart; zb-phased
+    has both (whole backwards, and B / W where splitting pays)."""
+    whole = any(op is not None and op.kind == "B" and op.half in ("full", "upper", "lower")
+                for row in s.table for op in row)
+    split = s.has_weight_ops
+    names = {"F": "forward", "W": "weight gradient (W)",
+             "B": "whole backward, or input gradient (B)" if whole and split
+             else "input gradient (B)" if split else "backward"}
+    kinds = "FBW" if split else "FB"
+    return [f"{names[k]}{f' chunk {c}' if s.v > 1 else ''}" for k in kinds for c in range(s.v)]
 
 
 def draw_schedule(schedule: Schedule, path: str, t_f: float = 1.0, t_b: float = 2.0) -> str:
@@ -81,15 +102,9 @@ def draw_schedule(schedule: Schedule, path: str, t_f: float = 1.0, t_b: float = 
                  f"{s.bubble_fraction(t_f, t_b):.4f} (theory {float(theory):.4f}); "
                  "cell numbers = microbatch (1-based)", fontsize=9)
     kinds = "FBW" if s.has_weight_ops else "FB"
-    mixed = s.has_weight_ops and any(op is not None and op.kind == "B" and op.half == "full"
-                                     for row in s.table for op in row)   # zb-phased: whole
-    # backwards, and B / W where they pay
-    names = {"F": "forward", "W": "weight gradient (W)",
-             "B": "backward (B alone: input gradient)" if mixed
-             else "input gradient (B)" if s.has_weight_ops else "backward"}
     handles = [Rectangle((0, 0), 1, 1, facecolor=_colour(k, c), edgecolor="black", lw=0.6)
                for k in kinds for c in range(s.v)]
-    labels = [f"{names[k]}{f' chunk {c}' if s.v > 1 else ''}" for k in kinds for c in range(s.v)]
+    labels = legend_labels(s)
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=7, frameon=False)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -99,7 +114,7 @@ def draw_schedule(schedule: Schedule, path: str, t_f: float = 1.0, t_b: float = 
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ptdp-schedule",
                                      description="Build, print and draw a pipeline schedule.")
     parser.add_argument("--schedule", choices=SCHEDULES, default="1f1b")
@@ -107,10 +122,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--v", type=int, default=None,
                         help="model chunks per stage (default 1, or 2 for interleaved and zb-v)")
     parser.add_argument("--m", type=int, default=8, help="microbatches")
-    parser.add_argument("--out", default=None, help="PNG path (default schedule_<name>_p_v_m.png)")
+    parser.add_argument("--out", default=None,
+                        help="the picture's path: .png (the default; added to a name without "
+                             "an ending), .svg, .pdf, ... (default schedule_<name>_p_v_m.png)")
     parser.add_argument("--no-split-backward", action="store_true",
                         help="one backward op of cost t_b per chunk instead of two halves")
     parser.add_argument("--no-grid", action="store_true", help="do not print the ASCII grid")
+    return parser
+
+
+def picture_path(out: str) -> tuple[str, str | None]:
+    """(the file the picture goes to: `out`, with .png added where it has no ending; why it
+    cannot be written there, or None): a format matplotlib cannot write, a folder as `out`, a
+    folder that does not exist or cannot take files."""
+    if os.path.isdir(out) or out.endswith(os.sep):
+        return out, "is a folder; give a file name such as schedule.png"
+    if not os.path.splitext(out)[1]:
+        out += ".png"
+    fmt = os.path.splitext(out)[1][1:].lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if fmt not in formats:
+        return out, (f"unsupported format {fmt!r}: the ending names the format, one of "
+                     f"{', '.join(sorted(formats))} (e.g. .png)")
+    folder = os.path.dirname(out) or "."
+    if not os.path.isdir(folder):
+        probe = nearest_existing(Path(folder))
+        return out, (f"the folder {folder} does not exist" if probe.is_dir()
+                     else f"{probe} is a file, not a directory")
+    why = unwritable(folder)
+    return out, why and f"{folder} {why}"
+
+
+@command("ptdp-schedule")
+def main(argv: list[str] | None = None) -> int:
+    """ptdp-schedule: check --out, draw the picture, then print the table and its numbers
+    (the picture first, so that a reader closing stdout early cannot stop it)."""
+    parser = _parser()
     args = parser.parse_args(argv)
     v = args.v if args.v is not None else (2 if args.schedule in ("interleaved", "zb-v") else 1)
     try:
@@ -118,15 +165,20 @@ def main(argv: list[str] | None = None) -> int:
                                split_backward=not args.no_split_backward)
     except ValueError as err:
         parser.error(str(err))
-    out = args.out or f"schedule_{args.schedule}_p{args.p}_v{v}_m{args.m}.png"
-    folder = os.path.dirname(out) or "."
-    if not os.path.isdir(folder) or os.path.isdir(out):   # before any output: fail in one line
-        why = "is a folder" if os.path.isdir(out) else f"the folder {folder} does not exist"
-        parser.exit(ExitCode.CONFIG, f"ptdp-schedule: error: --out {out}: {why}; give a PNG "
-                                     "path in a folder that exists\n")
-    if not args.no_grid:
+    out, why = picture_path(args.out or f"schedule_{args.schedule}_p{args.p}_v{v}_m{args.m}.png")
+    if why:                                            # before any output: fail in one line
+        parser.exit(ExitCode.CONFIG, f"ptdp-schedule: error: --out {args.out or out}: {why}\n")
+    draw_schedule(sched, out)
+    _report(sched, args.no_grid)
+    print(f"wrote {out}")
+    return 0
+
+
+def _report(sched: Schedule, no_grid: bool) -> None:
+    """Print the tick grid (unless no_grid), the ticks, the times and the bubble fractions."""
+    if not no_grid:
         print(sched.render_text())
-    theory = bubble_fraction_theory(args.schedule, args.p, args.m, v)
+    theory = bubble_fraction_theory(sched.name, sched.p, sched.m, sched.v)
     print(f"schedule={sched.name} p={sched.p} v={sched.v} m={sched.m} "
           f"split_backward={sched.split_backward}")
     print(f"ticks: {sched.num_ticks}")
@@ -134,9 +186,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bubble fraction: predicted {sched.bubble_fraction():.6f} "
           f"({sched.bubble_fraction_exact()}), theory {float(theory):.6f} ({theory})")
     print("max in flight per stage: " + " ".join(str(sched.max_in_flight(r)) for r in range(sched.p)))
-    draw_schedule(sched, out)
-    print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -61,7 +61,10 @@ def chunk_placement(name: str, p: int, v: int) -> tuple[tuple[int, int], ...]:
 def bubble_fraction_theory(name: str, p: int, m: int, v: int = 1) -> Fraction:
     """The papers' bubble fraction: (p-1)/m, or (p-1)/(v m) for interleaved and 1f1b-phased;
     ZB-H1 (Qi et al.): (p-1)(t_F + t_B - t_W) / (m (t_F + t_B + t_W)) = (p-1)/(3m) with
-    t_B = t_W = t_b/2 = t_F; ZB-V: 0 (with t_F = t_B = t_W per chunk); zb-phased (phased.py):
+    t_B = t_W = t_b/2 = t_F; ZB-V: p - 1 unit ticks (one F, B or W of a chunk) of the 6m a
+    microbatch-stage's ops take, (p-1)/(6m): the last input gradients down the V have no W left
+    to overlap with (docs/schedules.md; the table's exact bubble for p = 2 and 4 with m >= p; the
+    paper's 0 assumes they do); zb-phased (phased.py):
     (p-1)(t_F + t_B) / (m (t_F + t_B + t_W)) = 2(p-1)/(3m), the p - 1 partial backward rows
     costing t_B instead of t_B + t_W (over v at v > 1, as 1f1b-phased's)."""
     _validate(name, p, m, v)
@@ -70,7 +73,7 @@ def bubble_fraction_theory(name: str, p: int, m: int, v: int = 1) -> Fraction:
     if name == "zb-phased":
         return Fraction(2 * (p - 1), 3 * m * v)
     if name == "zb-v":
-        return Fraction(0)
+        return Fraction(p - 1, 6 * m)
     return Fraction(p - 1, m * v if name in ("interleaved", "1f1b-phased") else m)
 
 

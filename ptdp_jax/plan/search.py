@@ -19,6 +19,7 @@ user's explicit overrides) are not searched.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from ptdp_jax.config.load import ConfigError, ParallelConfig
@@ -242,12 +243,23 @@ def layout_config(cfg, c: Candidate):
 
 # ----------------------------------------------------------------------------- the plan
 
-def check_inputs(cfg, num_gpus: int, gpus_per_host: int) -> None:
+def over(need: float, limit: float) -> str:
+    """'A GiB > B GiB' with as many decimals (1 to 4) as it takes for A and B to differ: a
+    layout 0.01 GiB over its limit is not shown as '128.6 GiB > 128.6 GiB'."""
+    a, b = need / GiB, limit / GiB
+    digits = next((d for d in range(1, 4) if f"{a:.{d}f}" != f"{b:.{d}f}"), 4)
+    return f"{a:.{digits}f} GiB > {b:.{digits}f} GiB"
+
+
+def check_inputs(cfg, num_gpus: int, gpus_per_host: int, tokens: float = DEFAULT_TOKENS) -> None:
     """ConfigError naming the key and numbers for input no layout can fix."""
     if not isinstance(num_gpus, int) or num_gpus < 1:
         raise ConfigError(f"--gpus must be a positive integer, got {num_gpus!r}")
     if not isinstance(gpus_per_host, int) or gpus_per_host < 1:
         raise ConfigError(f"--gpus-per-host must be a positive integer, got {gpus_per_host!r}")
+    if not (0 < tokens < math.inf):
+        raise ConfigError(f"--tokens must be a positive number of training tokens (e.g. "
+                          f"300e9), got {tokens:g}")
     B = cfg.train.global_batch_size
     if B < 1:
         raise ConfigError(f"train.global_batch_size (--batch) must be positive, got {B}")
@@ -266,7 +278,7 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
     if gpu.execution != "lockstep":     # Megatron (the paper's A100 model) has no zb-phased
         schedules = tuple(s for s in schedules if s not in LOCKSTEP_ONLY)
     cfg = on_gpus(cfg)
-    check_inputs(cfg, num_gpus, gpus_per_host)
+    check_inputs(cfg, num_gpus, gpus_per_host, tokens)
     fixed = {k: v for k, v in (fixed or {}).items() if k in LAYOUT_KEYS and v != "auto"}
     b = fixed.get("train.micro_batch_size")
     B = cfg.train.global_batch_size
@@ -291,7 +303,7 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
             mem = estimate_memory(lcfg)
         if mem.peak > limit:
             rows.append(replace(c, memory=mem, reason=c.reason or (
-                f"does not fit: {mem.peak / GiB:.1f} GiB > {limit / GiB:.1f} GiB per device")))
+                f"does not fit: {over(mem.peak, limit)} per device")))
             continue
         rows.append(replace(c, memory=mem, fits=True,
                             estimate=estimate_step(lcfg, gpu, gpus_per_host)))

@@ -37,7 +37,7 @@ def for_devices(cfg: Config, explicit, command_line, devices, log=print,
     cfg = replace(cfg, train=replace(cfg.train, dtype=D.dtype(cfg.train.dtype, on)))
     source = D.layout_source(cfg, set(explicit), set(command_line), len(devices), on)
     run = Run(cfg) if source == "written" else _planned(
-        cfg, source, set(explicit), set(command_line), len(devices), local, gpu)
+        cfg, source, set(explicit), set(command_line), len(devices), local, gpu, on)
     validate(run.config, len(devices))
     check_table(run.config)                  # zb-v's table exists
     run = replace(run, config=_with_recompute(run.config))
@@ -49,19 +49,27 @@ def for_devices(cfg: Config, explicit, command_line, devices, log=print,
 
 
 def _planned(cfg, source: str, explicit: set, command_line: set, n: int, local: int,
-             gpu=None) -> Run:
-    """The planner's best layout, keeping the keys decisions.planner_fixed says."""
+             gpu=None, on: str = "gpu") -> Run:
+    """The planner's best layout, keeping the keys decisions.planner_fixed says. Its step time
+    is predicted for GPUs of the planner's kind: on other devices (`on`, jax's platform) the
+    line says so and predicts none."""
     from ptdp_jax.plan import LAYOUT_KEYS
+    from ptdp_jax.plan.hardware import detect_gpu_kind, gpu_kind
     from ptdp_jax.plan.search import best_layout
     keep = D.planner_fixed(source, explicit, command_line)
     fixed = {k: _value(cfg, k) for k in LAYOUT_KEYS if k in keep and _value(cfg, k) != "auto"}
     if set(D.MESH_KEYS) <= keep:
         n = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor   # the mesh is given
-    best = best_layout(cfg, n, min(n, local), gpu, fixed=fixed)
+    kind = detect_gpu_kind() if gpu is None else gpu_kind(gpu) if isinstance(gpu, str) else gpu
+    best = best_layout(cfg, n, min(n, local), kind, fixed=fixed)
     chosen = load_config(cfg, {**best.overrides(), **fixed})
     why = "the planner filled in the layout keys nothing set" if source == "fill" else \
         f"{source}: the planner's layout for {n} devices"
-    return Run(chosen, *_line(chosen, why, best.estimate, best.memory))
+    if on == "gpu":
+        return Run(chosen, *_line(chosen, why, best.estimate, best.memory))
+    note, _, gib = _line(chosen, why, None, best.memory)
+    return Run(chosen, f"{note}; planned as for {kind.name} GPUs, so no step time is "
+                       f"predicted on {on}", None, gib)
 
 
 def _predicted(run: Run, local: int, why: str, gpu=None) -> Run:
@@ -89,6 +97,14 @@ def _line(cfg, why: str, est, mem) -> tuple[str, float | None, float | None]:
             f"recompute {t.recompute}, {t.dtype}"
             + (f"; predicted {step:.4f} s a step" if step is not None else "")
             + (f", {gib:.1f} GiB a device" if gib is not None else ""), step, gib)
+
+
+def spelled_out(cfg: Config) -> Config:
+    """cfg with the model sizes that null stands for written out (model.ffn_hidden_size, and
+    LLaMA's model.num_kv_heads), as ptdp-train --print-config shows the config that runs."""
+    m = cfg.model
+    kv = m.kv_heads if m.arch == "llama" else m.num_kv_heads
+    return replace(cfg, model=replace(m, ffn_hidden_size=m.ffn, num_kv_heads=kv))
 
 
 def _with_recompute(cfg: Config) -> Config:

@@ -35,6 +35,7 @@ the paper's "achieved TFLOP/s" in Table 1 uses F' since its runs recompute.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -192,6 +193,29 @@ def check_wandb(project: str) -> None:
                           f"wandb); leave run.wandb_project empty to log without it") from None
 
 
+class _Once(logging.Filter):
+    """A logging filter that lets each distinct message through once."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
+
+
+def _tensorboard_warns_once() -> None:
+    """tensorboardX warns 'NaN or Inf found in input tensor.' for every non-finite scalar
+    (each metric of each skipped step): once a process is enough."""
+    log = logging.getLogger("tensorboardX.x2num")
+    if not any(isinstance(f, _Once) for f in log.filters):
+        log.addFilter(_Once())
+
+
 def _tensorboard_installed(path) -> bool:
     try:
         import tensorboardX  # noqa: F401
@@ -274,6 +298,7 @@ class MetricsLogger:
         self._file.flush()
         if self._tensorboard and self._writer is None:      # at the first line: a run that
             from tensorboardX import SummaryWriter          # logs nothing leaves no events file
+            _tensorboard_warns_once()
             self._writer = SummaryWriter(
                 logdir=str(self.run_dir),
                 **({"purge_step": self._purge + 1} if self._purge is not None else {}))
