@@ -149,6 +149,25 @@ def params_per_device(cfg, state: bool = False) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- activations
 
+def device_tokens(cfg) -> float:
+    """A microbatch's tokens on one device: train.micro_batch_size x model.seq_len, of which a
+    device holds 1 / parallel.context under context parallelism."""
+    return cfg.train.micro_batch_size * cfg.model.seq_len / cfg.parallel.context
+
+
+def context_attention_bytes(cfg) -> float:
+    """Context parallelism's attention while one layer runs it: every rank's keys and values
+    of the microbatch gathered (the compute dtype) and, in the backward, their float32
+    gradients before the reduce-scatter (parallel/context.py); 0 without it."""
+    c, m = cfg.parallel.context, cfg.model
+    if c == 1:
+        return 0.0
+    kv = (getattr(m, "kv_heads", None) or m.num_heads) * m.head_dim / cfg.parallel.tensor
+    tokens = cfg.train.micro_batch_size * m.seq_len
+    dtype_bytes = 4 if cfg.compute_dtype == "float32" else 2
+    return 2 * tokens * kv * (dtype_bytes + 4)
+
+
 def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float:
     """Residuals one layer keeps for its backward, bytes per token of a microbatch (one device)."""
     m, t = cfg.model, cfg.parallel.tensor
@@ -242,7 +261,7 @@ def layer_gemms(cfg) -> list[tuple[int, int, int]]:
     """(M, K, N) of a layer's forward GEMMs on one tensor rank, M = b s tokens."""
     m, t = cfg.model, cfg.parallel.tensor
     h, f = m.hidden_size, m.ffn
-    T = cfg.train.micro_batch_size * m.seq_len
+    T = device_tokens(cfg)
     if m.arch == "llama":       # K and V narrower under grouped-query attention (kv_heads)
         kv = getattr(m, "kv_heads", None) or m.num_heads
         kv_width = kv * (h // m.num_heads) // t
@@ -260,7 +279,7 @@ def activation_bytes(cfg) -> float:
     """Stash + message buffers + logits of the most loaded device."""
     from ptdp_jax.pipeline.balance import chunk_layers
     m, par, tr = cfg.model, cfg.parallel, cfg.train
-    tokens = tr.micro_batch_size * m.seq_len
+    tokens = device_tokens(cfg)
     dtype_bytes = 4 if tr.dtype == "float32" else 2
     if par.pipe == 1:
         stash = m.num_layers * layer_activation_bytes_per_token(cfg) * tokens
@@ -302,7 +321,7 @@ def evaluation_bytes(cfg) -> float:
     m, par = cfg.model, cfg.parallel
     used = sum(params_per_device(cfg).values())
     weights = used * (4 if cfg.compute_dtype == "float32" else 2)
-    tokens = cfg.train.micro_batch_size * m.seq_len
+    tokens = device_tokens(cfg)
     layer = layer_activation_bytes_per_token(cfg, "none") * tokens
     dtype_bytes = 4 if cfg.compute_dtype == "float32" else 2
     messages = (2 if par.pipe > 1 else 1) * tokens * m.hidden_size * dtype_bytes
@@ -342,9 +361,9 @@ def estimate_memory(cfg) -> MemoryEstimate:
     used = params_per_device(cfg)
     held = params_per_device(cfg, state=True) if zero_stage(cfg) else used
     params, grads, optimizer = state_bytes(cfg, used, sum(held.values()))
-    workspace = WORKSPACE_BYTES
+    workspace = WORKSPACE_BYTES + context_attention_bytes(cfg)
     if cfg.recompute == "full":     # one layer's full residuals while it is recomputed
-        tokens = cfg.train.micro_batch_size * cfg.model.seq_len
+        tokens = device_tokens(cfg)
         workspace += layer_activation_bytes_per_token(cfg, "none") * tokens
     return MemoryEstimate(
         params=int(params),
