@@ -179,3 +179,16 @@ def test_h200_orders_the_4_gpu_layouts_as_measured():
     measured = {mesh: m for mesh, (_, _, m) in rows.items()}
     assert sorted(steps, key=steps.get) == sorted(measured, key=measured.get) == [
         (4, 1, 1), (2, 1, 2), (1, 1, 4), (1, 2, 2)]
+
+
+# Long context on 1x H200, 2026-12-01: the LLaMA-3-8B shape cut to 4 layers at 8k-128k
+# (bench_train.py, selective, micro 1): the planner within 10% at every length, where it priced
+# long attention at the 2k fit before (+10% at 16k to +55% at 128k): flash_by_seq.
+LONG_CONTEXT = records("2026-12-01-h200-long-context")
+
+
+@pytest.mark.parametrize("case", LONG_CONTEXT, ids=[c["tag"] for c in LONG_CONTEXT])
+def test_long_context_on_one_h200(case):
+    assert "H200" in case["device"]
+    step, _ = _plan_vs_measured().predict(case)
+    assert step == pytest.approx(case["step_time_s"], rel=0.10)

@@ -130,8 +130,8 @@ def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
         return square / gpu.xla_attention_flops, 2.5 * square / gpu.xla_attention_flops
     if gpu.attention == "flash":
         causal = 2.0 * b * s * s * h / t
-        return (causal / (gpu.flash_fwd_efficiency * gpu.peak_flops),
-                2.5 * causal / (gpu.flash_bwd_efficiency * gpu.peak_flops))
+        fwd, bwd = gpu.flash_fractions(s)
+        return causal / (fwd * gpu.peak_flops), 2.5 * causal / (bwd * gpu.peak_flops)
     square = 4.0 * b * s * s * h / t                       # Q K^T and A V, the full square
     scores = b * (m.num_heads / t) * s * s
     fwd = gpu.gemm_seconds(square) + _memory_seconds(scores * gpu.softmax_bytes_fwd, gpu)

@@ -72,6 +72,23 @@ class GpuKind:
     grad_bytes: int                      # bytes per gradient element in the data-parallel reduction
     activation_bytes: int                # bytes per element of a stage-to-stage message
     source: str = ""
+    # flash attention by sequence length: (s, forward, backward fraction of the peak on causal
+    # FLOPs); below the first s, flash_fwd/bwd_efficiency; () for none
+    flash_by_seq: tuple[tuple[float, float, float], ...] = ()
+
+    def flash_fractions(self, s: int) -> tuple[float, float]:
+        """(forward, backward) fraction of the peak flash attention reaches at sequence length
+        s: flash_fwd/bwd_efficiency up to flash_by_seq's first length, then its table,
+        interpolated in log(s), held beyond its end."""
+        table = ((2048.0, self.flash_fwd_efficiency, self.flash_bwd_efficiency),) + tuple(
+            self.flash_by_seq)
+        if s <= table[0][0] or len(table) == 1:
+            return table[0][1], table[0][2]
+        for (s0, f0, b0), (s1, f1, b1) in zip(table, table[1:]):
+            if s <= s1:
+                w = (math.log(s) - math.log(s0)) / (math.log(s1) - math.log(s0))
+                return f0 + w * (f1 - f0), b0 + w * (b1 - b0)
+        return table[-1][1], table[-1][2]
 
     def gemm_fraction(self, flops: float) -> float:
         """Fraction of peak a GEMM of `flops` reaches: the table, interpolated in log(FLOPs),
@@ -146,6 +163,10 @@ GPU_KINDS["h200"] = replace(
     tick_overhead_s=0.0,
     # the same executor as on H100 (7.5B phased on 4x H200: within 1.5% with these, 2026-11-27)
     row_overhead_s=0.155e-3, wgrad_accumulate_exposed=0.5,
+    # cuDNN's flash attention alone, b 1, 32 heads (8 key/value), head dim 128, bf16: forward
+    # and backward at 8k-128k (1x H200, 2026-12-01); the 2k anchor is the H100 fit's
+    flash_by_seq=((8192.0, 0.575, 0.511), (16384.0, 0.646, 0.524), (32768.0, 0.622, 0.536),
+                  (65536.0, 0.614, 0.536), (131072.0, 0.566, 0.539)),
     source="ptdp_jax on 4x H200 (step times of 2026-11-26; element-wise refitted 2026-11-28)")
 
 
