@@ -417,7 +417,7 @@ def dry_run(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None
     seconds = time.perf_counter() - t0
     mem = exe.memory_analysis()
     have = device_memory_bytes()
-    n_dev = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor
+    n_dev = cfg.parallel.num_devices
     out = {"compile_s": seconds, "model_flops_per_step": MX.model_flops_per_iteration(cfg),
            "model_flops_per_step_recompute": MX.model_flops_per_iteration(cfg, cfg.recompute),
            "devices": n_dev, "device_bytes": have,

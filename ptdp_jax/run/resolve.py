@@ -94,7 +94,8 @@ def _line(cfg, why: str, est, mem) -> tuple[str, float | None, float | None]:
     v = f" v {p.virtual_stages}" if p.virtual_stages > 1 else ""
     step = est.step_time_s if est is not None else None
     gib = mem.peak / GiB if mem is not None else None
-    return (f"{why}: mesh (data, pipe, tensor) = ({d}, {pp}, {tp}), {p.schedule}{v}, "
+    ctx = f", context {p.context}" if p.context > 1 else ""
+    return (f"{why}: mesh (data, pipe, tensor) = ({d}, {pp}, {tp}){ctx}, {p.schedule}{v}, "
             f"{cfg.microbatch_split}, zero {p.zero}, "
             f"recompute {t.recompute}, {t.dtype}"
             + (f"; predicted {step:.4f} s a step" if step is not None else "")

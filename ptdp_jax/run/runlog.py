@@ -99,7 +99,7 @@ class RunLog:
             config_file(Path(cfg.run.dir), run_id, start).write_text(
                 f"# ptdp_jax run {run_id}, {where}: the resolved config\n"
                 + to_yaml(with_absolute_paths(cfg)))
-        self.n_dev = math.prod(cfg.parallel.mesh_shape)
+        self.n_dev = cfg.parallel.num_devices
         self.flops = MX.model_flops_per_iteration(cfg, recompute=False)
         self.peak = MX.peak_flops_per_device(jax.devices()[0])
         self.tokens_per_step = t.global_batch_size * cfg.model.seq_len
@@ -127,7 +127,9 @@ class RunLog:
         v = cfg.parallel.virtual_stages
         self.message(
             f"ptdp_jax: {cfg.model.arch} {cfg.model.num_layers}x{cfg.model.hidden_size}, "
-            f"mesh (data, pipe, tensor) = ({d}, {p}, {t}), schedule {cfg.parallel.schedule}"
+            f"mesh (data, pipe, tensor) = ({d}, {p}, {t})"
+            f"{', context %d' % cfg.parallel.context if cfg.parallel.context > 1 else ''}, "
+            f"schedule {cfg.parallel.schedule}"
             f"{' v=%d' % v if v > 1 else ''}, {cfg.microbatch_split}, {cfg.train.dtype}"
             f"{' with FP8 GEMMs (' + cfg.train.fp8_recipe + ')' if cfg.train.fp8 else ''}, "
             f"recompute {cfg.train.recompute}"
