@@ -1,15 +1,24 @@
 """LLaMA-3.1's rope scaling (model.rope_scaling_factor, rope_low_freq_factor,
 rope_high_freq_factor, rope_original_seq_len): the frequencies of transformers' llama3 rope
 type; factor 1 is exactly the unscaled rotary; decoding with the cache follows the scaling;
-the validation."""
+an export transformers runs to the same logits; a LLaMA-3.1-style config.json through import
+and export; the validation."""
+import json
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from test_export import _checkpoint, _our_logits
+from ptdp_jax.checkpoint import manager as CK
+from ptdp_jax.checkpoint.hf import llama_model
+from ptdp_jax.cli import export as export_cli, import_hf as import_cli
 from ptdp_jax.config.load import ConfigError, load_config
 from ptdp_jax.config.schema import ModelConfig
 from ptdp_jax.config.validation import validate
+from ptdp_jax.interop.export import byte_tokenizer_json
 from ptdp_jax.models import decode as D
 from ptdp_jax.models import model as M
 from ptdp_jax.models.layers import rope_frequencies, rotary
@@ -127,6 +136,108 @@ def test_factor_1_model_is_unchanged_and_decoding_follows_the_scaling():
     base = np.asarray(M.logits(unscaled, sh, params["embed"], params["head"], M.run_layers(
         unscaled, sh, params["layers"], M.embed(unscaled, sh, params["embed"], tokens))))
     assert np.abs(base - logits["scaled"]).max() > 1e-2
+
+
+@needs_hf
+def test_export_with_rope_scaling_matches_transformers(tmp_path):
+    """A tiny LLaMA with rope scaling, exported with ptdp-export: config.json has rope_scaling
+    of rope_type llama3, and transformers' LlamaForCausalLM gives our frequencies and logits
+    (those of the model without scaling are far off)."""
+    cfg, params = _checkpoint(tmp_path, "llama", mesh=(1, 1, 1), **SCALED)
+    out = tmp_path / "hf"
+    assert export_cli.main([str(tmp_path / "ckpt"), str(out)]) == 0
+    conf = json.loads((out / "config.json").read_text())
+    scaling = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    assert conf["rope_scaling"] == scaling and conf["rope_theta"] == 500.0
+    assert conf["rope_parameters"] == {**scaling, "rope_theta": 500.0}
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    model.eval()
+    np.testing.assert_allclose(model.model.rotary_emb.inv_freq.numpy(),
+                               np.asarray(rope_frequencies(cfg.model)), rtol=2e-7)
+    tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (2, cfg.model.seq_len))
+    with torch.no_grad():
+        theirs = model(torch.tensor(tokens)).logits.numpy()
+    V = cfg.model.vocab_size
+    ours = _our_logits(cfg.model, params, jnp.asarray(tokens, jnp.int32))[..., :V]
+    rel = lambda a: np.abs(theirs - a).max() / np.abs(a).max()
+    assert rel(ours) < 1e-4, rel(ours)
+    unscaled = replace(cfg.model, rope_scaling_factor=1.0)
+    assert rel(_our_logits(unscaled, params, jnp.asarray(tokens, jnp.int32))[..., :V]) > 1e-3
+
+
+def _llama31_folder(path):
+    """A tiny LLaMA of random weights whose config.json is written as LLaMA-3.1's is
+    (transformers 4.x: rope_theta beside rope_scaling), with the byte tokenizer."""
+    conf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 300,
+            "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_act": "silu",
+            "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 500.0,
+            "rope_scaling": {**LLAMA31_SCALING, "factor": 4.0,
+                             "original_max_position_embeddings": 32},
+            "attention_bias": False, "mlp_bias": False, "initializer_range": 0.3,
+            "tie_word_embeddings": False, "bos_token_id": 256, "eos_token_id": 256}
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**json.loads(json.dumps(conf)))) \
+        .save_pretrained(str(path))
+    (path / "config.json").write_text(json.dumps(conf, indent=2))
+    (path / "tokenizer.json").write_text(byte_tokenizer_json())
+    return conf
+
+
+@needs_hf
+def test_llama31_config_round_trips(tmp_path):
+    """A LLaMA-3.1-style folder: ptdp-import-hf reads its rope_scaling into the model.rope_*
+    keys (our logits of its weights are transformers'), and ptdp-export of the imported
+    checkpoint writes the same rope_theta, rope_scaling and max_position_embeddings."""
+    src = tmp_path / "llama31"
+    conf = _llama31_folder(src)
+    assert import_cli.main([str(src), str(tmp_path / "imported")]) == 0
+    cfg, params = CK.load_params(tmp_path / "imported")
+    m = cfg.model
+    assert (m.rope_theta, m.rope_scaling_factor, m.rope_low_freq_factor, m.rope_high_freq_factor,
+            m.rope_original_seq_len, m.seq_len) == (500.0, 4.0, 1.0, 4.0, 32, 64)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    tokens = np.random.default_rng(0).integers(0, 300, (2, 64))
+    with torch.no_grad():
+        theirs = model.eval()(torch.tensor(tokens)).logits.numpy()
+    ours = _our_logits(m, params, jnp.asarray(tokens, jnp.int32))[..., :300]
+    assert np.abs(theirs - ours).max() / np.abs(ours).max() < 1e-4
+    assert export_cli.main([str(tmp_path / "imported"), str(tmp_path / "out")]) == 0
+    back = json.loads((tmp_path / "out" / "config.json").read_text())
+    for key in ("rope_theta", "rope_scaling", "max_position_embeddings"):
+        assert back[key] == conf[key], (key, back[key], conf[key])
+
+
+LLAMA = {"model_type": "llama", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("rope,words", [
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn' is not supported"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type='linear' is not supported"),
+    ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4}}, "rope_type='dynamic'"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0}},
+     "rope_type='llama3' without low_freq_factor"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5 is not supported"),
+])
+def test_other_rope_types_are_refused(rope, words):
+    """A config.json of another rope type (or a partial rotary embedding), or a llama3 one
+    missing a value: one ValueError naming it."""
+    with pytest.raises(ValueError, match=words):
+        llama_model({**LLAMA, **rope})
+
+
+def test_llama3_rope_parameters_of_transformers_5():
+    """transformers 5.x writes rope_parameters (rope_theta inside), without
+    original_max_position_embeddings where it is max_position_embeddings."""
+    model = llama_model({**LLAMA, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 5e5, "factor": 8, "low_freq_factor": 1,
+        "high_freq_factor": 4}})
+    cfg = load_config(None, model).model
+    assert (cfg.rope_theta, cfg.rope_scaling_factor, cfg.rope_original_seq_len) == (5e5, 8.0, 64)
+    assert llama_model({**LLAMA, "rope_theta": 5e5})["model.rope_theta"] == 5e5
+    assert "model.rope_scaling_factor" not in llama_model(LLAMA)
 
 
 @pytest.mark.parametrize("overrides,message", [
