@@ -2,7 +2,7 @@
 rope_high_freq_factor, rope_original_seq_len): the frequencies of transformers' llama3 rope
 type; factor 1 is exactly the unscaled rotary; decoding with the cache follows the scaling;
 an export transformers runs to the same logits; a LLaMA-3.1-style config.json through import
-and export; the validation."""
+and export; the validation; checkpoint.load_weights into a longer context."""
 import json
 from dataclasses import replace
 
@@ -11,9 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers_ckpt as H
 from test_export import _checkpoint, _our_logits
 from ptdp_jax.checkpoint import manager as CK
+from ptdp_jax.checkpoint.format import CheckpointError
 from ptdp_jax.checkpoint.hf import llama_model
+from ptdp_jax.checkpoint.weights import check_load_weights
 from ptdp_jax.cli import export as export_cli, import_hf as import_cli
 from ptdp_jax.config.load import ConfigError, load_config
 from ptdp_jax.config.schema import ModelConfig
@@ -23,6 +26,7 @@ from ptdp_jax.models import decode as D
 from ptdp_jax.models import model as M
 from ptdp_jax.models.layers import rope_frequencies, rotary
 from ptdp_jax.parallel.sharding import Sharder
+from ptdp_jax.run.loop import resolve_config
 
 try:
     import torch
@@ -256,3 +260,26 @@ def test_validation_names_the_key_and_numbers(overrides, message):
     with pytest.raises(ConfigError) as e:
         validate(load_config(overrides={"model.arch": "llama", **overrides}), 1)
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_load_weights_into_a_longer_context(tmp_path):
+    """checkpoint.load_weights of a LLaMA checkpoint (seq_len 16): a run of seq_len 64 may
+    change the rope keys (the source then says what changed); one of the same seq_len may not,
+    the error naming the key, both numbers and the way out."""
+    _checkpoint(tmp_path, "llama", mesh=(1, 1, 1))
+    ov = H.tiny(tmp_path, tmp_path / "data", **{
+        "model.arch": "llama", "model.num_layers": 2, "model.hidden_size": 32,
+        "model.num_heads": 4, "model.vocab_size": 300, "model.rope_theta": 500.0,
+        "model.norm_eps": 1e-6, "checkpoint.dir": str(tmp_path / "longer"),
+        "checkpoint.load_weights": str(tmp_path / "ckpt")})
+    longer = {"model.seq_len": 64, "model.rope_theta": 5000.0, "model.rope_scaling_factor": 4.0,
+              "model.rope_original_seq_len": 16}
+    source = check_load_weights(resolve_config(None, (1, 1, 1), {**ov, **longer}))
+    assert source.describe().endswith(
+        "(context extended: model.seq_len 16 -> 64, model.rope_theta 500.0 -> 5000.0, "
+        "model.rope_scaling_factor 1.0 -> 4.0, model.rope_original_seq_len 8192 -> 16)")
+    with pytest.raises(CheckpointError) as e:
+        check_load_weights(resolve_config(None, (1, 1, 1), {**ov, "model.rope_theta": 5000.0}))
+    msg = str(e.value)
+    assert "model.rope_theta: checkpoint 500.0, config 5000.0" in msg and "\n" not in msg
+    assert "a longer model.seq_len than the checkpoint's may change the rope keys" in msg
