@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 
 from jaxprs import equations
-from ptdp_jax.models.layers import rotary
+from ptdp_jax.config.schema import ModelConfig
+from ptdp_jax.models.layers import rope_frequencies, rotary
+
+FREQS = rope_frequencies(ModelConfig(arch="llama", hidden_size=24, num_heads=3,  # head dim 8
+                                     rope_theta=500.0))
 
 
 def halves(x_bsnd, theta, offset=0):
@@ -24,7 +28,7 @@ def halves(x_bsnd, theta, offset=0):
 @pytest.mark.parametrize("offset", [0, 7])
 def test_rotary_is_the_hugging_face_rotation(offset):
     x = jax.random.normal(jax.random.key(0), (2, 16, 3, 8), jnp.float32)
-    np.testing.assert_allclose(rotary(x, 500.0, offset), halves(x, 500.0, offset),
+    np.testing.assert_allclose(rotary(x, FREQS, offset), halves(x, 500.0, offset),
                                rtol=1e-5, atol=1e-5)
 
 
@@ -32,16 +36,16 @@ def test_rotary_backward_is_the_inverse_rotation():
     """A rotation's transpose is its inverse: the gradient of <g, rotary(x)> rotates g back."""
     x = jax.random.normal(jax.random.key(0), (2, 16, 3, 8), jnp.float32)
     g = jax.random.normal(jax.random.key(1), x.shape, jnp.float32)
-    _, vjp = jax.vjp(lambda a: rotary(a, 500.0), x)
+    _, vjp = jax.vjp(lambda a: rotary(a, FREQS), x)
     (dx,) = vjp(g)
-    np.testing.assert_allclose(rotary(dx, 500.0), g, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(jnp.sum(dx * x), jnp.sum(g * rotary(x, 500.0)), rtol=1e-5)
+    np.testing.assert_allclose(rotary(dx, FREQS), g, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(jnp.sum(dx * x), jnp.sum(g * rotary(x, FREQS)), rtol=1e-5)
 
 
 def test_rotary_backward_has_no_padded_halves():
     """The transpose reverses an axis of 2 instead of padding two halves back together:
     XLA:GPU fused those pads into FP8's max |dq| at a fifth of the memory bandwidth."""
     x = jnp.zeros((2, 16, 3, 8), jnp.bfloat16)
-    jaxpr = jax.make_jaxpr(lambda a, g: jax.vjp(lambda b: rotary(b, 500.0), a)[1](g))(x, x)
+    jaxpr = jax.make_jaxpr(lambda a, g: jax.vjp(lambda b: rotary(b, FREQS), a)[1](g))(x, x)
     names = {e.primitive.name for e, _ in equations(jaxpr.jaxpr)}
     assert not names & {"pad", "concatenate"}, names

@@ -1,7 +1,7 @@
 """Hugging Face model folders (config.json and *.safetensors) read as ptdp_jax model settings
 and canonical parameters: GPT2LMHeadModel (tanh GeLU, tied embeddings) and LlamaForCausalLM
-(grouped-query attention; no rope scaling, no biases). Anything else is a ValueError naming
-the setting. Used by ptdp-import-hf (ptdp_jax/interop/hf_import.py) and by
+(grouped-query attention, LLaMA-3.1's llama3 rope scaling; no biases). Anything else is a
+ValueError naming the setting. Used by ptdp-import-hf (ptdp_jax/interop/hf_import.py) and by
 checkpoint.load_weights (weights.py); nothing here writes."""
 from __future__ import annotations
 
@@ -92,9 +92,6 @@ def llama_model(conf: dict) -> dict:
     _need(n % kv == 0, f"LLaMA num_attention_heads={n} is not a multiple of "
                        f"num_key_value_heads={kv}")
     _need(d * n == h, f"LLaMA head_dim={d} x heads={n} != hidden_size={h} is not supported")
-    rope = conf.get("rope_parameters") or {}
-    _need(not conf.get("rope_scaling") and rope.get("rope_type", "default") == "default",
-          f"LLaMA rope scaling {conf.get('rope_scaling') or rope} is not supported")
     _need(not conf.get("attention_bias") and not conf.get("mlp_bias"),
           "LLaMA with attention or MLP biases is not supported")
     _need(conf.get("hidden_act", "silu") == "silu", f"LLaMA hidden_act={conf.get('hidden_act')!r}")
@@ -102,11 +99,37 @@ def llama_model(conf: dict) -> dict:
     model = {"model.arch": "llama", "model.num_layers": L, "model.hidden_size": h,
              "model.num_heads": n, "model.ffn_hidden_size": conf["intermediate_size"],
              "model.vocab_size": V, "model.seq_len": conf.get("max_position_embeddings", 2048),
-             "model.norm_eps": conf.get("rms_norm_eps", 1e-6),
-             "model.rope_theta": rope.get("rope_theta", conf.get("rope_theta", 10000.0))}
+             "model.norm_eps": conf.get("rms_norm_eps", 1e-6), **llama_rope(conf)}
     if kv != n:
         model["model.num_kv_heads"] = kv
     return model
+
+
+LLAMA3_KEYS = {"factor": "model.rope_scaling_factor",
+               "low_freq_factor": "model.rope_low_freq_factor",
+               "high_freq_factor": "model.rope_high_freq_factor",
+               "original_max_position_embeddings": "model.rope_original_seq_len"}
+
+
+def llama_rope(conf: dict) -> dict:
+    """The model.rope_* settings of a LLaMA config.json, read as transformers reads them:
+    rope_theta, and rope_scaling (4.x) or rope_parameters (5.x) of rope_type default or llama3
+    (LLaMA-3.1's scaling); ValueError for another rope_type or a partial rotary embedding."""
+    rope = conf.get("rope_scaling") or conf.get("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    partial = rope.get("partial_rotary_factor") or conf.get("partial_rotary_factor") or 1.0
+    _need(partial == 1, f"LLaMA partial_rotary_factor={partial} is not supported")
+    theta = {"model.rope_theta": rope.get("rope_theta", conf.get("rope_theta", 10000.0))}
+    if kind == "default":
+        return theta
+    _need(kind == "llama3", f"LLaMA rope_type={kind!r} is not supported (only default and "
+                            f"llama3, LLaMA-3.1's rope scaling)")
+    original = conf.get("original_max_position_embeddings", rope.get(
+        "original_max_position_embeddings", conf.get("max_position_embeddings", 2048)))
+    rope = {**rope, "original_max_position_embeddings": original}
+    missing = [k for k in LLAMA3_KEYS if k not in rope]
+    _need(not missing, f"LLaMA rope_type='llama3' without {', '.join(missing)}")
+    return {**theta, **{ours: rope[k] for k, ours in LLAMA3_KEYS.items()}}
 
 
 def llama_from_hf(conf: dict, t: dict) -> tuple[dict, dict]:

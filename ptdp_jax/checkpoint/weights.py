@@ -37,11 +37,12 @@ class WeightsSource:
     metadata) or a Hugging Face model folder (meta None)."""
     path: Path
     meta: dict | None = None
+    extended: str = ""          # a context extension's changes ("model.seq_len 16 -> 64, ...")
 
     def describe(self) -> str:
-        if self.meta is None:
-            return f"the Hugging Face model {self.path}"
-        return f"checkpoint {self.path} (step {self.meta['step']})"
+        what = (f"the Hugging Face model {self.path}" if self.meta is None else
+                f"checkpoint {self.path} (step {self.meta['step']})")
+        return what + (f" (context extended: {self.extended})" if self.extended else "")
 
 
 def check_load_weights(cfg: Config) -> WeightsSource | None:
@@ -87,9 +88,9 @@ def _checkpoint_source(path: Path, cfg: Config) -> WeightsSource:
     step_dir = resolve_step_dir(path)
     meta = read_meta(step_dir)
     check_compatible(meta, cfg, str(step_dir))
-    _check_numerics(meta, cfg, str(step_dir))
+    extended = _check_numerics(meta, cfg, str(step_dir))
     check_data_tokenizer(meta, step_dir, cfg, instead="")
-    return WeightsSource(step_dir, meta)
+    return WeightsSource(step_dir, meta, extended)
 
 
 def _hf_source(path: Path, cfg: Config) -> WeightsSource:
@@ -104,20 +105,35 @@ def _hf_source(path: Path, cfg: Config) -> WeightsSource:
             f" (a GPT of fewer positions: `ptdp-import-hf {path} DIR model.seq_len="
             f"{cfg.model.seq_len}` cuts its position table; load the weights from DIR)"
             if shorter else "")) from None
-    _check_numerics(like_meta, cfg, str(path))
+    extended = _check_numerics(like_meta, cfg, str(path))
     _check_hf_tokenizer(path, cfg)
-    return WeightsSource(path)
+    return WeightsSource(path, extended=extended)
 
 
-def _check_numerics(meta: dict, cfg: Config, where: str) -> None:
-    """CheckpointError naming model.norm_eps (and LLaMA's model.rope_theta) where the source's
-    differs from cfg's: not a shape, but the same weights would compute another model."""
-    src = config_from_dict(meta["config"]).model
-    keys = ("norm_eps", "rope_theta") if cfg.model.arch == "llama" else ("norm_eps",)
-    diffs = [f"model.{k}: checkpoint {getattr(src, k)}, config {getattr(cfg.model, k)}"
-             for k in keys if getattr(src, k) != getattr(cfg.model, k)]
+ROPE_KEYS = ("rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
+             "rope_high_freq_factor", "rope_original_seq_len")
+
+
+def _check_numerics(meta: dict, cfg: Config, where: str) -> str:
+    """CheckpointError naming model.norm_eps (and LLaMA's model.rope_* keys) where the source's
+    differs from cfg's: not a shape, but the same weights would compute another model. A LLaMA
+    run of a longer model.seq_len than the source's may change the rope keys (a context
+    extension): returned in words ("model.seq_len 16 -> 64, model.rope_theta ..."), else ""."""
+    src, m = config_from_dict(meta["config"]).model, cfg.model
+    rope = ROPE_KEYS if m.arch == "llama" else ()
+    longer = m.arch == "llama" and m.seq_len > src.seq_len
+    keys = ("norm_eps",) + (() if longer else rope)
+    diffs = [f"model.{k}: checkpoint {getattr(src, k)}, config {getattr(m, k)}"
+             for k in keys if getattr(src, k) != getattr(m, k)]
+    hint = (" (a longer model.seq_len than the checkpoint's may change the rope keys: a context "
+            "extension, docs/long-context.md)" if any("rope" in d for d in diffs) else "")
     if diffs:
-        raise CheckpointError(f"checkpoint {where} is of a different model: " + "; ".join(diffs))
+        raise CheckpointError(f"checkpoint {where} is of a different model: "
+                              + "; ".join(diffs) + hint)
+    if not longer:
+        return ""
+    changed = [k for k in ("seq_len",) + rope if getattr(src, k) != getattr(m, k)]
+    return ", ".join(f"model.{k} {getattr(src, k)} -> {getattr(m, k)}" for k in changed)
 
 
 def _check_hf_tokenizer(path: Path, cfg: Config) -> None:

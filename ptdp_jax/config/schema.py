@@ -26,7 +26,19 @@ class ModelConfig:
     seq_len: int = 128
     dropout: float = 0.0
     norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0          # llama: the rotary base; frequency i of a head is
+                                         # rope_theta^(-2i/head_dim)
+    rope_scaling_factor: float = 1.0     # llama: LLaMA-3.1's rope scaling (Hugging Face's
+                                         # rope_type llama3) for a context longer than
+                                         # rope_original_seq_len: the low frequencies divided by
+                                         # this, the high ones kept; 1: no scaling
+    rope_low_freq_factor: float = 1.0    # rope scaling: frequencies of a wavelength (2 pi / freq)
+                                         # above rope_original_seq_len / this are divided in full
+    rope_high_freq_factor: float = 4.0   # rope scaling: those of a wavelength below
+                                         # rope_original_seq_len / this are kept, those between
+                                         # the two bounds interpolated smoothly
+    rope_original_seq_len: int = 8192    # rope scaling: the context the model was pretrained at
+                                         # (Hugging Face's original_max_position_embeddings)
     init_std: float = 0.02               # std of the normal initialisation (output projections:
                                          # over sqrt(2 num_layers), as Megatron's)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ptdp_jax.config import decisions as D
 from ptdp_jax.config.load import CHOICES, Config, ConfigError
+from ptdp_jax.config.schema import ModelConfig
 from ptdp_jax.paths import unwritable
 
 TRISTATE = (True, False, "auto")
@@ -79,6 +80,32 @@ def _heads(cfg, n):
     if m.arch == "llama":
         need(m.head_dim % 2 == 0, f"llama needs an even head dim, got "
                                   f"model.hidden_size/model.num_heads = {m.head_dim}")
+
+
+ROPE_SCALING = ("model.rope_scaling_factor", "model.rope_low_freq_factor",
+                "model.rope_high_freq_factor", "model.rope_original_seq_len")
+
+
+def _rope(cfg, n):
+    """LLaMA-3.1's rope scaling: factor >= 1, high > low > 0, a positive original context;
+    GPT (learned positions) keeps the keys' defaults."""
+    m = cfg.model
+    if m.arch != "llama":
+        for key in ROPE_SCALING:
+            default = getattr(ModelConfig(), key.split(".")[1])
+            need(_value(cfg, key) == default,
+                 f"{key}={_value(cfg, key)}: rope scaling is for model.arch=llama (GPT has "
+                 f"learned positions); leave it at {default}")
+        return
+    need(m.rope_scaling_factor >= 1,
+         f"model.rope_scaling_factor must be >= 1 (1: no scaling), got {m.rope_scaling_factor}")
+    need(m.rope_low_freq_factor > 0,
+         f"model.rope_low_freq_factor must be positive, got {m.rope_low_freq_factor}")
+    need(m.rope_high_freq_factor > m.rope_low_freq_factor,
+         f"model.rope_high_freq_factor={m.rope_high_freq_factor} must be greater than "
+         f"model.rope_low_freq_factor={m.rope_low_freq_factor}")
+    need(m.rope_original_seq_len >= 1,
+         f"model.rope_original_seq_len must be positive, got {m.rope_original_seq_len}")
 
 
 FAKE_DEVICES_AT_MOST = 64      # a CPU mesh worth trying; larger ones are for a cluster
@@ -260,8 +287,8 @@ def _resume_step(cfg, n):
          f"checkpoint.resume=false starts fresh: drop one of them")
 
 
-CHECKS = (_choices, _ranges, _context, _devices, _heads, _tensor_split, _grad_reduce, _schedule,
-          _stage_layers, _batch, _recompute, _tp_comm_overlap, _data, _resume_step)
+CHECKS = (_choices, _ranges, _context, _devices, _heads, _rope, _tensor_split, _grad_reduce,
+          _schedule, _stage_layers, _batch, _recompute, _tp_comm_overlap, _data, _resume_step)
 
 
 def validate(cfg: Config, num_devices: int | None = None) -> Config:

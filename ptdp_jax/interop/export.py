@@ -10,7 +10,8 @@ otherwise) that ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` l
 - LLaMA as ``LlamaForCausalLM``: ``wq`` (h, n, d) becomes ``q_proj.weight``
   (n*d, h) and so on (``wk``/``wv`` (h, kv, d) with grouped-query attention:
   ``num_key_value_heads``); no q/k permutation is needed since our rotary embedding
-  already uses Hugging Face's rotate-half convention; untied ``lm_head``.
+  already uses Hugging Face's rotate-half convention; untied ``lm_head``; the model.rope_*
+  scaling keys as ``rope_scaling`` of ``rope_type`` llama3 (LLaMA-3.1's).
 
 With the weights comes the tokenizer of the training data, the copy the checkpoint keeps
 (or, for older checkpoints, the data's own) (``tokenizer.json``,
@@ -102,13 +103,24 @@ def llama_to_hf(mcfg, params) -> tuple[dict, dict]:
         "num_hidden_layers": mcfg.num_layers, "num_attention_heads": n,
         "num_key_value_heads": kv, "head_dim": d, "hidden_act": "silu",
         "max_position_embeddings": mcfg.seq_len, "rms_norm_eps": mcfg.norm_eps,
-        "rope_theta": mcfg.rope_theta,                                   # transformers 4.x
-        "rope_parameters": {"rope_type": "default", "rope_theta": mcfg.rope_theta},  # 5.x
-        "rope_scaling": None, "attention_bias": False, "attention_dropout": mcfg.dropout,
+        **llama_rope_config(mcfg), "attention_bias": False, "attention_dropout": mcfg.dropout,
         "mlp_bias": False, "initializer_range": mcfg.init_std, "tie_word_embeddings": False,
         "use_cache": True,
     }
     return config, t
+
+
+def llama_rope_config(mcfg) -> dict:
+    """config.json's rotary settings, for transformers 4.x (rope_theta, rope_scaling) and 5.x
+    (rope_parameters): rope_type llama3 where model.rope_scaling_factor != 1, else default."""
+    scaling = None
+    if mcfg.rope_scaling_factor != 1:
+        scaling = {"rope_type": "llama3", "factor": mcfg.rope_scaling_factor,
+                   "low_freq_factor": mcfg.rope_low_freq_factor,
+                   "high_freq_factor": mcfg.rope_high_freq_factor,
+                   "original_max_position_embeddings": mcfg.rope_original_seq_len}
+    parameters = {"rope_type": "default", **(scaling or {}), "rope_theta": mcfg.rope_theta}
+    return {"rope_theta": mcfg.rope_theta, "rope_scaling": scaling, "rope_parameters": parameters}
 
 
 CONVERTERS = {"gpt": gpt_to_hf, "llama": llama_to_hf}

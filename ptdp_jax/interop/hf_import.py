@@ -15,8 +15,8 @@ model.* key must agree with config.json, and train.*, data.*, parallel.*, ... be
 to ptdp-train (which does not read them from the checkpoint): each of those is a
 ConfigError naming it, and nothing is written (nor if CHECKPOINT_DIR.yaml exists). Supported: GPT2LMHeadModel with gelu_new
 and tied embeddings; LlamaForCausalLM, with grouped-query attention
-(num_key_value_heads), without rope scaling or biases. Anything else is a ValueError
-naming the setting.
+(num_key_value_heads) and LLaMA-3.1's rope scaling (rope_type llama3: the model.rope_*
+keys), without biases. Anything else (another rope_type too) is a ValueError naming the setting.
 
     ptdp-import-hf ./llama ckpt/ model.dropout=0.1
     ptdp-train ckpt.yaml train.lr=1e-4

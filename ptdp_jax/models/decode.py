@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ptdp_jax.models.layers import (ACT, FFN, HEADS, column_dense, layer_norm, rms_norm,
-                                    rotary, row_dense)
+                                    rope_frequencies, rotary, row_dense)
 from ptdp_jax.models.model import logits as model_logits
 
 CACHE = ("layers", "batch", "seq", "heads", "head_dim")    # (L, b, S, kv, d) keys or values
@@ -75,7 +75,8 @@ def _llama_layer(p, x_bth, cfg, sh, pos, k_c, v_c):
     y = rms_norm(x_bth, p["attn_norm"], cfg.norm_eps)
     q, k, v = column_dense(sh, y, [("bsh,hnd->bsnd", p[w], None) for w in ("wq", "wk", "wv")],
                            HEADS)
-    q, k = (rotary(a, cfg.rope_theta, offset=pos) for a in (q, k))
+    freqs_d2 = rope_frequencies(cfg)
+    q, k = (rotary(a, freqs_d2, offset=pos) for a in (q, k))
     a_btnd, k_c, v_c = cached_attention(q, k, v, k_c, v_c, pos)
     x_bth = x_bth + row_dense(sh, sh.constrain(a_btnd, HEADS), "bsnd,ndh->bsh", p["wo"])
     y = rms_norm(x_bth, p["mlp_norm"], cfg.norm_eps)

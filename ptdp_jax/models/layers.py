@@ -3,6 +3,8 @@ vocab-parallel cross-entropy. Shapes are in the names: x_bsh is (batch, seq, hid
 Logical axis names only; `sh` (a Sharder) maps them to the mesh."""
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
@@ -251,13 +253,36 @@ def fold_rows(key_rows, salt: int):
     return jax.vmap(lambda k: jax.random.fold_in(k, salt))(key_rows)
 
 
-def rotary(x_bsnd, theta: float, offset=0, positions_bs=None):
-    """Rotary position embedding (LLaMA) in the Hugging Face convention: the
-    first half of each head's dims is rotated against the second half. The sequence
-    holds positions offset .. offset + s - 1 (decoding with a cache: models/decode.py), or
-    `positions_bs` (b, s) where given (a device's chunks under context parallelism)."""
+def rope_frequencies(cfg):
+    """The rotary inverse frequencies (head_dim / 2,) of model config `cfg` in float32:
+    rope_theta^(-2i/d), rescaled as LLaMA-3.1's (llama3_scaled) where rope_scaling_factor != 1."""
+    d = cfg.head_dim
+    freqs_d2 = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    if cfg.rope_scaling_factor == 1:
+        return freqs_d2
+    return llama3_scaled(freqs_d2, cfg.rope_scaling_factor, cfg.rope_low_freq_factor,
+                         cfg.rope_high_freq_factor, cfg.rope_original_seq_len)
+
+
+def llama3_scaled(freqs_d2, factor, low, high, original):
+    """transformers' _compute_llama3_parameters: a frequency of wavelength (2 pi / freq) above
+    original / low divided by factor, one below original / high kept, those between smoothly
+    interpolated."""
+    wavelen_d2 = 2 * math.pi / freqs_d2
+    scaled_d2 = jnp.where(wavelen_d2 > original / low, freqs_d2 / factor, freqs_d2)
+    smooth_d2 = (original / wavelen_d2 - low) / (high - low)
+    mixed_d2 = (1 - smooth_d2) * scaled_d2 / factor + smooth_d2 * scaled_d2
+    medium = (wavelen_d2 >= original / high) & (wavelen_d2 <= original / low)
+    return jnp.where(medium, mixed_d2, scaled_d2)
+
+
+def rotary(x_bsnd, freqs_d2, offset=0, positions_bs=None):
+    """Rotary position embedding (LLaMA) of inverse frequencies `freqs_d2` (d/2,)
+    (rope_frequencies) in the Hugging Face convention: the first half of each head's dims is
+    rotated against the second half. The sequence holds positions offset .. offset + s - 1
+    (decoding with a cache: models/decode.py), or `positions_bs` (b, s) where given (a
+    device's chunks under context parallelism)."""
     b, s, n, d = x_bsnd.shape
-    freqs_d2 = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
     if positions_bs is None:
         positions = (offset + jnp.arange(s)).astype(jnp.float32)
         angles_sd2 = positions[:, None] * freqs_d2[None, :]

@@ -9,7 +9,8 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, FFN_ACT, HEADS, attention_impl,
                                     causal_attention, column_dense, dropout, fold_rows,
-                                    gather_seq, row_dense, rms_norm, rotary, weight)
+                                    gather_seq, row_dense, rms_norm, rope_frequencies,
+                                    rotary, weight)
 
 # the layer's GEMMs through layers.dense: weight name -> einsum spec
 GEMM_SPECS = {"wq": "bsh,hnd->bsnd", "wk": "bsh,hnd->bsnd", "wv": "bsh,hnd->bsnd",
@@ -54,7 +55,8 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     gemms = lambda names: [(GEMM_SPECS[w], weight(p, w), None) for w in names]
     q, k, v = column_dense(sh, y, gemms(("wq", "wk", "wv")), HEADS)
     pos = None if sh.context == 1 else sh.positions(q.shape[0], q.shape[1])
-    q, k = (rotary(a, cfg.rope_theta, positions_bs=pos) for a in (q, k))
+    freqs_d2 = rope_frequencies(cfg)
+    q, k = (rotary(a, freqs_d2, positions_bs=pos) for a in (q, k))
     k, v = (_repeat_kv(x, cfg, sh) for x in (k, v))
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
     attn_bsh = row_dense(sh, a_bsnd, GEMM_SPECS["wo"], weight(p, "wo"))
