@@ -67,8 +67,13 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
                                             implementation="xla")
     if keeps_residuals(impl):
         return _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, sh)
-    # XLA's attention: a custom VJP keeps q, k, v as the only residuals and runs the attention
-    # again inside the per-device backward (its own residuals hold the s^2 scores).
+    # XLA's attention: its own residuals hold the s^2 scores
+    return _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh)
+
+
+def _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh):
+    """attend(q, k, v) in a per-device region whose backward is a region of its own: a custom
+    VJP keeps q, k, v as the only residuals and runs the attention again in the backward."""
     local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
     local_bwd = sh.per_device(lambda q, k, v, g: jax.vjp(attend, q, k, v)[1](g),
                               (HEADS,) * 4, (HEADS,) * 3)
@@ -92,20 +97,10 @@ def _context_attention(q_bsnd, k_bsnd, v_bsnd, sh):
         return C.attention(q, k, v, sh.context, jax.lax.axis_index(C.AXIS), scale)
     if "tensor" in sh.manual or sh.mesh.shape["tensor"] == 1:
         return attend(q_bsnd, k_bsnd, v_bsnd)
-    # heads split over an automatic 'tensor': per device, its backward a region of its own
+    # heads split over an automatic 'tensor': per device, the backward a region of its own
     # (autodiff's residuals of a nested region would be split over every mesh axis, 'context'
-    # before the region's manual 'tensor', which Shardy refuses); the forward runs again there
-    local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
-    local_bwd = sh.per_device(lambda q, k, v, g: jax.vjp(attend, q, k, v)[1](g),
-                              (HEADS,) * 4, (HEADS,) * 3)
-
-    @jax.custom_vjp
-    def attention(q, k, v):
-        return local_fwd(q, k, v)
-
-    attention.defvjp(lambda q, k, v: (local_fwd(q, k, v), (q, k, v)),
-                     lambda qkv, g: local_bwd(*qkv, g))
-    return attention(q_bsnd, k_bsnd, v_bsnd)
+    # before the region's manual 'tensor', which Shardy refuses)
+    return _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh)
 
 
 def keeps_residuals(impl: str) -> bool:

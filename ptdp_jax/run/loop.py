@@ -154,25 +154,15 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     pending, ready = None, None       # a step dispatched and not yet read; when the last was read
 
     clock = StepClock()
+
     def record(evaluate_now=False, save=False):   # read, evaluate, save, log the pending step
         nonlocal pending, ready
         with phase("train", pending[0], cfg, run_id):
             n, metrics, seconds, ready = _read(pending, ready)
         train_step.saw(metrics)
-        pending, val, took = None, None, {}
+        pending = None
         _account(result, metrics, seconds, runlog, n, cfg, ckpt)
-        if evaluate_now:                                                     # eval
-            t = time.perf_counter()
-            with phase("eval", n, cfg, run_id):
-                val = evaluate(compiled.eval_loss, state.params, feed.val_batch,
-                               cfg.train.eval_batches)
-            took["eval_s"] = time.perf_counter() - t
-            result.val_losses.append((n, val))
-        if save:                                                             # checkpoint
-            t = time.perf_counter()
-            with phase("checkpoint", n, cfg, run_id):
-                ckpt.save(n, state)
-            took["checkpoint_s"] = time.perf_counter() - t
+        val, took = _evaluate_and_save(cfg, n, state, setup, ckpt, result, evaluate_now, save)
         if took:
             ready = None                  # the next step's time starts at its dispatch
         runlog.step(n, metrics, seconds, lr_of(n - 1), val, took)           # log
@@ -195,11 +185,7 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
             record(evaluate_now, save)    # waits for the step
             if why:
                 result.stopped, result.stopped_by_signal = why, stopper.by_signal
-                if ckpt is not None:
-                    ckpt.wait()           # written before it is said to be
-                runlog.message(f"{why} at step {step + 1}: " + (
-                    f"checkpoint written to {ckpt.directory / str(step + 1)}, exiting"
-                    if ckpt is not None else "no checkpoint.dir, so no checkpoint; exiting"))
+                runlog.message(_stopped(why, step + 1, ckpt))
                 break
     except DeviceMemoryError as e:
         oom = e
@@ -219,6 +205,33 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
 
 
 # ----------------------------------------------------------------------------- the pieces
+
+def _evaluate_and_save(cfg, n, state, setup, ckpt, result, evaluate_now, save):
+    """After step n: the evaluation and the checkpoint it is due, each timed apart from the
+    step; (validation loss or None, {'eval_s', 'checkpoint_s'} of what ran)."""
+    val, took = None, {}
+    if evaluate_now:                                                         # eval
+        t = time.perf_counter()
+        with phase("eval", n, cfg, result.run_id):
+            val = evaluate(setup.compiled.eval_loss, state.params, setup.feed.val_batch,
+                           cfg.train.eval_batches)
+        took["eval_s"] = time.perf_counter() - t
+        result.val_losses.append((n, val))
+    if save:                                                                 # checkpoint
+        t = time.perf_counter()
+        with phase("checkpoint", n, cfg, result.run_id):
+            ckpt.save(n, state)
+        took["checkpoint_s"] = time.perf_counter() - t
+    return val, took
+
+
+def _stopped(why: str, n: int, ckpt) -> str:
+    """The line of a run stopped early, said once its checkpoint is written."""
+    if ckpt is None:
+        return f"{why} at step {n}: no checkpoint.dir, so no checkpoint; exiting"
+    ckpt.wait()
+    return f"{why} at step {n}: checkpoint written to {ckpt.directory / str(n)}, exiting"
+
 
 @dataclass
 class _Setup:
