@@ -16,7 +16,8 @@ from ptdp_jax.checkpoint import lock as LK, manager as CK
 from ptdp_jax.checkpoint.format import LOCK_FILE, _scan, check_directory
 from ptdp_jax.cli.train import main as cli_main
 from ptdp_jax.exits import ExitCode
-from ptdp_jax.run.loop import dry_run, train
+from ptdp_jax.run.dry_run import dry_run
+from ptdp_jax.run.loop import train
 
 T = importlib.import_module("ptdp_jax.run.loop")
 HOLD = ("import sys; from pathlib import Path; from ptdp_jax.checkpoint import lock; "

@@ -11,7 +11,8 @@ import helpers_ckpt as H
 from ptdp_jax.training import preflight as PF
 from ptdp_jax.cli.train import main as cli_main
 from ptdp_jax.exits import ExitCode
-from ptdp_jax.run.loop import dry_run, resolve_config, train
+from ptdp_jax.run.dry_run import dry_run
+from ptdp_jax.run.loop import resolve_config, train
 
 T = importlib.import_module("ptdp_jax.run.loop")
 GiB = 2 ** 30

@@ -90,7 +90,8 @@ def _main(args) -> tuple[int, str]:
     from ptdp_jax.checkpoint.manager import CheckpointError
     from ptdp_jax.parallel.distributed import maybe_initialize
     from ptdp_jax.parallel.rendezvous import DistributedError
-    from ptdp_jax.run.loop import TrainingStopped, dry_run, resolved_config, train
+    from ptdp_jax.run.dry_run import dry_run
+    from ptdp_jax.run.loop import TrainingStopped, resolved_config, train
     from ptdp_jax.run.phases import DeviceMemoryError
     try:
         overrides = parse_cli_overrides(args.overrides)
