@@ -37,6 +37,16 @@ FP8_LAYOUT_IDS = ["data2", "zero1", "zero2", "zero3", "tensor2-sp", "zb-phased",
                   "2x2x2-sp", "tensor2-ring", "2x1x2-ring-zero1"]
 
 
+def fp8_cases(first: str):
+    """(arch, mesh, overrides) of each FP8 layout and their ids: the models alternate, `first`
+    on the first layout; the two recipes' tests start with different models, so that each
+    layout meets both models once (the FP8 code of a layout is one for both recipes)."""
+    other = {"gpt": "llama", "llama": "gpt"}
+    archs = [first if i % 2 == 0 else other[first] for i in range(len(FP8_LAYOUTS))]
+    return ([(a, mesh, extra) for a, (mesh, extra) in zip(archs, FP8_LAYOUTS)],
+            [f"{name}-{a}" for a, name in zip(archs, FP8_LAYOUT_IDS)])
+
+
 def tiny_config(arch="gpt", mesh=(1, 1, 1), **extra):
     o = {k: v for k, v in TINY.items() if v is not None}
     o.update({"model.arch": arch, "parallel.data": mesh[0], "parallel.pipe": mesh[1],
@@ -53,11 +63,12 @@ def batch_for(cfg, seed=0):
                         (cfg.train.global_batch_size, cfg.model.seq_len + 1)).astype(np.int32)
 
 
-def loss_and_grads(cfg, seed=0):
+def loss_and_grads(cfg, seed=0, batch=None):
     mesh = make_mesh(cfg.parallel.mesh_dims)
     tx, _ = S.make_optimizer(cfg)
     params = jax.jit(lambda: S.init_state(cfg, tx)["params"])()
-    loss, grads = jax.jit(step.make_grad_fn(cfg, mesh))(params, batch_for(cfg, seed), 0)
+    batch = batch_for(cfg, seed) if batch is None else batch
+    loss, grads = jax.jit(step.make_grad_fn(cfg, mesh))(params, batch, 0)
     grads = jax.jit(lambda g: S.canonical_params(cfg, g))(grads)
     return float(loss), jax.tree.map(np.asarray, grads)
 

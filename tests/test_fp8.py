@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from jaxprs import equations
-from parity import (FP8_LAYOUT_IDS, FP8_LAYOUTS, assert_close_fp8, batch_for, fp8_mismatches,
-                    loss_and_grads, reference, tiny_config)
+from parity import (assert_close_fp8, batch_for, fp8_cases, fp8_mismatches, loss_and_grads,
+                    reference, tiny_config)
 from ptdp_jax.config.load import ConfigError
 from ptdp_jax.models import fp8 as F8
 from ptdp_jax.config.validation import check_devices
@@ -91,8 +91,7 @@ def test_fp8_changes_the_numbers(arch):
     assert all(any(f"['layers']['{k}']" in b for b in bad) for k in weights), bad
 
 
-@pytest.mark.parametrize("arch", ["gpt", "llama"])
-@pytest.mark.parametrize("mesh,extra", FP8_LAYOUTS, ids=FP8_LAYOUT_IDS)
+@pytest.mark.parametrize("arch,mesh,extra", fp8_cases("gpt")[0], ids=fp8_cases("gpt")[1])
 def test_fp8_parity(arch, mesh, extra):
     got = loss_and_grads(tiny_config(arch, mesh, **dict(FP8), **extra))
     assert_close_fp8(got, reference(arch, FP8), reference(arch))

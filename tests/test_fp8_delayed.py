@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from parity import (FP8_LAYOUT_IDS, FP8_LAYOUTS, assert_close, assert_close_fp8, batch_for, reference,
+from parity import (assert_close, assert_close_fp8, batch_for, fp8_cases, reference,
                     tiny_config)
 from ptdp_jax.config.load import ConfigError
 from ptdp_jax.models import fp8 as F8
@@ -91,8 +91,7 @@ def test_a_fresh_history_is_current_scaling():
     assert all((h[..., 0] > 0).all() and (h[..., 1:] == 0).all() for h in nxt.values())
 
 
-@pytest.mark.parametrize("arch", ["llama", "gpt"])
-@pytest.mark.parametrize("mesh,extra", FP8_LAYOUTS, ids=FP8_LAYOUT_IDS)
+@pytest.mark.parametrize("arch,mesh,extra", fp8_cases("llama")[0], ids=fp8_cases("llama")[1])
 def test_delayed_parity(arch, mesh, extra):
     history = _reference_history(arch)
     loss0, grads0, next0 = delayed_step(tiny_config(arch, (1, 1, 1), **DELAYED), history)

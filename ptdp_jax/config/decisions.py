@@ -57,6 +57,15 @@ def attention(value: str, compute_dtype, on: str | None = None) -> str:
     return "cudnn" if half and (on or platform()) == "gpu" else "xla"
 
 
+def document_end(cfg) -> int | None:
+    """data.document_mask: the token that ends a document (the data's eos_id), which the
+    layers' attention does not look past; None without document masking."""
+    if not cfg.data.document_mask:
+        return None
+    from ptdp_jax.data.sources import end_of_document
+    return end_of_document(list(cfg.data.path))
+
+
 # ----------------------------------------------------------------------------- recomputation
 
 RECOMPUTE_ORDER = ("none", "selective", "full")     # fastest first

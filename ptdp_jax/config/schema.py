@@ -159,6 +159,9 @@ class DataConfig:
                                          # blended evenly, evaluated instead of the val_fraction
                                          # split (the training data keeps all its windows); of
                                          # data.path's tokenizer
+    document_mask: bool = False          # a token attends only to its own document's tokens (those
+                                         # after the data's last end-of-document token before it),
+                                         # as LLaMA 3 trained at long context
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .dataset import TokenDataset, _check_weights
 from .prepare import prepare_default_corpus
+from .tokenizer import ByteTokenizer
 
 
 def validate_data_config(paths: list[str] | None, weights: list[float] | None, seq_len: int,
@@ -50,6 +51,15 @@ def open_datasets(paths: list[str] | None,
     if cache_dir is None:
         cache_dir = Path.home() / ".cache" / "ptdp_jax" / "data"
     return [TokenDataset(prepare_default_corpus(cache_dir))]
+
+
+def end_of_document(paths) -> int:
+    """The token that ends every document of the token files at ``paths`` (one tokenizer:
+    check_same_tokenizer): the first one's ``eos_id``; the embedded corpus's byte tokenizer's
+    where there are none."""
+    if not paths:
+        return ByteTokenizer.eos_id
+    return TokenDataset(paths[0]).eos_id
 
 
 def tokenizer_identity(ds: TokenDataset) -> str:

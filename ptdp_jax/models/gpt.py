@@ -8,7 +8,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, FFN_ACT, HEADS, attention_impl,
                                     causal_attention, column_dense, dropout, fold_rows,
-                                    gather_seq, layer_norm, row_dense, weight)
+                                    gather_seq, layer_norm, row_dense, starts_of, weight)
 
 # the layer's GEMMs through layers.dense: weight name -> einsum spec
 GEMM_SPECS = {"q_w": "bsh,hnd->bsnd", "k_w": "bsh,hnd->bsnd", "v_w": "bsh,hnd->bsnd",
@@ -67,7 +67,7 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     y = layer_norm(x_bsh, p["ln1_scale"], p["ln1_bias"], cfg.norm_eps)
     qkv = [(GEMM_SPECS[f"{c}_w"], weight(p, f"{c}_w"), p[f"{c}_b"]) for c in "qkv"]
     q, k, v = column_dense(sh, y, qkv, HEADS)
-    a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
+    a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh, starts_of(key_rows)), HEADS)
     attn_bsh = row_dense(sh, a_bsnd, GEMM_SPECS["out_w"], weight(p, "out_w"), p["out_b"])
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
     y = layer_norm(x_bsh, p["ln2_scale"], p["ln2_bias"], cfg.norm_eps)

@@ -4,6 +4,7 @@ Logical axis names only; `sh` (a Sharder) maps them to the mesh."""
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,22 @@ ACT_FULL = ("batch", "seq", "embed")         # (b, s, h) input of a column-paral
 HEADS = ("batch", "seq", "heads", "head_dim")  # (b, s, n, d) per-head tensors
 FFN = ("batch", "seq", "mlp")                # (b, s, f) MLP hidden
 FFN_ACT = "ffn_act"   # checkpoint name of the MLP activation's output (tuning.keep_ffn_activation)
+
+
+class Rows(NamedTuple):
+    """What the layers read per row besides their input, where document masking is on:
+    the dropout keys (b,) (or None) and where each token's document begins (b, s) int32
+    (Sharder.document_starts). Elsewhere the layers take the keys (or None) alone."""
+    keys: Any
+    starts: Any
+
+
+def keys_of(rows):
+    return rows.keys if isinstance(rows, Rows) else rows
+
+
+def starts_of(rows):
+    return rows.starts if isinstance(rows, Rows) else None
 
 
 def layer_norm(x_bsh, scale_h, bias_h, eps):
@@ -42,7 +59,7 @@ def attention_impl(name: str, dtype) -> str:
     return D.attention(name, dtype, jax.default_backend())
 
 
-def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
+def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None, starts_bs=None):
     """Causal self-attention through jax.nn.dot_product_attention (cuDNN on GPU).
 
     Heads are split over 'tensor', so attention needs no communication. Inside a
@@ -51,12 +68,14 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
     that is manual over every remaining mesh axis (`Sharder.per_device`); without
     tensor parallelism that region is already fully manual, and on a (1, 1, t) mesh
     (no manual region) GSPMD partitions the call by heads itself. Exception: (d, 1, t)
-    meshes inside a layer scan use XLA's attention (see below)."""
+    meshes inside a layer scan use XLA's attention (see below). Document masking (`starts_bs`,
+    each token's document start) and context parallelism: the blockwise attention of
+    parallel/context.py, which skips the key tiles a query tile cannot see."""
     def attend(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
 
-    if sh is not None and sh.context > 1:
-        return _context_attention(q_bsnd, k_bsnd, v_bsnd, sh)
+    if starts_bs is not None or (sh is not None and sh.context > 1):
+        return _blockwise_attention(q_bsnd, k_bsnd, v_bsnd, sh, starts_bs)
     if sh is None or sh.mesh is None or not sh.manual or sh.mesh.shape["tensor"] == 1:
         return attend(q_bsnd, k_bsnd, v_bsnd)
     if sh.mesh.shape["pipe"] == 1 and sh.in_layer_scan:
@@ -71,36 +90,46 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None):
     return _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh)
 
 
-def _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh):
-    """attend(q, k, v) in a per-device region whose backward is a region of its own: a custom
-    VJP keeps q, k, v as the only residuals and runs the attention again in the backward."""
-    local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
-    local_bwd = sh.per_device(lambda q, k, v, g: jax.vjp(attend, q, k, v)[1](g),
-                              (HEADS,) * 4, (HEADS,) * 3)
+def _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh, *rest):
+    """attend(q, k, v, *rest) in a per-device region whose backward is a region of its own: a
+    custom VJP keeps q, k, v (and `rest`, integer per-row inputs laid out as q's first two
+    dims) as the only residuals and runs the attention again in the backward."""
+    names = (HEADS,) * 3 + (jax.sharding.PartitionSpec(*sh.spec(HEADS)[:2]),) * len(rest)
+    local_fwd = sh.per_device(attend, names, HEADS)
+    local_bwd = sh.per_device(
+        lambda q, k, v, *r_g: jax.vjp(lambda *qkv: attend(*qkv, *r_g[:-1]), q, k, v)[1](r_g[-1]),
+        names + (HEADS,), (HEADS,) * 3)
 
     @jax.custom_vjp
-    def attention(q, k, v):
-        return local_fwd(q, k, v)
+    def attention(q, k, v, *r):
+        return local_fwd(q, k, v, *r)
 
-    attention.defvjp(lambda q, k, v: (local_fwd(q, k, v), (q, k, v)),
-                     lambda qkv, g: local_bwd(*qkv, g))
-    return attention(q_bsnd, k_bsnd, v_bsnd)
+    attention.defvjp(lambda q, k, v, *r: (local_fwd(q, k, v, *r), (q, k, v) + r),
+                     lambda res, g: local_bwd(*res, g) + (None,) * len(rest))
+    return attention(q_bsnd, k_bsnd, v_bsnd, *rest)
 
 
-def _context_attention(q_bsnd, k_bsnd, v_bsnd, sh):
-    """Attention over a sequence split over 'context' (parallel/context.py), per device where
-    heads are split over an automatic 'tensor'."""
+def _blockwise_attention(q_bsnd, k_bsnd, v_bsnd, sh, starts_bs):
+    """parallel/context.py's attention: over a sequence split over 'context', or with document
+    masking; per device where heads are split over an automatic 'tensor'."""
     from ptdp_jax.parallel import context as C
     scale = 1.0 / float(q_bsnd.shape[-1]) ** 0.5
+    split = sh is not None and sh.context > 1
 
-    def attend(q, k, v):
-        return C.attention(q, k, v, sh.context, jax.lax.axis_index(C.AXIS), scale)
-    if "tensor" in sh.manual or sh.mesh.shape["tensor"] == 1:
-        return attend(q_bsnd, k_bsnd, v_bsnd)
+    def attend(q, k, v, *starts):
+        starts = starts[0] if starts else None
+        if split:
+            return C.attention(q, k, v, sh.context, jax.lax.axis_index(C.AXIS), scale, starts)
+        pos = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
+        return C.blockwise_attention(q, k, v, pos, scale, starts)
+    rest = () if starts_bs is None else (starts_bs,)
+    if (sh is None or sh.mesh is None or not sh.manual or "tensor" in sh.manual
+            or sh.mesh.shape["tensor"] == 1):
+        return attend(q_bsnd, k_bsnd, v_bsnd, *rest)
     # heads split over an automatic 'tensor': per device, the backward a region of its own
     # (autodiff's residuals of a nested region would be split over every mesh axis, 'context'
     # before the region's manual 'tensor', which Shardy refuses)
-    return _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh)
+    return _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh, *rest)
 
 
 def keeps_residuals(impl: str) -> bool:
@@ -243,6 +272,8 @@ def dropout(x, rate: float, key_rows):
 
 
 def fold_rows(key_rows, salt: int):
+    """The dropout keys of `key_rows` (keys, or Rows) folded with `salt`."""
+    key_rows = keys_of(key_rows)
     if key_rows is None:
         return None
     return jax.vmap(lambda k: jax.random.fold_in(k, salt))(key_rows)

@@ -10,7 +10,7 @@ from jax.ad_checkpoint import checkpoint_name
 from ptdp_jax.models.layers import (ACT, ACT_FULL, FFN, FFN_ACT, HEADS, attention_impl,
                                     causal_attention, column_dense, dropout, fold_rows,
                                     gather_seq, row_dense, rms_norm, rope_frequencies,
-                                    rotary, weight)
+                                    rotary, starts_of, weight)
 
 # the layer's GEMMs through layers.dense: weight name -> einsum spec
 GEMM_SPECS = {"wq": "bsh,hnd->bsnd", "wk": "bsh,hnd->bsnd", "wv": "bsh,hnd->bsnd",
@@ -58,7 +58,7 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     freqs_d2 = rope_frequencies(cfg)
     q, k = (rotary(a, freqs_d2, positions_bs=pos) for a in (q, k))
     k, v = (_repeat_kv(x, cfg, sh) for x in (k, v))
-    a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh), HEADS)
+    a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh, starts_of(key_rows)), HEADS)
     attn_bsh = row_dense(sh, a_bsnd, GEMM_SPECS["wo"], weight(p, "wo"))
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
     y = rms_norm(x_bsh, p["mlp_norm"], cfg.norm_eps)

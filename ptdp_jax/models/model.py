@@ -21,7 +21,8 @@ import numpy as np
 from ptdp_jax.models import gpt, llama
 from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax.models.fused_loss import fused_head_grads, fused_head_loss, num_chunks
-from ptdp_jax.models.layers import FFN_ACT, gather_seq, vocab_parallel_cross_entropy
+from ptdp_jax.models.layers import (FFN_ACT, Rows, gather_seq, keys_of, starts_of,
+                                    vocab_parallel_cross_entropy)
 from ptdp_jax.parallel.sharding import Sharder
 
 ARCHS = {"gpt": gpt, "llama": llama}
@@ -216,6 +217,14 @@ def embed(cfg, sh, embed_p, tokens_bs, key_rows=None):
     return arch(cfg).embed(embed_p, tokens_bs, cfg, sh, key_rows)
 
 
+def layer_rows(sh, tokens_bs, key_rows, eos):
+    """What the layers take per row for these input tokens: the dropout keys, and with document
+    masking (eos: the end-of-document token, else None) where each token's document begins."""
+    if eos is None:
+        return key_rows
+    return Rows(key_rows, (sh or Sharder()).document_starts(tokens_bs, eos))
+
+
 def layer_fn(cfg, sh, recompute: str = "none", weights=None, regather: bool = True):
     """One layer as f(layer_params, x_bsh, layer_index, key_rows) -> x_bsh: dropout keys
     folded with the (global) layer index, recomputation by the mode's jax.checkpoint policy.
@@ -230,12 +239,13 @@ def layer_fn(cfg, sh, recompute: str = "none", weights=None, regather: bool = Tr
     layer = arch(cfg).layer
 
     def f(lp, x_bsh, idx, key_rows):
-        keys = None
-        if key_rows is not None:
-            keys = jax.vmap(lambda k: jax.random.fold_in(k, idx))(key_rows)
+        keys = keys_of(key_rows)
+        if keys is not None:
+            keys = jax.vmap(lambda k: jax.random.fold_in(k, idx))(keys)
         if weights is not None:
             lp = weights(lp)
-        return layer(lp, x_bsh, cfg, sh, keys)
+        starts = starts_of(key_rows)
+        return layer(lp, x_bsh, cfg, sh, keys if starts is None else Rows(keys, starts))
 
     if weights is not None and (regather or recompute in REMAT_POLICIES):
         f = jax.checkpoint(f, policy=_weights_not_saved(
@@ -335,10 +345,11 @@ def _chunk_loss(cfg, sh, ids_v=None, axis=None):
 
 
 def loss_sum(cfg, params, tokens_bs, targets_bs, sh: Sharder | None = None, recompute="none",
-             dtype=jnp.float32, key_rows=None, scan_layers: bool = True):
-    """The whole model on one microbatch: sum of token losses."""
+             dtype=jnp.float32, key_rows=None, scan_layers: bool = True, eos=None):
+    """The whole model on one microbatch: sum of token losses (eos: see layer_rows)."""
     sh = sh or Sharder()
     p = cast(params, dtype)
     x = embed(cfg, sh, p["embed"], tokens_bs, key_rows)
-    x = run_layers(cfg, sh, p["layers"], x, recompute, key_rows, scan=scan_layers)
+    x = run_layers(cfg, sh, p["layers"], x, recompute, layer_rows(sh, tokens_bs, key_rows, eos),
+                   scan=scan_layers)
     return head_loss(cfg, sh, p["embed"], p["head"], x, targets_bs)

@@ -12,6 +12,9 @@ blockwise attention over the keys each query may see, by position).
     rows = local_rows(tokens_bs1, c, rank)     # (2b, L + 1): this rank's chunks, + next token
     pos = positions(c, rank, L, 2b)            # (2b, L) int32
     o = attention(q, k, v, c, rank, scale)     # inside a region manual over 'context'
+
+Document masking (data.document_mask): `document_starts` gives each token the position where its
+document begins, and attention's keys are those at or after it, too.
 """
 from __future__ import annotations
 
@@ -63,6 +66,25 @@ def positions(c: int, rank, L: int, rows: int):
     return starts[:, None] + jnp.arange(L, dtype=jnp.int32)[None, :]
 
 
+def document_starts(tokens_rs, eos: int, c: int):
+    """(rows, s) int32: where each token's document begins in its sequence (just after the last
+    `eos` before it; 0 in the first document). c > 1: the rows of `rows_of`, inside a region
+    manual over 'context' (each rank's chunks learn of the ends in earlier chunks)."""
+    rows, L = tokens_rs.shape
+    pos = (jnp.broadcast_to(jnp.arange(L, dtype=jnp.int32), (rows, L)) if c == 1
+           else positions(c, jax.lax.axis_index(AXIS), L, rows))
+    after = jax.lax.cummax(jnp.where(tokens_rs == eos, pos + 1, 0), axis=1)
+    starts = jnp.concatenate([jnp.zeros((rows, 1), jnp.int32), after[:, :-1]], axis=1)
+    if c == 1:
+        return starts
+    ends = natural_order(jax.lax.all_gather(after[:, -1:], AXIS), c)       # (b, 2c): a chunk's
+    before = jnp.concatenate([jnp.zeros_like(ends[:, :1]),                # last start, the
+                              jax.lax.cummax(ends, axis=1)[:, :-1]], axis=1)   # chunks' before
+    rank = jax.lax.axis_index(AXIS)
+    mine = jnp.stack([before[:, chunk_of(rank, j, c)] for j in (0, 1)], axis=1).reshape(rows)
+    return jnp.maximum(starts, mine[:, None])
+
+
 def natural_order(x_rows, c: int):
     """Every rank's rows gathered, (c, 2b, L, ...) -> (b, s, ...): the chunks back in the
     order of the sequence."""
@@ -82,14 +104,17 @@ def chunk_order(x_bs, c: int):
     return jnp.stack(per_rank).reshape((c, 2 * b, L) + x_bs.shape[2:])
 
 
-def attention(q_rnd, k_rnd, v_rnd, c: int, rank, scale: float):
+def attention(q_rnd, k_rnd, v_rnd, c: int, rank, scale: float, starts_rs=None):
     """Causal attention of this rank's rows (2b, L, heads, d) over the keys of every rank
     (all-gathered over 'context', the key/value heads only): each query sees the keys at or
-    before its position. Returns (2b, L, heads, d). The backward gathers the keys and values
-    again (a layer keeps only its own chunks) and reduce-scatters their gradients."""
+    before its position (and, given `starts_rs`, at or after its document's start). Returns
+    (2b, L, heads, d). The backward gathers the keys and values again (a layer keeps only its
+    own chunks) and reduce-scatters their gradients."""
     rows, L = q_rnd.shape[:2]
     pos_q = positions(c, rank, L, rows).reshape(rows // 2, 2 * L)
-    return _context_attention(q_rnd, k_rnd, v_rnd, pos_q, c, scale)
+    if starts_rs is not None:
+        starts_rs = starts_rs.reshape(rows // 2, 2 * L)
+    return _context_attention(q_rnd, k_rnd, v_rnd, pos_q, starts_rs, c, scale)
 
 
 def _gather(x_rnd, c):
@@ -102,26 +127,26 @@ def _scatter(dx_bsnd, c):
                                 tiled=False)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _context_attention(q, k, v, pos, c, scale):
-    return _context_fwd(q, k, v, pos, c, scale)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _context_attention(q, k, v, pos, start, c, scale):
+    return _context_fwd(q, k, v, pos, start, c, scale)[0]
 
 
-def _context_fwd(q, k, v, pos, c, scale):
+def _context_fwd(q, k, v, pos, start, c, scale):
     rows, L = q.shape[:2]
     q_b = q.reshape((rows // 2, 2 * L) + q.shape[2:])
-    out, (_, _, _, _, out_b, lse) = _forward(q_b, _gather(k, c), _gather(v, c), pos, scale)
-    return out.reshape(q.shape), (q, k, v, pos, out_b, lse)
+    out, res = _forward(q_b, _gather(k, c), _gather(v, c), pos, start, scale)
+    return out.reshape(q.shape), (q, k, v, pos, start) + res[-2:]
 
 
 def _context_bwd(c, scale, res, g):
-    q, k, v, pos, out_b, lse = res
+    q, k, v, pos, start, out_b, lse = res
     rows, L = q.shape[:2]
     q_b = q.reshape((rows // 2, 2 * L) + q.shape[2:])
     g_b = g.reshape(q_b.shape)
-    dq, dk, dv, _ = _attention_bwd(scale, (q_b, _gather(k, c), _gather(v, c), pos, out_b, lse),
-                                   g_b)
-    return dq.reshape(q.shape), _scatter(dk, c), _scatter(dv, c), None
+    dq, dk, dv, _, _ = _attention_bwd(
+        scale, (q_b, _gather(k, c), _gather(v, c), pos, start, out_b, lse), g_b)
+    return dq.reshape(q.shape), _scatter(dk, c), _scatter(dv, c), None, None
 
 
 _context_attention.defvjp(_context_fwd, _context_bwd)
@@ -129,11 +154,13 @@ _context_attention.defvjp(_context_fwd, _context_bwd)
 
 # ----------------------------------------------------------------------------- the attention
 
-def blockwise_attention(q_bqnd, k_bsnd, v_bsnd, pos_bq, scale: float):
+def blockwise_attention(q_bqnd, k_bsnd, v_bsnd, pos_bq, scale: float, start_bq=None):
     """softmax(q k^T scale, over the keys at positions <= the query's) v, tile by tile with
     an online softmax: no (q, s) score matrix. Keys are in position order (key j at position
-    j); queries at any positions `pos_bq` (b, q). Grouped-query heads: n a multiple of kv."""
-    return _attention(q_bqnd, k_bsnd, v_bsnd, pos_bq, scale)
+    j); queries at any positions `pos_bq` (b, q); `start_bq`: the keys before a query's
+    document start are not seen either (their tiles are skipped). Grouped-query heads: n a
+    multiple of kv."""
+    return _attention(q_bqnd, k_bsnd, v_bsnd, pos_bq, start_bq, scale)
 
 
 def _tiles(n: int) -> int:
@@ -147,9 +174,9 @@ def _like(x, *refs):
     return vary(x, tuple(sorted(axes)))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, pos, scale):
-    return _forward(q, k, v, pos, scale)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention(q, k, v, pos, start, scale):
+    return _forward(q, k, v, pos, start, scale)[0]
 
 
 def _grouped(q, k):
@@ -158,21 +185,29 @@ def _grouped(q, k):
     return q.reshape(b, nq, kv, n // kv, d)
 
 
-def _key_tiles_for(pos_tile, tk: int, s: int):
-    """How many key tiles (of tk) a query tile needs: up to its largest position."""
-    return jnp.minimum(jnp.max(pos_tile) // tk + 1, s // tk)
+def _key_tiles_for(pos_tile, start_tile, tk: int, s: int):
+    """The key tiles (of tk) a query tile needs: from its earliest document start (0 without
+    document masking) to its largest position."""
+    first = 0 if start_tile is None else jnp.min(start_tile) // tk
+    return first, jnp.minimum(jnp.max(pos_tile) // tk + 1, s // tk)
 
 
-def _scores(q_t, k_t, pos_t, key0, scale):
+def _scores(q_t, k_t, pos_t, start_t, key0, scale):
     """(b, kv, g, tq, tk) float32 scores of a query tile against a key tile starting at
-    position key0, the keys after each query's position masked."""
+    position key0, the keys after each query's position (or before its document) masked."""
     s = jnp.einsum("bqkgd,bskd->bkgqs", q_t, k_t, preferred_element_type=jnp.float32) * scale
     key_pos = key0 + jnp.arange(k_t.shape[1])
     visible = key_pos[None, None, :] <= pos_t[:, :, None]             # (b, tq, tk)
+    if start_t is not None:
+        visible &= key_pos[None, None, :] >= start_t[:, :, None]
     return jnp.where(visible[:, None, None], s, -jnp.inf), visible
 
 
-def _forward(q, k, v, pos, scale):
+def _tile(x, i, t, axis=1):
+    return None if x is None else jax.lax.dynamic_slice_in_dim(x, i * t, t, axis=axis)
+
+
+def _forward(q, k, v, pos, start, scale):
     b, nq, n, d = q.shape
     s = k.shape[1]
     tq, tk = _tiles(nq), _tiles(s)
@@ -180,7 +215,7 @@ def _forward(q, k, v, pos, scale):
 
     def one_query_tile(i):
         q_t = jax.lax.dynamic_slice_in_dim(qg, i * tq, tq, axis=1)
-        pos_t = jax.lax.dynamic_slice_in_dim(pos, i * tq, tq, axis=1)
+        pos_t, start_t = _tile(pos, i, tq), _tile(start, i, tq)
         kv, g = qg.shape[2], qg.shape[3]
         m0 = jnp.full((b, kv, g, tq), -jnp.inf, jnp.float32)
         acc0 = tuple(_like(a, q, k, v, pos) for a in
@@ -190,7 +225,7 @@ def _forward(q, k, v, pos, scale):
             m, l, o = acc
             k_t = jax.lax.dynamic_slice_in_dim(k, j * tk, tk, axis=1)
             v_t = jax.lax.dynamic_slice_in_dim(v, j * tk, tk, axis=1)
-            sc, _ = _scores(q_t, k_t, pos_t, j * tk, scale)
+            sc, _ = _scores(q_t, k_t, pos_t, start_t, j * tk, scale)
             m_new = jnp.maximum(m, sc.max(-1))
             safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
             p = jnp.exp(sc - safe[..., None])
@@ -198,7 +233,7 @@ def _forward(q, k, v, pos, scale):
             o = o * fix[..., None] + jnp.einsum("bkgqs,bskd->bkgqd", p, v_t.astype(jnp.float32))
             return m_new, l * fix + p.sum(-1), o
 
-        m, l, o = jax.lax.fori_loop(0, _key_tiles_for(pos_t, tk, s), body, acc0)
+        m, l, o = jax.lax.fori_loop(*_key_tiles_for(pos_t, start_t, tk, s), body, acc0)
         lse = m + jnp.log(l)
         return (o / l[..., None]), lse
 
@@ -206,16 +241,15 @@ def _forward(q, k, v, pos, scale):
     o = jnp.moveaxis(o, 0, 3).reshape(b, k.shape[2], n // k.shape[2], nq, d)
     lse = jnp.moveaxis(lse, 0, 3).reshape(b, k.shape[2], n // k.shape[2], nq)
     out = jnp.moveaxis(o, 3, 1).reshape(b, nq, n, d).astype(q.dtype)
-    return out, (q, k, v, pos, out, lse)
+    return out, (q, k, v, pos, start, out, lse)
 
 
-def _attention_fwd(q, k, v, pos, scale):
-    out, res = _forward(q, k, v, pos, scale)
-    return out, res
+def _attention_fwd(q, k, v, pos, start, scale):
+    return _forward(q, k, v, pos, start, scale)
 
 
 def _attention_bwd(scale, res, g):
-    q, k, v, pos, out, lse = res
+    q, k, v, pos, start, out, lse = res
     b, nq, n, d = q.shape
     s, kvh = k.shape[1], k.shape[2]
     tq, tk = _tiles(nq), _tiles(s)
@@ -227,7 +261,7 @@ def _attention_bwd(scale, res, g):
         dk, dv = grads
         q_t = jax.lax.dynamic_slice_in_dim(qg, i * tq, tq, axis=1)
         g_t = jax.lax.dynamic_slice_in_dim(gg, i * tq, tq, axis=1).astype(jnp.float32)
-        pos_t = jax.lax.dynamic_slice_in_dim(pos, i * tq, tq, axis=1)
+        pos_t, start_t = _tile(pos, i, tq), _tile(start, i, tq)
         lse_t = jax.lax.dynamic_slice_in_dim(lse, i * tq, tq, axis=3)
         dl_t = jax.lax.dynamic_slice_in_dim(delta, i * tq, tq, axis=3)
 
@@ -235,7 +269,7 @@ def _attention_bwd(scale, res, g):
             dq_t, dk, dv = acc
             k_t = jax.lax.dynamic_slice_in_dim(k, j * tk, tk, axis=1)
             v_t = jax.lax.dynamic_slice_in_dim(v, j * tk, tk, axis=1)
-            sc, visible = _scores(q_t, k_t, pos_t, j * tk, scale)
+            sc, visible = _scores(q_t, k_t, pos_t, start_t, j * tk, scale)
             p = jnp.where(visible[:, None, None], jnp.exp(sc - lse_t[..., None]), 0.0)
             dv_t = jnp.einsum("bkgqs,bqkgd->bskd", p, g_t)
             dp = jnp.einsum("bqkgd,bskd->bkgqs", g_t, v_t.astype(jnp.float32))
@@ -247,14 +281,15 @@ def _attention_bwd(scale, res, g):
             return dq_t, add(dk, dk_t), add(dv, dv_t)
 
         dq0 = _like(jnp.zeros(q_t.shape, jnp.float32), q, k, v, g)
-        dq_t, dk, dv = jax.lax.fori_loop(0, _key_tiles_for(pos_t, tk, s), body, (dq0, dk, dv))
+        dq_t, dk, dv = jax.lax.fori_loop(*_key_tiles_for(pos_t, start_t, tk, s), body,
+                                         (dq0, dk, dv))
         return (dk, dv), dq_t
 
     zeros = _like(jnp.zeros((b, s, kvh, d), jnp.float32), q, k, v, g)
     (dk, dv), dq = jax.lax.scan(lambda c_, i: one_query_tile(i, c_), (zeros, zeros),
                                 jnp.arange(nq // tq))
     dq = jnp.moveaxis(dq, 0, 1).reshape(b, nq, n, d)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

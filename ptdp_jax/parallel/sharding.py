@@ -210,6 +210,12 @@ class Sharder:
         from ptdp_jax.parallel import context as C
         return C.positions(self.context, jax.lax.axis_index(C.AXIS), s, rows)
 
+    def document_starts(self, tokens_bs, eos: int):
+        """(rows, s) int32: where each token of a device's rows begins its document (after the
+        last `eos` before it in its sequence; parallel/context.py)."""
+        from ptdp_jax.parallel import context as C
+        return C.document_starts(tokens_bs, eos, self.context)
+
     def spec(self, names) -> P:
         return logical_to_spec(tuple(names), self.manual, self.sequence_parallel, self.rows)
 

@@ -69,6 +69,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ptdp_jax.config import decisions as D
 from ptdp_jax.models import fp8 as F8
 from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad, Probe
@@ -135,6 +136,9 @@ def _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router) 
     b, s = batch_rs1.shape[0] // m, batch_rs1.shape[1] - 1     # a device's rows: its chunks
     tokens = batch_rs1.reshape((m, b, s + 1))
     keys = None if keys_r is None else keys_r.reshape((m, b))
+    eos, starts = D.document_end(cfg), None
+    if eos is not None:
+        starts = sh.document_starts(tokens[:, :, :-1].reshape(m * b, s), eos).reshape(m, b, s)
     w = M.cast(params, dtype)
     dense, specs = M.dense_weight_names(mc), M.gemm_specs(mc)
 
@@ -159,7 +163,7 @@ def _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router) 
                               stash_store(modes.static_stash, "wstash_slot"))
     return StageOps(mc, sh, manual, dtype, tokens, keys, params, w, weights, layer,
                     stash_store(modes.static_stash, "stash_slot"), split, router.send_field,
-                    pipe_head)
+                    pipe_head, starts=starts)
 
 
 def _gemm_shapes(mc, sh, wl, dense, b, s, dtype) -> dict:

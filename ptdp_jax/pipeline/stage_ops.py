@@ -28,6 +28,7 @@ import jax.numpy as jnp
 
 from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import Taps, tap_structs, weight_grad
+from ptdp_jax.models.layers import Rows
 from ptdp_jax.models.residuals import Residuals
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe
@@ -121,9 +122,12 @@ class StageOps:
     send_field: Callable    # Branch -> 'send_down' | 'send_up'
     pipe_head: PipeHead | None      # None: the last chunk's forward branch runs the whole head
     res: Residuals = field(default_factory=Residuals)   # pullbacks <-> stashable leaves
+    starts: jax.Array | None = None  # (m, b, s) each token's document start (document masking)
 
     def key_rows(self, mb):
-        return None if self.keys is None else self.keys[mb]
+        """What the layers take per row of microbatch mb (models/model.layer_rows)."""
+        keys = None if self.keys is None else self.keys[mb]
+        return keys if self.starts is None else Rows(keys, self.starts[mb])
 
     def layer_fwd(self, layer_w, x, idx, mb):
         """One layer's output and its residuals to stash."""

@@ -32,6 +32,7 @@ def open_streams(cfg: Config):
         names = paths or ["<embedded corpus>"]
         check_same_tokenizer(names, datasets)
         _check_fit(cfg, names, datasets, 1 if val_paths else 2)
+        _check_documents(cfg, names, datasets)
         mk = lambda sets, w, split: BlendedStream(sets, w, s, cfg.train.seed, split=split,
                                                   val_fraction=held_out)
         if not val_paths:
@@ -64,6 +65,17 @@ def _check_fit(cfg: Config, names, datasets, windows: int) -> None:
                    "not one sequence of model.seq_len={s} (it needs at least {n} tokens)")
             raise ValueError(f"{shown} has {ds.num_tokens} tokens: "
                              + why.format(s=s, n=windows * s + 1))
+
+
+def _check_documents(cfg: Config, names, datasets) -> None:
+    """data.document_mask needs documents to mask between: ValueError where every dataset is
+    one document (no end-of-document token inside it)."""
+    if cfg.data.document_mask and all(ds.num_docs <= 1 for ds in datasets):
+        shown = ", ".join(repr(n) for n in names)
+        raise ValueError(f"data.document_mask=true, but data.path {shown} holds one document "
+                         f"(no end-of-document token inside it), so there is nothing to mask "
+                         f"between; prepare the data with one document a .txt file or a "
+                         f".jsonl line (ptdp-prepare-data), or leave data.document_mask off")
 
 
 def global_batch(stream, step: int, cfg: Config, sharding: NamedSharding):

@@ -133,7 +133,8 @@ class RunLog:
             f"{' v=%d' % v if v > 1 else ''}, {cfg.microbatch_split}, {cfg.train.dtype}"
             f"{' with FP8 GEMMs (' + cfg.train.fp8_recipe + ')' if cfg.train.fp8 else ''}, "
             f"recompute {cfg.train.recompute}"
-            f"{', zero %d' % cfg.parallel.zero if cfg.parallel.zero and d > 1 else ''}; "
+            f"{', zero %d' % cfg.parallel.zero if cfg.parallel.zero and d > 1 else ''}"
+            f"{', attention within documents' if cfg.data.document_mask else ''}; "
             f"run {self.run_id}, metrics in {Path(cfg.run.dir) / 'metrics.jsonl'}")
 
     # -- per step

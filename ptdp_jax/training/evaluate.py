@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from ptdp_jax.config import decisions as D
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.parallel import context as C
@@ -27,15 +28,15 @@ from ptdp_jax.parallel.sharding import Sharder, manual_axes, psum_over, vary
 from ptdp_jax.training.state import stage_param_specs
 
 
-def _masked_layers(cfg, sh, layers_p, x_bsh, n):
+def _masked_layers(cfg, sh, layers_p, x_bsh, n, rows=None):
     """The first n of a chunk's (padded) layers: a scan over all of them in which a
-    padding layer leaves x unchanged."""
+    padding layer leaves x unchanged (rows: models/model.layer_rows)."""
     f = M.layer_fn(cfg, sh)
     lmax = jax.tree.leaves(layers_p)[0].shape[0]
 
     def body(x, sc):
         lp, i = sc
-        return jnp.where(i < n, f(lp, x, i, None), x), None
+        return jnp.where(i < n, f(lp, x, i, rows), x), None
 
     x_bsh, _ = jax.lax.scan(body, x_bsh, (layers_p, jnp.arange(lmax, dtype=jnp.int32)))
     return x_bsh
@@ -58,6 +59,7 @@ def make_eval_fn(cfg, mesh, hidden: bool = False):
     pspecs = stage_param_specs(cfg)
     manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
     data_spec = P("data") if "data" in manual else P()
+    eos = None if hidden else D.document_end(cfg)
 
     def ring(w, inputs):
         """p > 1: one microbatch through the ring of stages (ZB-V: down and back up the V);
@@ -65,9 +67,11 @@ def make_eval_fn(cfg, mesh, hidden: bool = False):
         stage = jax.lax.axis_index("pipe")
         here = jnp.asarray(per_stage)[stage]                    # (v,) layer counts
         x = M.embed(mc, sh, w["embed"], inputs)                 # used on stage 0 only
+        rows = M.layer_rows(sh, inputs, None, eos)
         for c in range(p * v):
             j = place[c][1]                                     # every stage: its chunk j
-            x = _masked_layers(mc, sh, jax.tree.map(lambda a: a[0, j], w["layers"]), x, here[j])
+            x = _masked_layers(mc, sh, jax.tree.map(lambda a: a[0, j], w["layers"]), x, here[j],
+                               rows)
             if c < p * v - 1 and place[c + 1][0] != place[c][0]:
                 step = 1 if place[c + 1][0] == (place[c][0] + 1) % p else -1
                 x = jax.lax.ppermute(x, "pipe", [(i, (i + step) % p) for i in range(p)])
@@ -81,7 +85,7 @@ def make_eval_fn(cfg, mesh, hidden: bool = False):
         """p == 1: the whole model on one microbatch."""
         layers = M.to_canonical_layout(w["layers"], counts, 1)
         return M.loss_sum(mc, dict(w, layers=layers), tokens[:, :-1], tokens[:, 1:], sh,
-                          dtype=dtype)
+                          dtype=dtype, eos=eos)
 
     def local(params, batch):
         params = jax.tree.map(lambda x: vary(x, manual), params)

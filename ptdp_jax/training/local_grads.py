@@ -20,6 +20,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ptdp_jax.config import decisions as D
 from ptdp_jax.models import model as M
 from ptdp_jax.training import grads as G
 
@@ -42,7 +43,7 @@ def microbatch_grads(cfg, sh, params, batch_rs1, keys_r, manual, wrap):
 def _microbatch(cfg, sh, dtype, params, compute, wrap):
     """(loss, sums), tokens (b, s+1), key rows -> the same with the microbatch's loss and
     gradients added."""
-    mc = cfg.model
+    mc, eos = cfg.model, D.document_end(cfg)
 
     def trunk(layers, x, key_rows):
         return M.run_layers(mc, sh, M.cast(wrap(layers), dtype), x, cfg.remat, key_rows,
@@ -52,7 +53,8 @@ def _microbatch(cfg, sh, dtype, params, compute, wrap):
         loss, sums = carry
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         x0 = M.embed(mc, sh, compute["embed"], inputs, key_rows)
-        xl, pull = jax.vjp(lambda lp, x: trunk(lp, x, key_rows), params["layers"], x0)
+        rows = M.layer_rows(sh, inputs, key_rows, eos)
+        xl, pull = jax.vjp(lambda lp, x: trunk(lp, x, rows), params["layers"], x0)
         acc = (loss, M.head_embed(mc, sums["embed"]), sums["head"])
         (loss, tied, head), dxl = M.head_grads(mc, sh, acc, M.head_embed(mc, compute["embed"]),
                                                compute["head"], xl, targets)

@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from ptdp_jax.config import decisions as D
 from ptdp_jax.models import fp8 as F8
 from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax.training import fp8_state as FS
@@ -187,7 +188,8 @@ def _loss(cfg, sh, make, shards, fulls, accs, tokens_bs1, key_rows, pres=None):
             layers = [(s, _layer(grp(fulls, "layers"), i), _layer(grp(accs, "layers"), i),
                        _layer(pres, i)) for i, s in enumerate(shards["layers"])]
     x = M.embed(mc, sh, e, tokens_bs1[:, :-1], key_rows)
-    x = M.run_layers(mc, sh, layers, x, cfg.remat, key_rows,
+    rows = M.layer_rows(sh, tokens_bs1[:, :-1], key_rows, D.document_end(cfg))
+    x = M.run_layers(mc, sh, layers, x, cfg.remat, rows,
                      scan=cfg.scan_layers_on,     # auto: zero=3 scans (a layer at a time)
                      weights=None if make is None else (lambda lp: make("layers", *lp)),
                      regather=fulls is None)      # zero 3; zero 1, 2 gathered them before
