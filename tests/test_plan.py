@@ -235,7 +235,8 @@ def test_cli_json_recommended_first(capsys):
     valid = [r for r in rows if not r["reason"]]
     assert [r["step_time_s"] for r in valid] == sorted(r["step_time_s"] for r in valid)
     assert any(r["reason"].startswith("not divisible") for r in rows)
-    assert all(r["data"] * r["pipe"] * r["tensor"] == 4 for r in rows)
+    assert all(r["data"] * r["pipe"] * r["context"] * r["tensor"] == 4 for r in rows)
+    assert any(r["context"] > 1 for r in rows)                 # context parallelism searched
 
 
 def test_cli_table_and_pinned_keys(capsys):
@@ -412,3 +413,21 @@ def test_h200_limit_is_the_one_training_runs_under():
                 (c.data, c.zero, c.micro_batch_size, c.keep_ffn_activation) == (2, 2, 2, "auto")]
     assert zero2_keeping(kind) == []
     assert len(zero2_keeping(with_overrides(kind, {"memory_bytes": 143771 * 2 ** 20}))) == 1
+
+
+def test_llama3_8b_at_128k_on_8_h200s(capsys):
+    """Valid layouts, context parallelism among them (a `c` column), the recommended first."""
+    assert plan_main(["configs/llama3-8b.yaml", "--gpus", "8", "--gpu", "h200",
+                      "model.seq_len=131072", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["fits"] and rows[0]["reason"] == ""
+    assert any(r["context"] > 1 and r["fits"] and not r["reason"] for r in rows)
+
+
+def test_context_parallelism_where_nothing_else_fits():
+    cfg = load_config("configs/llama3-8b.yaml", {"model.seq_len": 2 ** 21, "model.num_layers": 1,
+                                                 "train.global_batch_size": 1})
+    rows = plan(cfg, 16, "h200")
+    assert rows[0].ok and rows[0].context > 1, rows[0]
+    assert not any(r.ok for r in rows if r.context == 1)
+    assert rows[0].overrides()["parallel.context"] == rows[0].context

@@ -68,9 +68,9 @@ def _recompute(c: Candidate) -> str:
 
 def format_table(rows: list[Candidate], top: int) -> str:
     """Markdown: the `top` best valid layouts, then the best of each kind of rejection."""
-    head = ("| # | d | p | t | micro | m | schedule | recompute | s/g | sp | zero | params/GPU "
+    head = ("| # | d | p | c | t | micro | m | schedule | recompute | s/g | sp | zero | params/GPU "
             "| GiB/GPU (w+g+opt+act) | bubble | step s | TFLOP/s/GPU | days | note |")
-    lines = [head, "|" + "---|" * 18]
+    lines = [head, "|" + "---|" * 19]
 
     def line(i, c: Candidate, note=""):
         j = c.to_json()
@@ -79,7 +79,7 @@ def format_table(rows: list[Candidate], top: int) -> str:
                  f"{_fmt(j['optimizer_gib'], '.1f')}+{_fmt(j['activations_gib'], '.1f')}")
         mem = "-" if j["memory_per_device_gib"] is None else \
             f"{j['memory_per_device_gib']:.1f} ({parts})"
-        return (f"| {i} | {c.data} | {c.pipe} | {c.tensor} | {c.micro_batch_size} | "
+        return (f"| {i} | {c.data} | {c.pipe} | {c.context} | {c.tensor} | {c.micro_batch_size} | "
                 f"{c.num_microbatches} | {sched} | {_recompute(c)} | "
                 f"{'yes' if c.scatter_gather else 'no'} | "
                 f"{'yes' if c.sequence_parallel else 'no'} | {c.zero} | "

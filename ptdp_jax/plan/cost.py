@@ -39,6 +39,12 @@ Communication (ring algorithms, NCCL bus bandwidths of the kind):
                bandwidth is the NICs of the group's GPUs on one host.
     pipe       ptdp_jax all-reduces the embedding and head gradients over 'pipe' (every stage
                holds them); Megatron the tied embedding between first and last stage.
+    context    (parallel.context = c) a device's tokens are 1/c of a microbatch's and so is its
+               share of the causal attention (the chunks' balance); each layer all-gathers the
+               key/value heads forward, and again in the backward with a reduce-scatter of
+               their gradients (`context_seconds`); the gradients are reduced over context too.
+               The blockwise attention (context parallelism, data.document_mask) runs at
+               1 / BLOCKWISE_SLOWDOWN of cuDNN's flash attention.
 
 Devices are placed tensor fastest, then data, then pipe (Megatron's order and ptdp_jax's
 multi-host mesh), `gpus_per_host` to a host.
@@ -47,8 +53,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ptdp_jax.training.memory import (flash_attention_bytes_per_token, layer_activation_bytes_per_token,
-                             layer_gemms, params_per_device)
+from ptdp_jax.training.memory import (device_tokens, flash_attention_bytes_per_token,
+                                     layer_activation_bytes_per_token, layer_gemms,
+                                     params_per_device)
 from ptdp_jax.plan.hardware import GpuKind
 
 REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every tensor rank repeats
@@ -57,6 +64,10 @@ REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every t
 # each predicted within 3%
 FP8_GEMM_SPEEDUP = 1.75
 FP8_QUANT_BYTES = 5             # per operand element: amax read (2), scaled read (2), write (1)
+# parallel/context.py's blockwise attention against cuDNN's flash attention, forward and
+# backward: 16.1x, 17.4x and 17.1x at 8k, 16k and 32k (b 1, 32 heads, 8 kv heads, 1x H200,
+# 2026-12-01)
+BLOCKWISE_SLOWDOWN = 16.9
 
 
 def tp_ring_share(t: int) -> float:
@@ -121,10 +132,20 @@ def uses_xla_attention(cfg, gpu: GpuKind) -> bool:
             and cfg.scan_layers_on)
 
 
+def blockwise_attention(cfg) -> bool:
+    """Whether the layers' attention is parallel/context.py's (models/layers.causal_attention)."""
+    return cfg.parallel.context > 1 or cfg.data.document_mask
+
+
 def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
-    """(forward, backward) seconds of one layer's attention core on one tensor rank."""
-    m, t = cfg.model, cfg.parallel.tensor
+    """(forward, backward) seconds of one layer's attention core on one tensor rank (and one
+    context rank: 1/c of the causal work)."""
+    m, t, c = cfg.model, cfg.parallel.tensor, cfg.parallel.context
     b, s, h = cfg.train.micro_batch_size, m.seq_len, m.hidden_size
+    if blockwise_attention(cfg) and gpu.attention == "flash":
+        causal = 2.0 * b * s * s * h / t / c
+        fwd, bwd = (f / BLOCKWISE_SLOWDOWN for f in gpu.flash_fractions(s))
+        return causal / (fwd * gpu.peak_flops), 2.5 * causal / (bwd * gpu.peak_flops)
     if uses_xla_attention(cfg, gpu):
         square = 4.0 * b * s * s * h / t
         return square / gpu.xla_attention_flops, 2.5 * square / gpu.xla_attention_flops
@@ -143,8 +164,8 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     """Seconds per microbatch of each op of cfg's layout on `gpu`."""
     m, par, tr = cfg.model, cfg.parallel, cfg.train
     t, p = par.tensor, par.pipe
-    h, s, b = m.hidden_size, m.seq_len, tr.micro_batch_size
-    T = b * s
+    h = m.hidden_size
+    T = device_tokens(cfg)
     act = gpu.activation_bytes
 
     gemm_fwd = sum(gpu.gemm_seconds(2.0 * M * K * N) for M, K, N in layer_gemms(cfg))
@@ -174,8 +195,9 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     tp_ar += gpu.tp_collective_overhead_s if t > 1 else 0.0
     tp_ar *= tp_ring_share(t) if cfg.tp_comm_overlap_on and cfg.num_microbatches == 1 else 1.0
 
-    fwd = gemm_fwd + attn_fwd + elem_fwd + 2 * tp_ar + quant_fwd
-    bwd = 2 * gemm_fwd + attn_bwd + elem_bwd + 2 * tp_ar + quant_bwd
+    kv_fwd, kv_bwd = context_seconds(cfg, gpu, gpus_per_host)
+    fwd = gemm_fwd + attn_fwd + elem_fwd + 2 * tp_ar + quant_fwd + kv_fwd
+    bwd = 2 * gemm_fwd + attn_bwd + elem_bwd + 2 * tp_ar + quant_bwd + kv_bwd
     if cfg.recompute == "selective":     # a flash attention's outputs are kept, not recomputed
         bwd += (0.0 if flash_attention_bytes_per_token(cfg) else attn_fwd) + elem_fwd + quant_fwd
         if cfg.remat == "selective+act":     # ... and the activation's output: T f read, written
@@ -208,6 +230,20 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     return OpCosts(fwd, bwd, head_fwd, head_bwd, embed_bwd, send, tp_ar)
 
 
+def context_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, float]:
+    """(forward, backward) seconds of a layer's key/value traffic over 'context' (next to
+    'tensor' on the mesh): the all-gather of the microbatch's key/value heads, and in the
+    backward that gather again and the reduce-scatter of their gradients (not overlapped)."""
+    c, m = cfg.parallel.context, cfg.model
+    if c == 1:
+        return 0.0, 0.0
+    kv = (getattr(m, "kv_heads", None) or m.num_heads) * m.head_dim / cfg.parallel.tensor
+    nbytes = 2 * cfg.train.micro_batch_size * m.seq_len * kv * gpu.activation_bytes
+    bw, lat = group_link(gpu, cfg.parallel.tensor, c, gpus_per_host)
+    gather = ring_allgather_seconds(nbytes, c, bw, lat)
+    return gather, 2 * gather
+
+
 def stage_boundary_crosses_host(cfg, gpus_per_host: int) -> bool:
     """True when some pair of neighbouring pipeline stages sits on different hosts: a stage is
     t x d consecutive devices (tensor fastest, then data, then pipe)."""
@@ -238,6 +274,15 @@ def dp_allreduce_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> float:
     n = sum(params_per_device(cfg).values())
     bw, lat = group_link(gpu, par.tensor, par.data, gpus_per_host)
     zero = zero_stage(cfg)
+    # context parallelism: each gradient (ZeRO: each shard) summed over the context ranks too
+    cbw, clat = group_link(gpu, par.tensor, par.context, gpus_per_host)
+    over_context = ring_allreduce_seconds(n / (par.data if zero else 1) * _reduce_bytes(cfg, gpu),
+                                          par.context, cbw, clat)
+    return over_context + _data_seconds(cfg, gpu, n, zero, bw, lat)
+
+
+def _data_seconds(cfg, gpu: GpuKind, n: float, zero: int, bw: float, lat: float) -> float:
+    par = cfg.parallel
     if not zero:
         return ring_allreduce_seconds(n * _reduce_bytes(cfg, gpu), par.data, bw, lat)
     compute = 4 if cfg.compute_dtype == "float32" else 2

@@ -117,4 +117,4 @@ def estimate_step(cfg, gpu: GpuKind, gpus_per_host: int) -> StepEstimate:
     step = played + dp + pp + opt + gpu.step_overhead_s
     flops = model_flops_per_iteration(cfg, recompute=cfg.recompute == "full")
     return StepEstimate(step, played, ideal, bubble, dp, pp, opt, gpu.step_overhead_s, ticks,
-                        estimate_memory(cfg), flops, par.data * par.pipe * par.tensor)
+                        estimate_memory(cfg), flops, par.num_devices)

@@ -1,7 +1,8 @@
 """Enumerate the layouts of a model on n GPUs, reject the impossible ones with a reason, predict
 the rest, rank them.
 
-A layout: data x pipe x tensor = n, micro batch b, schedule (1f1b, interleaved with v virtual
+A layout: data x pipe x context x tensor = n (context c where 2c divides the sequence and
+dropout is off: parallel/context.py), micro batch b, schedule (1f1b, interleaved with v virtual
 stages, gpipe on request), recompute (none, selective, full), scatter/gather (p > 1, t > 1),
 parallel.zero (d > 1: 0-3 without pipelining, 0 and 1 with it, where 2 and 3 gather a stage's
 weights once a step as 1 does).
@@ -28,7 +29,8 @@ from ptdp_jax.training.memory import GiB, MemoryEstimate, estimate_memory, param
 from ptdp_jax.plan.estimate import StepEstimate, estimate_step, on_gpus
 from ptdp_jax.plan.hardware import GpuKind, detect_gpu_kind, gpu_kind
 
-LAYOUT_KEYS = ("parallel.data", "parallel.pipe", "parallel.tensor", "train.micro_batch_size",
+LAYOUT_KEYS = ("parallel.data", "parallel.pipe", "parallel.tensor", "parallel.context",
+               "train.micro_batch_size",
                "parallel.schedule", "parallel.virtual_stages", "train.recompute",
                "parallel.scatter_gather", "parallel.zero", "parallel.sequence_parallel",
                "tuning.keep_ffn_activation")
@@ -59,6 +61,7 @@ class Candidate:
     zero: int = 0                         # parallel.zero
     sequence_parallel: bool = False       # parallel.sequence_parallel (t > 1)
     keep_ffn_activation: bool | str = "auto"  # selective: False where keeping it does not fit
+    context: int = 1                      # parallel.context
     reason: str = ""                      # "" = a valid layout
     fits: bool = False
     params_per_device: float = 0.0         # parameters held by the most loaded device
@@ -74,7 +77,8 @@ class Candidate:
     def overrides(self) -> dict:
         """The layout as dotted config overrides."""
         return {"parallel.data": self.data, "parallel.pipe": self.pipe,
-                "parallel.tensor": self.tensor, "train.micro_batch_size": self.micro_batch_size,
+                "parallel.tensor": self.tensor, "parallel.context": self.context,
+                "train.micro_batch_size": self.micro_batch_size,
                 "parallel.schedule": self.schedule, "parallel.virtual_stages": self.virtual_stages,
                 "train.recompute": self.recompute, "parallel.scatter_gather": self.scatter_gather,
                 "parallel.zero": self.zero, "parallel.sequence_parallel": self.sequence_parallel,
@@ -84,7 +88,7 @@ class Candidate:
         e, mem = self.estimate, self.memory
         g = (lambda x: round(x / GiB, 3)) if mem else (lambda x: None)
         return {
-            "data": self.data, "pipe": self.pipe, "tensor": self.tensor,
+            "data": self.data, "pipe": self.pipe, "tensor": self.tensor, "context": self.context,
             "micro_batch_size": self.micro_batch_size, "num_microbatches": self.num_microbatches,
             "schedule": self.schedule, "virtual_stages": self.virtual_stages,
             "recompute": self.recompute, "scatter_gather": self.scatter_gather,
@@ -135,50 +139,70 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
     def pick(key, options):
         return [fixed[key]] if key in fixed else list(options)
 
-    for t in pick("parallel.tensor", _divisors(n)):
-        for p in pick("parallel.pipe", _divisors(n // t) if n % t == 0 else []):
-            if n % (t * p):
-                continue
-            d = n // (t * p)
-            if "parallel.data" in fixed and fixed["parallel.data"] != d:
-                continue
-            treason = _tensor_reason(model, t, gpus_per_host)
-            base = dict(data=d, pipe=p, tensor=t)
-            if B % d:
-                yield Candidate(**base, micro_batch_size=0, schedule="-", virtual_stages=1,
+    for ctx, t, p in _splits(cfg, n, pick, lockstep):
+        d = n // (ctx * t * p)
+        if "parallel.data" in fixed and fixed["parallel.data"] != d:
+            continue
+        treason = _tensor_reason(model, t, gpus_per_host) or _context_reason(cfg, ctx)
+        base = dict(data=d, pipe=p, tensor=t, context=ctx)
+        row = model.seq_len // (2 * ctx) if ctx > 1 else model.seq_len   # a device's rows
+        if B % d:
+            yield Candidate(**base, micro_batch_size=0, schedule="-", virtual_stages=1,
+                            recompute="-", scatter_gather=False, num_microbatches=0,
+                            reason=f"not divisible: global batch {B} by d={d}"), None
+            continue
+        divides = [b for b in micro_batches if (B // d) % b == 0]
+        for b in pick("train.micro_batch_size", divides):
+            if (B // d) % b:
+                yield Candidate(**base, micro_batch_size=b, schedule="-", virtual_stages=1,
                                 recompute="-", scatter_gather=False, num_microbatches=0,
-                                reason=f"not divisible: global batch {B} by d={d}"), None
+                                reason=f"not divisible: global batch {B} by d x b = "
+                                       f"{d} x {b}"), None
                 continue
-            divides = [b for b in micro_batches if (B // d) % b == 0]
-            for b in pick("train.micro_batch_size", divides):
-                if (B // d) % b:
-                    yield Candidate(**base, micro_batch_size=b, schedule="-", virtual_stages=1,
-                                    recompute="-", scatter_gather=False, num_microbatches=0,
-                                    reason=f"not divisible: global batch {B} by d x b = "
-                                           f"{d} x {b}"), None
-                    continue
-                m = B // (d * b)
-                for sched, v in _schedules(p, L, fixed, schedules, lockstep):
-                    tensor_hard = "" if treason.startswith("tensor across hosts") else treason
-                    hard = tensor_hard
-                    if not hard and L % (p * v):
-                        hard = f"not divisible: model.num_layers={L} by p x v = {p} x {v}"
-                    if not hard and (sched == "interleaved" or v > 1) and m % p:
-                        hard = f"not divisible: {sched} v={v} needs m % p == 0, m={m}, p={p}"
-                    for rc in pick("train.recompute", recomputes):
-                        sgs = [False, True] if (p > 1 and t > 1) else [False]
-                        for sg in pick("parallel.scatter_gather", sgs):
-                            for z, sp in _zero_sp(d, p, t, model.seq_len, pick):
-                                why = (tensor_hard or _sp_reason(sp, t, model.seq_len)
-                                       or hard)
-                                c = Candidate(**base, micro_batch_size=b, schedule=sched,
-                                              virtual_stages=v, recompute=rc, scatter_gather=sg,
-                                              num_microbatches=m, zero=z, sequence_parallel=sp,
-                                              reason=why or treason,
-                                              keep_ffn_activation=_keep(cfg, fixed, rc))
-                                # a tensor group across hosts is slow, not impossible
-                                # (tuning.allow_cross_host_tensor): still predicted
-                                yield c, None if why else layout_config(cfg, c)
+            m = B // (d * b)
+            for sched, v in _schedules(p, L, fixed, schedules, lockstep):
+                tensor_hard = "" if treason.startswith("tensor across hosts") else treason
+                hard = tensor_hard
+                if not hard and L % (p * v):
+                    hard = f"not divisible: model.num_layers={L} by p x v = {p} x {v}"
+                if not hard and (sched == "interleaved" or v > 1) and m % p:
+                    hard = f"not divisible: {sched} v={v} needs m % p == 0, m={m}, p={p}"
+                for rc in pick("train.recompute", recomputes):
+                    sgs = [False, True] if (p > 1 and t > 1) else [False]
+                    for sg in pick("parallel.scatter_gather", sgs):
+                        for z, sp in _zero_sp(d, p, t, row, pick):
+                            why = tensor_hard or _sp_reason(sp, t, row) or hard
+                            c = Candidate(**base, micro_batch_size=b, schedule=sched,
+                                          virtual_stages=v, recompute=rc, scatter_gather=sg,
+                                          num_microbatches=m, zero=z, sequence_parallel=sp,
+                                          reason=why or treason,
+                                          keep_ffn_activation=_keep(cfg, fixed, rc))
+                            # a tensor group across hosts is slow, not impossible
+                            # (tuning.allow_cross_host_tensor): still predicted
+                            yield c, None if why else layout_config(cfg, c)
+
+
+def _splits(cfg, n: int, pick, ours: bool):
+    """(context, tensor, pipe) whose product divides n: context (ours: our executor's GPU
+    kinds) where 2c divides the sequence and dropout is off (or pinned), tensor and pipe any
+    divisors."""
+    s = cfg.model.seq_len
+    contexts = [c for c in _divisors(n) if c == 1 or (
+        ours and s % (2 * c) == 0 and not cfg.model.dropout)]
+    for c in pick("parallel.context", contexts):
+        for t in pick("parallel.tensor", _divisors(n // c) if n % c == 0 else []):
+            for p in pick("parallel.pipe", _divisors(n // (c * t)) if n % (c * t) == 0 else []):
+                if n % (c * t * p) == 0:
+                    yield c, t, p
+
+
+def _context_reason(cfg, c: int) -> str:
+    """A pinned parallel.context the sequence or the dropout rules out."""
+    if c > 1 and cfg.model.seq_len % (2 * c):
+        return f"not divisible: model.seq_len={cfg.model.seq_len} by 2 x parallel.context = {2 * c}"
+    if c > 1 and cfg.model.dropout:
+        return f"context parallelism needs model.dropout=0, got {cfg.model.dropout}"
+    return ""
 
 
 def _zero_sp(d: int, p: int, t: int, seq_len: int, pick):
@@ -233,7 +257,7 @@ def _schedules(p: int, L: int, fixed: dict, schedules, lockstep: bool):
 def layout_config(cfg, c: Candidate):
     """cfg with the candidate's layout (stage_layers reset: the planner splits evenly)."""
     return replace(cfg, parallel=replace(cfg.parallel, data=c.data, pipe=c.pipe, tensor=c.tensor,
-                                         schedule=c.schedule, virtual_stages=c.virtual_stages,
+                                         context=c.context, schedule=c.schedule, virtual_stages=c.virtual_stages,
                                          scatter_gather=c.scatter_gather, zero=c.zero,
                                          sequence_parallel=c.sequence_parallel, stage_layers=()),
                    train=replace(cfg.train, micro_batch_size=c.micro_batch_size,

@@ -59,9 +59,7 @@ def _planned(cfg, source: str, explicit: set, command_line: set, n: int, local: 
     keep = D.planner_fixed(source, explicit, command_line)
     fixed = {k: _value(cfg, k) for k in LAYOUT_KEYS if k in keep and _value(cfg, k) != "auto"}
     if set(D.MESH_KEYS) <= keep:
-        n = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor   # the mesh is given
-    else:
-        n = max(1, n // cfg.parallel.context)   # parallel.context is kept; the rest planned
+        n = cfg.parallel.num_devices                                     # the mesh is given
     kind = detect_gpu_kind() if gpu is None else gpu_kind(gpu) if isinstance(gpu, str) else gpu
     best = best_layout(cfg, n, max(1, min(n, local)), kind, fixed=fixed)
     chosen = load_config(cfg, {**best.overrides(), **fixed})
