@@ -142,3 +142,23 @@ def test_bad_context_settings_are_one_clear_error(overrides, words):
     cfg = load_config(overrides={"model.seq_len": 16, **overrides})
     with pytest.raises(ConfigError, match=words.replace("(", r"\(").replace(")", r"\)")):
         validate(cfg, 8)
+
+
+def test_a_checkpoint_continues_at_another_context_size(tmp_path, data_cache):
+    """Context parallelism shapes no state: the unsplit run's step-2 checkpoint resumed with
+    each sequence over 4 devices takes the unsplit run's steps 3 and 4, and that run's step-4
+    checkpoint resumed unsplit takes its steps 5 and 6."""
+    import shutil
+
+    import helpers_ckpt as H
+    from ptdp_jax.run.loop import train
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 6, "checkpoint.every": 2})
+    whole = train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log()).losses
+    ck = tmp_path / "ckpt-split"
+    shutil.copytree(tmp_path / "ckpt", ck)
+    split = train(mesh_shape=(1, 1, 1), log=H.Log(), overrides={
+        **ov, "checkpoint.dir": str(ck), "checkpoint.resume_step": 2,
+        "checkpoint.resume": "overwrite", "parallel.context": 4, "train.stop_at_step": 4}).losses
+    back = train(mesh_shape=(1, 1, 1), log=H.Log(),
+                 overrides={**ov, "checkpoint.dir": str(ck)}).losses
+    np.testing.assert_allclose(split + back, whole[2:], rtol=2e-5)
