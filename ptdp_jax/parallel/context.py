@@ -77,9 +77,11 @@ def document_starts(tokens_rs, eos: int, c: int):
     starts = jnp.concatenate([jnp.zeros((rows, 1), jnp.int32), after[:, :-1]], axis=1)
     if c == 1:
         return starts
-    ends = natural_order(jax.lax.all_gather(after[:, -1:], AXIS), c)       # (b, 2c): a chunk's
-    before = jnp.concatenate([jnp.zeros_like(ends[:, :1]),                # last start, the
-                              jax.lax.cummax(ends, axis=1)[:, :-1]], axis=1)   # chunks' before
+    # each chunk's last start, gathered in sequence order (b, 2c); a chunk's rows start no
+    # earlier than the largest of the chunks before it
+    ends = natural_order(jax.lax.all_gather(after[:, -1:], AXIS), c)
+    before = jnp.concatenate([jnp.zeros_like(ends[:, :1]),
+                              jax.lax.cummax(ends, axis=1)[:, :-1]], axis=1)
     rank = jax.lax.axis_index(AXIS)
     mine = jnp.stack([before[:, chunk_of(rank, j, c)] for j in (0, 1)], axis=1).reshape(rows)
     return jnp.maximum(starts, mine[:, None])
