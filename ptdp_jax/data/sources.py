@@ -6,6 +6,7 @@ This module sits above both :mod:`.dataset` (reading token files) and :mod:`.pre
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from pathlib import Path
@@ -59,7 +60,13 @@ def end_of_document(paths) -> int:
     where there are none."""
     if not paths:
         return ByteTokenizer.eos_id
-    return TokenDataset(paths[0]).eos_id
+    return _eos_id(str(paths[0]))
+
+
+@functools.lru_cache(maxsize=None)
+def _eos_id(prefix: str) -> int:
+    """Once a process: every trace of a step asks (ZeRO's microbatch losses, the stages)."""
+    return TokenDataset(prefix).eos_id
 
 
 def tokenizer_identity(ds: TokenDataset) -> str:
