@@ -11,7 +11,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from parity import (assert_close, assert_close_fp8, loss_and_grads, reference, tiny_config)
 from ptdp_jax.config.load import ConfigError, load_config
 from ptdp_jax.config.validation import validate
-from ptdp_jax.parallel import context as C
+from ptdp_jax.parallel import context as C, flash as F
 
 FP8 = (("train.fp8", True),)
 
@@ -29,34 +29,70 @@ def _qkv(b=2, s=64, n=4, kv=2, d=16):
 
 
 def test_blockwise_attention_is_attention(monkeypatch):
-    monkeypatch.setattr(C, "BLOCK", 8)                       # 8 query and 8 key tiles
+    monkeypatch.setattr(F, "BLOCK", 8)                       # 8 query and 8 key tiles
     q, k, v, g = _qkv()
     pos = jnp.broadcast_to(jnp.arange(64), (2, 64))
-    ours = lambda q, k, v: C.blockwise_attention(q, k, v, pos, 0.25)
+    ours = lambda q, k, v: F.blockwise_attention(q, k, v, pos, 0.25)
     np.testing.assert_allclose(ours(q, k, v), _plain(q, k, v), atol=2e-6)
     for a, b in zip(jax.vjp(ours, q, k, v)[1](g), jax.vjp(_plain, q, k, v)[1](g)):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.parametrize("c", [2, 4])
-def test_split_attention_over_devices_is_attention(c, monkeypatch):
-    """Each rank's two chunks attend the keys all ranks gathered, by position; the gradients
-    of the keys and values go back to the ranks that hold them."""
-    monkeypatch.setattr(C, "BLOCK", 4)
+def _masked(q, k, v, starts):
+    """Plain attention within documents: key j seen by query i where starts[i] <= j <= i."""
+    g = q.shape[2] // k.shape[2]
+    s = q.shape[1]
+    j = jnp.arange(s)
+    mask = (j[None, None, :] <= j[None, :, None]) & (j[None, None, :] >= starts[:, :, None])
+    return jax.nn.dot_product_attention(q, jnp.repeat(k, g, 2), jnp.repeat(v, g, 2),
+                                        mask=mask[:, None])
+
+
+@pytest.mark.parametrize("c,documents", [(2, False), (4, False), (4, True)])
+def test_split_attention_over_devices_is_attention(c, documents, monkeypatch):
+    """Each rank's two chunks attend the keys all ranks gathered, in two parts (the chunks
+    before, their own) merged; the gradients of the keys and values go back to the ranks that
+    hold them. With document starts, also where a document begins inside a chunk or before
+    the chunks a rank holds."""
+    monkeypatch.setattr(F, "BLOCK", 8)
     q, k, v, g = _qkv()
+    starts = jnp.asarray(np.repeat([[0] * 5 + [5] * 14 + [19] * 30 + [49] * 15], 2, 0)
+                         if documents else np.zeros((2, 64), np.int32), jnp.int32)
     mesh = Mesh(np.array(jax.devices()[:c]), ("context",))
 
-    def local(q, k, v):
-        rows = lambda x: C.chunk_order(x, c)[jax.lax.axis_index("context")]
-        o = C.attention(rows(q), rows(k), rows(v), c, jax.lax.axis_index("context"), 0.25)
+    def local(q, k, v, starts):
+        r = jax.lax.axis_index("context")
+        rows = lambda x: C.chunk_order(x, c)[r]
+        o = C.attention(rows(q), rows(k), rows(v), c, r, 0.25,
+                        rows(starts) if documents else None)
         return jax.lax.all_gather(o, "context", axis=0, tiled=False)
 
-    split = jax.shard_map(local, mesh=mesh, in_specs=(P(),) * 3, out_specs=P(),
+    split = jax.shard_map(local, mesh=mesh, in_specs=(P(),) * 4, out_specs=P(),
                           axis_names={"context"}, check_vma=False)
-    ours = lambda q, k, v: C.natural_order(split(q, k, v), c)
-    np.testing.assert_allclose(ours(q, k, v), _plain(q, k, v), atol=2e-6)
-    for a, b in zip(jax.vjp(ours, q, k, v)[1](g), jax.vjp(_plain, q, k, v)[1](g)):
+    ours = lambda q, k, v: C.natural_order(split(q, k, v, starts), c)
+    plain = lambda q, k, v: _masked(q, k, v, starts)
+    np.testing.assert_allclose(ours(q, k, v), plain(q, k, v), atol=2e-6)
+    for a, b in zip(jax.vjp(ours, q, k, v)[1](g), jax.vjp(plain, q, k, v)[1](g)):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_parts_merge_to_the_whole_attention():
+    """flash.py's interface, the tiled kernel: the attention over keys [0, 40) and, causally,
+    over keys [40, 64) of queries 40..63, merged by log-sum-exp, and each part's backward from
+    the merged output and log-sum-exp, give the whole attention and its gradients."""
+    q, k, v, g = _qkv()
+    qs, gs = q[:, 40:], g[:, 40:]
+    before = F.Part(False, jnp.full((2,), 40, jnp.int32))
+    own = F.Part(True)
+    parts = [(k, v, before), (k[:, 40:], v[:, 40:], own)]
+
+    def whole(q, k, v):                              # queries at positions 40..63
+        return _plain(jnp.concatenate([jnp.zeros_like(q[:, :1]).repeat(40, 1), q], 1),
+                      k, v)[:, 40:]
+    o, lse = F.merge([F.forward("tiled", qs, kk, vv, p, 0.25) for kk, vv, p in parts])
+    np.testing.assert_allclose(o, whole(qs, k, v), atol=2e-6)
+    dq = sum(F.backward("tiled", qs, kk, vv, p, o, lse, gs, 0.25)[0] for kk, vv, p in parts)
+    np.testing.assert_allclose(dq, jax.vjp(lambda q: whole(q, k, v), qs)[1](gs)[0], atol=1e-5)
 
 
 @pytest.mark.parametrize("c", [1, 2, 4, 8])

@@ -12,7 +12,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from parity import assert_close, loss_and_grads, tiny_config
 from ptdp_jax.data.tokenizer import ByteTokenizer
-from ptdp_jax.parallel import context as C
+from ptdp_jax.parallel import context as C, flash as F
 
 EOS = ByteTokenizer.eos_id                   # the embedded corpus's (data.path empty)
 DM = {"data.document_mask": True}
@@ -42,14 +42,14 @@ def test_document_starts():
 def test_blockwise_attention_with_documents_is_masked_attention(monkeypatch):
     """Against jax's attention given the mask written out; the key tiles before a query tile's
     first document are skipped, so tiles are small here."""
-    monkeypatch.setattr(C, "BLOCK", 8)
+    monkeypatch.setattr(F, "BLOCK", 8)
     keys = jax.random.split(jax.random.key(1), 4)
     q, g = (jax.random.normal(k_, (2, 64, 4, 16)) for k_ in keys[:2])
     k, v = (jax.random.normal(k_, (2, 64, 2, 16)) for k_ in keys[2:])
     tokens = jnp.asarray(doc_batch(tiny_config(**{"model.seq_len": 64}), every=12)[:2, :-1])
     starts = C.document_starts(tokens, EOS, 1)
     pos = jnp.broadcast_to(jnp.arange(64), (2, 64))
-    ours = lambda q, k, v: C.blockwise_attention(q, k, v, pos, 0.25, starts)
+    ours = lambda q, k, v: F.blockwise_attention(q, k, v, pos, 0.25, starts)
     plain = lambda q, k, v: jax.nn.dot_product_attention(
         q, jnp.repeat(k, 2, 2), jnp.repeat(v, 2, 2), mask=_mask(starts)[:, None], scale=0.25)
     np.testing.assert_allclose(ours(q, k, v), plain(q, k, v), atol=2e-6)

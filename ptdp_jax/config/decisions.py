@@ -93,7 +93,7 @@ def keep_ffn_activation(cfg) -> bool:
 def remat(cfg) -> str:
     """The layers' rematerialisation policy (models/model.py REMAT_POLICIES)."""
     r = recompute(cfg.train.recompute)
-    return "selective+act" if r == "selective" and keep_ffn_activation(cfg) else r
+    return f"{r}+act" if r in ("selective", "offload") and keep_ffn_activation(cfg) else r
 
 
 # ----------------------------------------------------------------------------- layers and stash

@@ -32,7 +32,7 @@ from ptdp_jax.config.schema import (CheckpointConfig, Config, ConfigError, DataC
 CHOICES = {
     "model.arch": ("gpt", "llama"),
     "train.dtype": ("auto", "float32", "bfloat16"),
-    "train.recompute": ("auto", "none", "selective", "full"),
+    "train.recompute": ("auto", "none", "selective", "offload", "full"),
     "train.lr_schedule": ("cosine", "linear", "constant", "wsd"),
     "train.fp8_recipe": ("current", "delayed"),
     "parallel.schedule": ("gpipe", "1f1b", "1f1b-phased", "interleaved", "zb-h1", "zb-v",

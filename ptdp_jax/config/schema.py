@@ -96,7 +96,8 @@ class TrainConfig:
                                          # (from an amax history in the train state)
     fp8_amax_history: int = 4            # delayed: steps of history; a scale fits their largest
     recompute: str = "auto"              # auto (the least that fits by the memory estimate) | none |
-                                         # selective | full
+                                         # selective | offload (selective's kept in host
+                                         # memory) | full
     eval_every: int = 50                 # validation every this many steps and after the last; 0: after
                                          # the last only
     eval_batches: int = 2                # batches of train.global_batch_size a validation averages

@@ -223,10 +223,14 @@ def _batch(cfg, n):
 
 def _recompute(cfg, n):
     keep, r = cfg.tuning.keep_ffn_activation, cfg.train.recompute
-    need(keep is not True or r in ("selective", "auto"),
+    need(keep is not True or r in ("selective", "offload", "auto"),
          f"tuning.keep_ffn_activation keeps what selective recomputation would run again: it "
-         f"needs train.recompute=selective (got {r!r}; none keeps it already, full keeps only "
-         f"the layer inputs)")
+         f"needs train.recompute=selective or offload (got {r!r}; none keeps it already, full "
+         f"keeps only the layer inputs)")
+    need(r != "offload" or cfg.parallel.pipe == 1,
+         f"train.recompute=offload runs without pipelining (parallel.pipe=1; got "
+         f"parallel.pipe={cfg.parallel.pipe}): the pipeline's stash stays in device memory; "
+         f"use selective or full")
 
 
 def _tp_comm_overlap(cfg, n):

@@ -69,13 +69,12 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None, starts_bs=None)
     tensor parallelism that region is already fully manual, and on a (1, 1, t) mesh
     (no manual region) GSPMD partitions the call by heads itself. Exception: (d, 1, t)
     meshes inside a layer scan use XLA's attention (see below). Document masking (`starts_bs`,
-    each token's document start) and context parallelism: the blockwise attention of
-    parallel/context.py, which skips the key tiles a query tile cannot see."""
+    each token's document start) and context parallelism: `_blockwise_attention`."""
     def attend(q, k, v):
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
 
     if starts_bs is not None or (sh is not None and sh.context > 1):
-        return _blockwise_attention(q_bsnd, k_bsnd, v_bsnd, sh, starts_bs)
+        return _blockwise_attention(q_bsnd, k_bsnd, v_bsnd, sh, starts_bs, impl)
     if sh is None or sh.mesh is None or not sh.manual or sh.mesh.shape["tensor"] == 1:
         return attend(q_bsnd, k_bsnd, v_bsnd)
     if sh.mesh.shape["pipe"] == 1 and sh.in_layer_scan:
@@ -109,19 +108,23 @@ def _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh, *rest):
     return attention(q_bsnd, k_bsnd, v_bsnd, *rest)
 
 
-def _blockwise_attention(q_bsnd, k_bsnd, v_bsnd, sh, starts_bs):
-    """parallel/context.py's attention: over a sequence split over 'context', or with document
-    masking; per device where heads are split over an automatic 'tensor'."""
-    from ptdp_jax.parallel import context as C
+def _blockwise_attention(q_bsnd, k_bsnd, v_bsnd, sh, starts_bs, impl: str):
+    """Attention over a sequence split over 'context' (parallel/context.py; cuDNN's kernel for
+    its parts where `impl` is cuDNN and no document masks), or with document masking
+    (parallel/flash.py's tiled kernel); per device where heads are split over an automatic
+    'tensor'."""
+    from ptdp_jax.parallel import context as C, flash as F
     scale = 1.0 / float(q_bsnd.shape[-1]) ** 0.5
     split = sh is not None and sh.context > 1
+    kernel = "cudnn" if impl == "cudnn" and starts_bs is None else "tiled"
 
     def attend(q, k, v, *starts):
         starts = starts[0] if starts else None
         if split:
-            return C.attention(q, k, v, sh.context, jax.lax.axis_index(C.AXIS), scale, starts)
+            return C.attention(q, k, v, sh.context, jax.lax.axis_index(C.AXIS), scale, starts,
+                               kernel)
         pos = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
-        return C.blockwise_attention(q, k, v, pos, scale, starts)
+        return F.blockwise_attention(q, k, v, pos, scale, starts)
     rest = () if starts_bs is None else (starts_bs,)
     if (sh is None or sh.mesh is None or not sh.manual or "tensor" in sh.manual
             or sh.mesh.shape["tensor"] == 1):

@@ -174,9 +174,23 @@ def _save_dense_flash_and_act(prim, *args, **params) -> bool:
     return _save_dense_and_flash(prim, *args, **params)
 
 
+def _to_host(policy):
+    """`policy`, what it keeps moved to the host's pinned memory after the forward and back
+    to the device for the backward (train.recompute=offload): device memory of full
+    recomputation, the backward's work of selective, and the copies over PCIe."""
+    from jax._src.interpreters.partial_eval import Offloadable   # what jax's own offloading
+    offload = Offloadable(src="device", dst="pinned_host")       # policies return
+
+    def pol(prim, *args, **params):
+        return offload if policy(prim, *args, **params) is True else False
+    return pol
+
+
 REMAT_POLICIES = {
     "selective": _save_dense_and_flash,             # keep GEMM and flash-attention outputs
     "selective+act": _save_dense_flash_and_act,     # ... and the MLP activation's output
+    "offload": _to_host(_save_dense_and_flash),     # selective's, in host memory
+    "offload+act": _to_host(_save_dense_flash_and_act),
     "full": jax.checkpoint_policies.nothing_saveable,                          # keep layer inputs
 }
 WEIGHTS = "layer_weights"   # the name of the weights a `layer_fn(weights=...)` hook makes

@@ -6,8 +6,9 @@ k + 1 chunks of keys: i + 1 and 2c - i, 2c + 1 a rank). A rank's two chunks are 
 its activations, (2b, L, ...) for b sequences, rows ordered (sequence, chunk), so everything
 that works token by token (the GEMMs, norms, the loss) runs unchanged on them; their positions
 (`positions`) are what rotary and GPT's position embedding take, and attention gathers every
-rank's keys and values (`attention`: an all-gather of the key/value heads only, then a
-blockwise attention over the keys each query may see, by position).
+rank's keys and values (`attention`: an all-gather of the key/value heads only; then each chunk's queries
+attend, in two flash-attention parts merged by their log-sum-exp, the keys of the chunks before
+it and, causally, their own chunk's).
 
     rows = local_rows(tokens_bs1, c, rank)     # (2b, L + 1): this rank's chunks, + next token
     pos = positions(c, rank, L, 2b)            # (2b, L) int32
@@ -19,15 +20,15 @@ document begins, and attention's keys are those at or after it, too.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
+from ptdp_jax.parallel import flash as F
 from ptdp_jax.parallel.manual import vary, varying_axes
 
 AXIS = "context"
-BLOCK = 512                      # query and key tile of the blockwise attention
 
 
 def chunk_of(rank, j: int, c: int):
@@ -106,17 +107,15 @@ def chunk_order(x_bs, c: int):
     return jnp.stack(per_rank).reshape((c, 2 * b, L) + x_bs.shape[2:])
 
 
-def attention(q_rnd, k_rnd, v_rnd, c: int, rank, scale: float, starts_rs=None):
+def attention(q_rnd, k_rnd, v_rnd, c: int, rank, scale: float, starts_rs=None,
+              kernel: str = "tiled"):
     """Causal attention of this rank's rows (2b, L, heads, d) over the keys of every rank
     (all-gathered over 'context', the key/value heads only): each query sees the keys at or
     before its position (and, given `starts_rs`, at or after its document's start). Returns
-    (2b, L, heads, d). The backward gathers the keys and values again (a layer keeps only its
-    own chunks) and reduce-scatters their gradients."""
-    rows, L = q_rnd.shape[:2]
-    pos_q = positions(c, rank, L, rows).reshape(rows // 2, 2 * L)
-    if starts_rs is not None:
-        starts_rs = starts_rs.reshape(rows // 2, 2 * L)
-    return _context_attention(q_rnd, k_rnd, v_rnd, pos_q, starts_rs, c, scale)
+    (2b, L, heads, d). A chunk's queries attend in two parts (flash.py's `kernel`): the
+    chunks before theirs, whole, and their own, causally. The backward gathers the keys and
+    values again (a layer keeps only its own chunks) and reduce-scatters their gradients."""
+    return _context_attention(q_rnd, k_rnd, v_rnd, starts_rs, rank, c, scale, kernel)
 
 
 def _gather(x_rnd, c):
@@ -129,169 +128,78 @@ def _scatter(dx_bsnd, c):
                                 tiled=False)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _context_attention(q, k, v, pos, start, c, scale):
-    return _context_fwd(q, k, v, pos, start, c, scale)[0]
+def _parts(k, v, starts, rank, c: int, j: int, L: int):
+    """Row j's two parts: (keys, values, Part) of the chunks before its chunk (their length
+    at least 1; `before`: whether there are any) and of its own chunk (causal)."""
+    b = k.shape[0]
+    first = chunk_of(rank, j, c) * L
+    length = jnp.full((b,), jnp.maximum(first, 1), jnp.int32)
+    own = lambda x: jax.lax.dynamic_slice_in_dim(x, first, L, axis=1)
+    start = None if starts is None else starts[:, j]
+    own_start = None if start is None else jnp.maximum(start - first, 0)
+    return ((k, v, F.Part(False, length, start)), (own(k), own(v), F.Part(True, None, own_start)),
+            first > 0, first)
 
 
-def _context_fwd(q, k, v, pos, start, c, scale):
-    rows, L = q.shape[:2]
-    q_b = q.reshape((rows // 2, 2 * L) + q.shape[2:])
-    out, res = _forward(q_b, _gather(k, c), _gather(v, c), pos, start, scale)
-    return out.reshape(q.shape), (q, k, v, pos, start) + res[-2:]
+def _rows(x, j):
+    """Row j (0 or 1) of each sequence: (2b, ...) -> (b, ...)."""
+    return x.reshape((x.shape[0] // 2, 2) + x.shape[1:])[:, j]
 
 
-def _context_bwd(c, scale, res, g):
-    q, k, v, pos, start, out_b, lse = res
-    rows, L = q.shape[:2]
-    q_b = q.reshape((rows // 2, 2 * L) + q.shape[2:])
-    g_b = g.reshape(q_b.shape)
-    dq, dk, dv, _, _ = _attention_bwd(
-        scale, (q_b, _gather(k, c), _gather(v, c), pos, start, out_b, lse), g_b)
-    return dq.reshape(q.shape), _scatter(dk, c), _scatter(dv, c), None, None
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def _context_attention(q, k, v, starts, rank, c, scale, kernel):
+    return _context_fwd(q, k, v, starts, rank, c, scale, kernel)[0]
+
+
+def _context_fwd(q, k, v, starts, rank, c, scale, kernel):
+    out, lse = local_forward(q, _gather(k, c), _gather(v, c), starts, rank, c, scale, kernel)
+    # named: selective recomputation keeps them, as it keeps cuDNN's (models/layers.py)
+    name = lambda x: checkpoint_name(x, "attention")
+    return out, (q, k, v, starts, rank, name(out), name(lse))
+
+
+def _context_bwd(c, scale, kernel, res, g):
+    q, k, v, starts, rank, out, lse = res
+    dq, dk, dv = local_backward(q, _gather(k, c), _gather(v, c), starts, rank, c, scale, kernel,
+                                out, lse, g)
+    return dq, _scatter(dk.astype(k.dtype), c), _scatter(dv.astype(v.dtype), c), None, None
+
+
+def local_forward(q, k_bsnd, v_bsnd, starts, rank, c: int, scale: float, kernel: str):
+    """One rank's part of `attention` once the keys and values are gathered (b, s, kv, d):
+    (out like q, lse (b, 2, n, L) float32)."""
+    L = q.shape[1]
+    st = None if starts is None else starts.reshape(starts.shape[0] // 2, 2, L)
+    outs, lses = [], []
+    for j in (0, 1):
+        (k0, v0, before), (k1, v1, own), has, _ = _parts(k_bsnd, v_bsnd, st, rank, c, j, L)
+        o0, l0 = F.forward(kernel, _rows(q, j), k0, v0, before, scale)
+        o1, l1 = F.forward(kernel, _rows(q, j), k1, v1, own, scale)
+        o, lse = F.merge([(o0, jnp.where(has, l0, -jnp.inf)), (o1, l1)])
+        outs.append(o.astype(q.dtype))
+        lses.append(lse)
+    return jnp.stack(outs, axis=1).reshape(q.shape), jnp.stack(lses, axis=1)
+
+
+def local_backward(q, k_bsnd, v_bsnd, starts, rank, c: int, scale: float, kernel: str, out,
+                   lse, g):
+    """The backward of `local_forward`: dq like q, and float32 dk, dv of the gathered keys and
+    values (every rank's share of each)."""
+    L = q.shape[1]
+    st = None if starts is None else starts.reshape(starts.shape[0] // 2, 2, L)
+    dk = dv = jnp.zeros(k_bsnd.shape, jnp.float32)
+    dqs = []
+    for j in (0, 1):
+        (k0, v0, before), (k1, v1, own), has, first = _parts(k_bsnd, v_bsnd, st, rank, c, j, L)
+        q_j, o_j, g_j = _rows(q, j), _rows(out, j), _rows(g, j)
+        dq0, dk0, dv0 = F.backward(kernel, q_j, k0, v0, before, o_j, lse[:, j],
+                                   jnp.where(has, g_j, jnp.zeros_like(g_j)), scale)
+        dq1, dk1, dv1 = F.backward(kernel, q_j, k1, v1, own, o_j, lse[:, j], g_j, scale)
+        dqs.append(dq0.astype(jnp.float32) + dq1)
+        add = lambda full, part: jax.lax.dynamic_update_slice_in_dim(
+            full, jax.lax.dynamic_slice_in_dim(full, first, L, axis=1) + part, first, 1)
+        dk, dv = add(dk + dk0, dk1), add(dv + dv0, dv1)
+    return jnp.stack(dqs, axis=1).reshape(q.shape).astype(q.dtype), dk, dv
 
 
 _context_attention.defvjp(_context_fwd, _context_bwd)
-
-
-# ----------------------------------------------------------------------------- the attention
-
-def blockwise_attention(q_bqnd, k_bsnd, v_bsnd, pos_bq, scale: float, start_bq=None):
-    """softmax(q k^T scale, over the keys at positions <= the query's) v, tile by tile with
-    an online softmax: no (q, s) score matrix. Keys are in position order (key j at position
-    j); queries at any positions `pos_bq` (b, q); `start_bq`: the keys before a query's
-    document start are not seen either (their tiles are skipped). Grouped-query heads: n a
-    multiple of kv."""
-    return _attention(q_bqnd, k_bsnd, v_bsnd, pos_bq, start_bq, scale)
-
-
-def _tiles(n: int) -> int:
-    return math.gcd(n, BLOCK)
-
-
-def _like(x, *refs):
-    """x marked varying over the manual axes the refs vary over (a loop's carry must keep
-    one type)."""
-    axes = frozenset().union(*(varying_axes(r) for r in refs))
-    return vary(x, tuple(sorted(axes)))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _attention(q, k, v, pos, start, scale):
-    return _forward(q, k, v, pos, start, scale)[0]
-
-
-def _grouped(q, k):
-    b, nq, n, d = q.shape
-    kv = k.shape[2]
-    return q.reshape(b, nq, kv, n // kv, d)
-
-
-def _key_tiles_for(pos_tile, start_tile, tk: int, s: int):
-    """The key tiles (of tk) a query tile needs: from its earliest document start (0 without
-    document masking) to its largest position."""
-    first = 0 if start_tile is None else jnp.min(start_tile) // tk
-    return first, jnp.minimum(jnp.max(pos_tile) // tk + 1, s // tk)
-
-
-def _scores(q_t, k_t, pos_t, start_t, key0, scale):
-    """(b, kv, g, tq, tk) float32 scores of a query tile against a key tile starting at
-    position key0, the keys after each query's position (or before its document) masked."""
-    s = jnp.einsum("bqkgd,bskd->bkgqs", q_t, k_t, preferred_element_type=jnp.float32) * scale
-    key_pos = key0 + jnp.arange(k_t.shape[1])
-    visible = key_pos[None, None, :] <= pos_t[:, :, None]             # (b, tq, tk)
-    if start_t is not None:
-        visible &= key_pos[None, None, :] >= start_t[:, :, None]
-    return jnp.where(visible[:, None, None], s, -jnp.inf), visible
-
-
-def _tile(x, i, t, axis=1):
-    return None if x is None else jax.lax.dynamic_slice_in_dim(x, i * t, t, axis=axis)
-
-
-def _forward(q, k, v, pos, start, scale):
-    b, nq, n, d = q.shape
-    s = k.shape[1]
-    tq, tk = _tiles(nq), _tiles(s)
-    qg = _grouped(q, k)
-
-    def one_query_tile(i):
-        q_t = jax.lax.dynamic_slice_in_dim(qg, i * tq, tq, axis=1)
-        pos_t, start_t = _tile(pos, i, tq), _tile(start, i, tq)
-        kv, g = qg.shape[2], qg.shape[3]
-        m0 = jnp.full((b, kv, g, tq), -jnp.inf, jnp.float32)
-        acc0 = tuple(_like(a, q, k, v, pos) for a in
-                     (m0, jnp.zeros_like(m0), jnp.zeros((b, kv, g, tq, d), jnp.float32)))
-
-        def body(j, acc):
-            m, l, o = acc
-            k_t = jax.lax.dynamic_slice_in_dim(k, j * tk, tk, axis=1)
-            v_t = jax.lax.dynamic_slice_in_dim(v, j * tk, tk, axis=1)
-            sc, _ = _scores(q_t, k_t, pos_t, start_t, j * tk, scale)
-            m_new = jnp.maximum(m, sc.max(-1))
-            safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-            p = jnp.exp(sc - safe[..., None])
-            fix = jnp.exp(jnp.where(jnp.isfinite(m), m - safe, -jnp.inf))
-            o = o * fix[..., None] + jnp.einsum("bkgqs,bskd->bkgqd", p, v_t.astype(jnp.float32))
-            return m_new, l * fix + p.sum(-1), o
-
-        m, l, o = jax.lax.fori_loop(*_key_tiles_for(pos_t, start_t, tk, s), body, acc0)
-        lse = m + jnp.log(l)
-        return (o / l[..., None]), lse
-
-    o, lse = jax.lax.map(one_query_tile, jnp.arange(nq // tq))       # (nt, b, kv, g, tq, ...)
-    o = jnp.moveaxis(o, 0, 3).reshape(b, k.shape[2], n // k.shape[2], nq, d)
-    lse = jnp.moveaxis(lse, 0, 3).reshape(b, k.shape[2], n // k.shape[2], nq)
-    out = jnp.moveaxis(o, 3, 1).reshape(b, nq, n, d).astype(q.dtype)
-    return out, (q, k, v, pos, start, out, lse)
-
-
-def _attention_fwd(q, k, v, pos, start, scale):
-    return _forward(q, k, v, pos, start, scale)
-
-
-def _attention_bwd(scale, res, g):
-    q, k, v, pos, start, out, lse = res
-    b, nq, n, d = q.shape
-    s, kvh = k.shape[1], k.shape[2]
-    tq, tk = _tiles(nq), _tiles(s)
-    qg, gg = _grouped(q, k), _grouped(g, k)
-    og = _grouped(out, k)
-    delta = jnp.einsum("bqkgd,bqkgd->bkgq", gg.astype(jnp.float32), og.astype(jnp.float32))
-
-    def one_query_tile(i, grads):
-        dk, dv = grads
-        q_t = jax.lax.dynamic_slice_in_dim(qg, i * tq, tq, axis=1)
-        g_t = jax.lax.dynamic_slice_in_dim(gg, i * tq, tq, axis=1).astype(jnp.float32)
-        pos_t, start_t = _tile(pos, i, tq), _tile(start, i, tq)
-        lse_t = jax.lax.dynamic_slice_in_dim(lse, i * tq, tq, axis=3)
-        dl_t = jax.lax.dynamic_slice_in_dim(delta, i * tq, tq, axis=3)
-
-        def body(j, acc):
-            dq_t, dk, dv = acc
-            k_t = jax.lax.dynamic_slice_in_dim(k, j * tk, tk, axis=1)
-            v_t = jax.lax.dynamic_slice_in_dim(v, j * tk, tk, axis=1)
-            sc, visible = _scores(q_t, k_t, pos_t, start_t, j * tk, scale)
-            p = jnp.where(visible[:, None, None], jnp.exp(sc - lse_t[..., None]), 0.0)
-            dv_t = jnp.einsum("bkgqs,bqkgd->bskd", p, g_t)
-            dp = jnp.einsum("bqkgd,bskd->bkgqs", g_t, v_t.astype(jnp.float32))
-            ds = p * (dp - dl_t[..., None]) * scale
-            dq_t = dq_t + jnp.einsum("bkgqs,bskd->bqkgd", ds, k_t.astype(jnp.float32))
-            dk_t = jnp.einsum("bkgqs,bqkgd->bskd", ds, q_t.astype(jnp.float32))
-            add = lambda full, part: jax.lax.dynamic_update_slice_in_dim(
-                full, jax.lax.dynamic_slice_in_dim(full, j * tk, tk, axis=1) + part, j * tk, 1)
-            return dq_t, add(dk, dk_t), add(dv, dv_t)
-
-        dq0 = _like(jnp.zeros(q_t.shape, jnp.float32), q, k, v, g)
-        dq_t, dk, dv = jax.lax.fori_loop(*_key_tiles_for(pos_t, start_t, tk, s), body,
-                                         (dq0, dk, dv))
-        return (dk, dv), dq_t
-
-    zeros = _like(jnp.zeros((b, s, kvh, d), jnp.float32), q, k, v, g)
-    (dk, dv), dq = jax.lax.scan(lambda c_, i: one_query_tile(i, c_), (zeros, zeros),
-                                jnp.arange(nq // tq))
-    dq = jnp.moveaxis(dq, 0, 1).reshape(b, nq, n, d)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)

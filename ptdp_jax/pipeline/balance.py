@@ -23,7 +23,7 @@ from ptdp_jax.pipeline.head import spread_over_pipe
 from ptdp_jax.pipeline.schedule import build_schedule
 from ptdp_jax.pipeline.schedule import chunk_placement as _placement
 
-BACKWARD_COST = {"none": 2.0, "selective": 2.5, "full": 3.0}
+BACKWARD_COST = {"none": 2.0, "selective": 2.5, "offload": 2.5, "full": 3.0}
 CE_OVERHEAD = 1.15            # softmax / cross-entropy element-wise work on top of the logits GEMM
 
 

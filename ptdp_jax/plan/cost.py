@@ -21,7 +21,8 @@ Compute, per layer and microbatch of b sequences (T = b s tokens), on one of t t
                the backward (selective quantizes the inputs again); the weights once a step
                (`fp8_weight_seconds`).
     recompute  none: nothing; selective: element-wise again in the backward, and attention
-               unless it is a flash kernel (whose output selective keeps);
+               unless it is a flash kernel (whose output selective keeps); offload:
+               selective's, and OFFLOAD_EXPOSED of the copies to the host and back;
                full: the whole forward again, tensor all-reduces included.
 
 Communication (ring algorithms, NCCL bus bandwidths of the kind):
@@ -43,8 +44,10 @@ Communication (ring algorithms, NCCL bus bandwidths of the kind):
                share of the causal attention (the chunks' balance); each layer all-gathers the
                key/value heads forward, and again in the backward with a reduce-scatter of
                their gradients (`context_seconds`); the gradients are reduced over context too.
-               The blockwise attention (context parallelism, data.document_mask) runs at
-               1 / BLOCKWISE_SLOWDOWN of cuDNN's flash attention.
+               A rank's attention runs in cuDNN parts (parallel/context.py) at
+               1 / CONTEXT_PARTS_SLOWDOWN of the whole sequence's flash attention; under
+               data.document_mask the tiled kernel (parallel/flash.py) runs instead, at
+               1 / TILED_SLOWDOWN of it.
 
 Devices are placed tensor fastest, then data, then pipe (Megatron's order and ptdp_jax's
 multi-host mesh), `gpus_per_host` to a host.
@@ -55,7 +58,7 @@ from dataclasses import dataclass, replace
 
 from ptdp_jax.training.memory import (device_tokens, flash_attention_bytes_per_token,
                                      layer_activation_bytes_per_token, layer_gemms,
-                                     params_per_device)
+                                     offloaded_bytes, params_per_device)
 from ptdp_jax.plan.hardware import GpuKind
 
 REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every tensor rank repeats
@@ -64,10 +67,17 @@ REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every t
 # each predicted within 3%
 FP8_GEMM_SPEEDUP = 1.75
 FP8_QUANT_BYTES = 5             # per operand element: amax read (2), scaled read (2), write (1)
-# parallel/context.py's blockwise attention against cuDNN's flash attention, forward and
-# backward: 16.1x, 17.4x and 17.1x at 8k, 16k and 32k (b 1, 32 heads, 8 kv heads, 1x H200,
-# 2026-12-01)
-BLOCKWISE_SLOWDOWN = 16.9
+# parallel/flash.py's tiled kernel against cuDNN's flash attention, forward and backward:
+# 16.1x, 17.4x and 17.1x at 8k, 16k and 32k (b 1, 32 heads, 8 kv heads, 1x H200, 2026-12-01)
+TILED_SLOWDOWN = 16.9
+# a context rank's attention in cuDNN parts against 1/c of the whole sequence's: 1.01-1.12x
+# at 32k-128k with c = 2, 4, 8 (b 1, 32 heads, 8 kv heads, 1x H200, 2026-12-02)
+CONTEXT_PARTS_SLOWDOWN = 1.06
+# train.recompute=offload: device <-> pinned host memory (PCIe 5 x16) and the share of those
+# copies the layers' compute does not hide, fitted: LLaMA-3-8B shape, 4 layers, 32k and 64k,
+# offload 1.9524 and 4.8785 s against selective's 1.3729 and 3.6172 s (1x H200, 2026-12-02)
+HOST_LINK_BYTES_PER_S = 50e9
+OFFLOAD_EXPOSED = 0.47
 
 
 def tp_ring_share(t: int) -> float:
@@ -132,9 +142,12 @@ def uses_xla_attention(cfg, gpu: GpuKind) -> bool:
             and cfg.scan_layers_on)
 
 
-def blockwise_attention(cfg) -> bool:
-    """Whether the layers' attention is parallel/context.py's (models/layers.causal_attention)."""
-    return cfg.parallel.context > 1 or cfg.data.document_mask
+def tiled_attention(cfg) -> bool:
+    """Whether the layers' attention is parallel/flash.py's tiled kernel on a GPU with flash
+    attention (models/layers.causal_attention): under document masking, or split over context
+    where cuDNN does not run (float32, tuning.attention=xla)."""
+    no_cudnn = cfg.tuning.attention == "xla" or cfg.compute_dtype == "float32"
+    return cfg.data.document_mask or (cfg.parallel.context > 1 and no_cudnn)
 
 
 def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
@@ -142,9 +155,10 @@ def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
     context rank: 1/c of the causal work)."""
     m, t, c = cfg.model, cfg.parallel.tensor, cfg.parallel.context
     b, s, h = cfg.train.micro_batch_size, m.seq_len, m.hidden_size
-    if blockwise_attention(cfg) and gpu.attention == "flash":
+    if (c > 1 or tiled_attention(cfg)) and gpu.attention == "flash":
         causal = 2.0 * b * s * s * h / t / c
-        fwd, bwd = (f / BLOCKWISE_SLOWDOWN for f in gpu.flash_fractions(s))
+        slower = TILED_SLOWDOWN if tiled_attention(cfg) else CONTEXT_PARTS_SLOWDOWN
+        fwd, bwd = (f / slower for f in gpu.flash_fractions(s))
         return causal / (fwd * gpu.peak_flops), 2.5 * causal / (bwd * gpu.peak_flops)
     if uses_xla_attention(cfg, gpu):
         square = 4.0 * b * s * s * h / t
@@ -198,10 +212,13 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
     kv_fwd, kv_bwd = context_seconds(cfg, gpu, gpus_per_host)
     fwd = gemm_fwd + attn_fwd + elem_fwd + 2 * tp_ar + quant_fwd + kv_fwd
     bwd = 2 * gemm_fwd + attn_bwd + elem_bwd + 2 * tp_ar + quant_bwd + kv_bwd
-    if cfg.recompute == "selective":     # a flash attention's outputs are kept, not recomputed
+    if cfg.recompute in ("selective", "offload"):   # flash attention's outputs kept, not rerun
         bwd += (0.0 if flash_attention_bytes_per_token(cfg) else attn_fwd) + elem_fwd + quant_fwd
-        if cfg.remat == "selective+act":     # ... and the activation's output: T f read, written
+        if cfg.remat.endswith("+act"):     # ... and the activation's output: T f read, written
             bwd -= min(elem_fwd, _memory_seconds(2 * 2 * T * m.ffn / t, gpu))
+    if cfg.recompute == "offload":       # to the host and back: the share the GEMMs do not hide
+        moved = OFFLOAD_EXPOSED * offloaded_bytes(cfg) / HOST_LINK_BYTES_PER_S
+        fwd, bwd = fwd + moved, bwd + moved
     elif cfg.recompute == "full":
         bwd += fwd
     fwd += copy_fwd

@@ -27,6 +27,10 @@ The model (bytes per device; the most loaded device of the layout):
                  pipelining (autodiff through the unrolled layers keeps about Korthikanti's 34);
       full       the layer input only, 2 h bytes, plus one layer's `none` residuals while that
                  layer is recomputed in the backward (in `workspace`);
+      offload    selective's: they go to the host's pinned memory after the forward
+                 (`offloaded_bytes`), but XLA brings them all back before the backward, so the
+                 device's peak is selective's (LLaMA-3-8B shape, 4 layers, 32k and 64k: 48.4
+                 and 65.5 GiB against 49.8 and 67.1, 1x H200, 2026-12-02);
 
   with parallel.sequence_parallel (t > 1) the terms not yet divided by t are divided by t
   too (Korthikanti et al.'s 34 s b h / t): the (b, s, h) residuals each tensor rank kept whole
@@ -177,7 +181,7 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
     sp = t if _sequence_parallel(cfg) else 1                   # divides the replicated part
     if mode == "full":
         return 2.0 * h / sp * scale
-    if mode == "selective":
+    if mode in ("selective", "offload"):
         kv = getattr(m, "kv_heads", None) or m.num_heads     # grouped-query K and V
         qkv = h + 2 * h * kv // m.num_heads
         sharded = qkv + (2 * f if m.arch == "llama" else f)
@@ -188,7 +192,16 @@ def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float
         gathered = SP_GATHERED_BYTES_PER_H * h * (1 - 1 / t) \
             if sp > 1 and cfg.parallel.pipe == 1 and not cfg.tp_comm_overlap_on else 0.0
         return (per_h * (10 * h / sp + 24 * h / t) / 34 + gathered) * scale
-    raise ValueError(f"train.recompute={mode!r} is not one of ['none', 'selective', 'full']")
+    raise ValueError(f"train.recompute={mode!r} is not one of "
+                     f"['none', 'selective', 'offload', 'full']")
+
+
+def offloaded_bytes(cfg) -> float:
+    """train.recompute=offload: what one layer moves to host memory and back, per microbatch
+    (one device): selective's residuals but the layer input."""
+    moved = (layer_activation_bytes_per_token(cfg, "selective")
+             - layer_activation_bytes_per_token(cfg, "full"))
+    return moved * device_tokens(cfg)
 
 
 def flash_attention_bytes_per_token(cfg) -> float:
@@ -294,12 +307,20 @@ def activation_bytes(cfg) -> float:
         # fwd/bwd receive buffers (a few slots each) and the per-tick messages, (b, s, h) each
         buffers = (2 * 2 + MESSAGE_BUFFERS) * tokens * m.hidden_size * dtype_bytes
         buffers /= par.tensor if _sequence_parallel(cfg) else 1      # messages split by sequence
-    vocab_share = m.padded_vocab_size / (par.tensor * (par.pipe if _head_spread(cfg) else 1))
-    logits = tokens * vocab_share * LOGITS_BYTES
-    if not _head_spread(cfg):        # the fused head loss: one chunk of the sequence at a time
+    return stash + wstash_bytes(cfg) + buffers + logits_bytes(cfg, _head_spread(cfg))
+
+
+def logits_bytes(cfg, spread: bool) -> float:
+    """The float32 logits of one microbatch the head holds at once: over the pipeline stages
+    where it is spread (`pipeline/head.py`), else one chunk of the sequence at a time (the
+    fused head loss, `models/fused_loss.py`)."""
+    m, par = cfg.model, cfg.parallel
+    vocab_share = m.padded_vocab_size / (par.tensor * (par.pipe if spread else 1))
+    logits = device_tokens(cfg) * vocab_share * LOGITS_BYTES
+    if not spread:
         from ptdp_jax.models.fused_loss import num_chunks
-        logits /= num_chunks(tr.micro_batch_size, m.seq_len, m.padded_vocab_size)
-    return stash + wstash_bytes(cfg) + buffers + logits
+        logits /= num_chunks(cfg.train.micro_batch_size, m.seq_len, m.padded_vocab_size)
+    return logits
 
 
 # ----------------------------------------------------------------------------- the estimate
@@ -317,7 +338,8 @@ def state_held_bytes(cfg) -> float:
 def evaluation_bytes(cfg) -> float:
     """The evaluation step at its peak: the state, the weights in the compute dtype (whole,
     as the step uses them), one layer's forward of a microbatch as it runs (its `none`
-    residuals, a bound), the stage messages and the logits of that microbatch."""
+    residuals, a bound), the stage messages and the logits of that microbatch (the fused head
+    loss's chunk: the evaluation's head is never spread over the stages)."""
     m, par = cfg.model, cfg.parallel
     used = sum(params_per_device(cfg).values())
     weights = used * (4 if cfg.compute_dtype == "float32" else 2)
@@ -325,8 +347,8 @@ def evaluation_bytes(cfg) -> float:
     layer = layer_activation_bytes_per_token(cfg, "none") * tokens
     dtype_bytes = 4 if cfg.compute_dtype == "float32" else 2
     messages = (2 if par.pipe > 1 else 1) * tokens * m.hidden_size * dtype_bytes
-    logits = tokens * m.padded_vocab_size / par.tensor * LOGITS_BYTES
-    return state_held_bytes(cfg) + weights + layer + messages + logits + WORKSPACE_BYTES
+    return (state_held_bytes(cfg) + weights + layer + messages + logits_bytes(cfg, False)
+            + WORKSPACE_BYTES)
 
 
 def save_bytes(cfg) -> float:

@@ -36,7 +36,7 @@ GiB = 1024 ** 3
 # One micro-batch's s x s attention scores (float32) that XLA keeps on CPU beyond the estimate,
 # at most, by train.recompute: 2.9, 1.9 and 0.9 of them measured (demo.yaml at seq_len 4096,
 # micro-batches of 2; fewer with micro-batches of 1; 2026-11-28, 8 CPU devices)
-CPU_SCORE_BUFFERS = {"none": 3, "selective": 2, "full": 1}
+CPU_SCORE_BUFFERS = {"none": 3, "selective": 2, "offload": 2, "full": 1}
 
 
 class MemoryCheckError(ConfigError):
@@ -83,7 +83,8 @@ def _candidates(cfg, n_devices: int, layouts: bool = True):
     with layouts=False none that changes parallel.data, pipe or tensor."""
     t, par = cfg.train, cfg.parallel
     out = []
-    lighter = {"none": ["selective", "full"], "selective": ["full"], "full": []}[cfg.recompute]
+    lighter = {"none": ["selective", "full"], "selective": ["full"], "offload": [],
+               "full": []}[cfg.recompute]
     if cfg.recompute == "selective" and cfg.keeps_ffn_activation:
         out.append({"tuning.keep_ffn_activation": False})
     for r in lighter:
