@@ -149,7 +149,8 @@ def test_context_parity(arch, mesh, extra):
     ("llama", (1, 1, 2), {"parallel.context": 2, "parallel.sequence_parallel": True})],
     ids=["c2", "zb-phased", "t2-sp"])
 def test_context_parity_fp8(arch, mesh, extra):
-    """A scale is the max over a tensor's chunks on every rank, as on one device."""
+    """A scale is the max over a tensor's chunks on every rank, as on one device (the delayed
+    recipe's history: test_fp8_delayed.py)."""
     got = loss_and_grads(tiny_config(arch, mesh, **dict(FP8), **extra))
     assert_close_fp8(got, reference(arch, FP8), reference(arch))
 

@@ -91,7 +91,13 @@ def test_a_fresh_history_is_current_scaling():
     assert all((h[..., 0] > 0).all() and (h[..., 1:] == 0).all() for h in nxt.values())
 
 
-@pytest.mark.parametrize("arch,mesh,extra", fp8_cases("llama")[0], ids=fp8_cases("llama")[1])
+# context parallelism: a rank's amax of its chunks, maxed over the context ranks
+CONTEXT = [("gpt", (1, 1, 1), {"parallel.context": 4}),
+           ("llama", (2, 1, 1), {"parallel.context": 2, "parallel.zero": 1})]
+
+
+@pytest.mark.parametrize("arch,mesh,extra", fp8_cases("llama")[0] + CONTEXT,
+                         ids=fp8_cases("llama")[1] + ["context4-gpt", "data2-context2-zero1-llama"])
 def test_delayed_parity(arch, mesh, extra):
     history = _reference_history(arch)
     loss0, grads0, next0 = delayed_step(tiny_config(arch, (1, 1, 1), **DELAYED), history)

@@ -19,12 +19,9 @@ LAYOUTS = [
     ("llama", (1, 1, 1), {"parallel.context": 2}),
 ]
 IDS = ["one-device", "zero3-scan", "tensor2-sp", "context2"]
-QUICK = {"one-device", "zero3-scan"}
 
 
-@pytest.mark.parametrize("arch,mesh,extra", [
-    pytest.param(*case, id=i, marks=() if i in QUICK else pytest.mark.slow)
-    for case, i in zip(LAYOUTS, IDS)])
+@pytest.mark.parametrize("arch,mesh,extra", LAYOUTS, ids=IDS)
 def test_offload_parity(arch, mesh, extra):
     assert_close(loss_and_grads(tiny_config(arch, mesh, **OFFLOAD, **extra)), reference(arch))
 

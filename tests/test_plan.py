@@ -431,3 +431,20 @@ def test_context_parallelism_where_nothing_else_fits():
     assert rows[0].ok and rows[0].context > 1, rows[0]
     assert not any(r.ok for r in rows if r.context == 1)
     assert rows[0].overrides()["parallel.context"] == rows[0].context
+
+
+def test_context_attention_priced_at_its_share_of_the_whole():
+    """A context rank's attention (cuDNN parts) costs CONTEXT_PARTS_SLOWDOWN times 1/c of the
+    whole sequence's flash attention; document masking's tiled kernel TILED_SLOWDOWN times
+    the whole; both split by tensor as before."""
+    from ptdp_jax.plan import cost as K
+    gpu = gpu_kind("h200")
+    at = lambda **o: K.attention_seconds(load_config("configs/llama3-8b.yaml", {
+        "model.seq_len": 65536, "train.micro_batch_size": 1, **o}), gpu)
+    whole = at()
+    for c in (2, 4):
+        got = at(**{"parallel.context": c})
+        for a, b in zip(got, whole):
+            assert a == pytest.approx(b / c * K.CONTEXT_PARTS_SLOWDOWN)
+    for a, b in zip(at(**{"data.document_mask": True}), whole):
+        assert a == pytest.approx(b * K.TILED_SLOWDOWN)
