@@ -131,9 +131,11 @@ LAYOUTS = [
                           "parallel.virtual_stages": 2}),
     ("gpt", (1, 2, 1), {"parallel.context": 2, "train.recompute": "full"}),
     ("llama", (2, 1, 2), {"parallel.context": 2, "parallel.zero": 1}),
+    ("llama", (1, 1, 1), {"parallel.context": 4, "parallel.zero": 3}),
+    ("gpt", (2, 1, 1), {"parallel.context": 2, "parallel.zero": 2}),
 ]
 IDS = ["c2", "c4-gpt", "c8", "d2-zero3", "t2-sp-gqa", "zb-phased-v2", "interleaved",
-       "1f1b-full", "d2-t2-zero1"]
+       "1f1b-full", "d2-t2-zero1", "c4-zero3", "d2-c2-zero2"]
 
 
 @pytest.mark.parametrize("arch,mesh,extra", LAYOUTS, ids=IDS)
@@ -199,3 +201,22 @@ def test_a_checkpoint_continues_at_another_context_size(tmp_path, data_cache):
     back = train(mesh_shape=(1, 1, 1), log=H.Log(),
                  overrides={**ov, "checkpoint.dir": str(ck)}).losses
     np.testing.assert_allclose(split + back, whole[2:], rtol=2e-5)
+
+
+@pytest.mark.parametrize("mesh,c", [((1, 1, 1), 4), ((2, 1, 1), 2)])
+def test_zero_splits_the_state_over_data_and_context(mesh, c):
+    """The weights are replicated over data and context, so ZeRO splits their state over
+    both: each device holds 1/(d c) of a split tensor, and the estimate counts that."""
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training import state as S
+    from ptdp_jax.training.memory import params_per_device
+    cfg = tiny_config("llama", mesh, **{"parallel.context": c, "parallel.zero": 3})
+    tx, _ = S.make_optimizer(cfg)
+    shardings = S.state_shardings(cfg, make_mesh(cfg.parallel.mesh_dims), tx)
+    state = jax.eval_shape(lambda: S.init_state(cfg, tx))
+    w, sharding = state.params["layers"]["w_up"], shardings.params["layers"]["w_up"]
+    ways = mesh[0] * c
+    assert np.prod(sharding.shard_shape(w.shape)) * ways == np.prod(w.shape)
+    whole = tiny_config("llama", (1, 1, 1))
+    assert params_per_device(cfg, state=True)["layers"] * ways == pytest.approx(
+        params_per_device(whole)["layers"], rel=0.05)

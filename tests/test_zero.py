@@ -254,14 +254,15 @@ def test_scan_layers_auto_scans_for_zero3_only():
 
 def test_zero_dim_rule():
     """The first (major-most) dim no rule splits (a 'tensor' dim counts as unsplit at t = 1),
-    that d divides; none: replicated over 'data'."""
+    that d divides; none: replicated over 'data'. The dim is split over data and context (the
+    weights' replicas)."""
     from ptdp_jax.parallel.sharding import logical_to_spec, zero_axes
     assert zero_axes(("embed", "mlp"), (32, 128), 8, tensor=2) == ("zero", "mlp")
     assert zero_axes(("mlp", "embed"), (128, 32), 8, tensor=2) == ("mlp", "zero")
     assert zero_axes(("mlp", "embed"), (128, 32), 8) == ("zero", "embed")   # t = 1: f, major
     assert logical_to_spec(zero_axes(("stage", "chunk", "layers", "embed", "heads", "head_dim"),
                                      (32, 8, 4), 4, tensor=2)) == \
-        jax.sharding.PartitionSpec("pipe", None, None, "data", "tensor", None)
+        jax.sharding.PartitionSpec("pipe", None, None, ("data", "context"), "tensor", None)
     assert zero_axes(("seq", "embed"), (16, 32), 8) == ("zero", "embed")     # the major one
     assert zero_axes(("seq", "embed"), (12, 32), 8) == ("seq", "zero")       # 8 divides only h
     # the 7.5B GPT at t = 1: fc2 (f, h) split on f and out (n, d, h) on n, their major dims

@@ -131,8 +131,9 @@ class ParallelConfig:
                                          # whose mesh needs more devices than there are, gets the
                                          # planner's) | auto: ptdp-plan's best layout for the devices
                                          # at hand (keys given as overrides or --mesh still win)
-    zero: int = 0                        # 0: state replicated over 'data'; 1: optimizer state split
-                                         # over 'data'; 2: also the gradients; 3: also the weights (FSDP)
+    zero: int = 0                        # 0: state replicated over 'data' (and 'context'); 1: optimizer
+                                         # state split over them; 2: also the gradients; 3: also the
+                                         # weights (FSDP)
     grad_reduce_dtype: str = "float32"   # float32 | bfloat16: the data-parallel gradient reduction
 
     @property

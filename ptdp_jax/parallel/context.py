@@ -6,13 +6,13 @@ k + 1 chunks of keys: i + 1 and 2c - i, 2c + 1 a rank). A rank's two chunks are 
 its activations, (2b, L, ...) for b sequences, rows ordered (sequence, chunk), so everything
 that works token by token (the GEMMs, norms, the loss) runs unchanged on them; their positions
 (`positions`) are what rotary and GPT's position embedding take, and attention gathers every
-rank's keys and values (`attention`: an all-gather of the key/value heads only; then each chunk's queries
-attend, in two flash-attention parts merged by their log-sum-exp, the keys of the chunks before
-it and, causally, their own chunk's).
+rank's keys and values (`attention`: an all-gather of the key/value heads only; then each
+chunk's queries attend, in two flash-attention parts merged by their log-sum-exp, the keys of
+the chunks before it and, causally, their own chunk's).
 
     rows = local_rows(tokens_bs1, c, rank)     # (2b, L + 1): this rank's chunks, + next token
     pos = positions(c, rank, L, 2b)            # (2b, L) int32
-    o = attention(q, k, v, c, rank, scale)     # inside a region manual over 'context'
+    o = attention(q, k, v, c, rank, scale, kernel="cudnn")   # in a region manual over 'context'
 
 Document masking (data.document_mask): `document_starts` gives each token the position where its
 document begins, and attention's keys are those at or after it, too.

@@ -54,9 +54,11 @@ LOGICAL_RULES: dict[str, str | None] = {
     "act_seq": None,       # sequence of (b, s, h) activations: 'tensor' under sequence parallelism
     "head_dim": None,
     # The train state only: with parallel.zero >= 1 (ZeRO, Megatron's distributed optimizer)
-    # one dim of each parameter, and of its AdamW moments, is split over 'data' (zero_axes).
-    "zero": "data",
+    # one dim of each parameter, and of its AdamW moments, is split over the replicas of the
+    # weights, data x context (zero_axes).
+    "zero": ("data", "context"),
 }
+ZERO_AXES = ("data", "context")     # the mesh axes the weights are replicated over
 
 STACK_AXES = ("stage", "chunk", "layers")   # the layer stack's leading axes: never ZeRO-split
 
@@ -122,18 +124,23 @@ def logical_to_spec(names: tuple[str | None, ...], manual: frozenset[str] = froz
     return P(*out)
 
 
+def zero_ways(par) -> int:
+    """How many replicas of the weights ZeRO splits the state over: data x context."""
+    return par.data * par.context
+
+
 def zero_axes(names: tuple[str, ...], shape: tuple[int, ...], d: int,
               tensor: int = 1) -> tuple[str, ...]:
     """A parameter's logical axes in the ZeRO-sharded train state (parallel.zero >= 1 on d
-    data-parallel replicas): its first (major-most) dim that no rule splits (logical axis
-    mapped to None, or to 'tensor' when tensor == 1; not a layer-stack axis) and that d divides
-    is renamed 'zero', so `logical_to_spec` splits it over 'data'. The major-most dim: NCCL
+    replicas of the weights, `zero_ways`): its first (major-most) dim that no rule splits
+    (logical axis mapped to None, or to 'tensor' when tensor == 1; not a layer-stack axis) and
+    that d divides is renamed 'zero', so `logical_to_spec` splits it over ZERO_AXES. The major-most dim: NCCL
     gathers and scatters along a tensor's major dim, and a split minor dim cost a transpose of
     every gradient shard after the backward (7.5B zero=2: 18 ms a step for fc2_w split on h,
     4x H200, 2026-11-27). `shape` is the per-layer shape (names may lead with STACK_AXES,
     which are skipped). No such dim (e.g. a
     bias over the tensor-split heads, or h not divisible by d): the names come back unchanged
-    and the tensor stays replicated over 'data'."""
+    and the tensor stays replicated over them."""
     lead = len(names) - len(shape)
     best = None
     for i, (name, size) in enumerate(zip(names[lead:], shape)):
@@ -270,6 +277,16 @@ def manual_axes(mesh) -> tuple[str, ...]:
     if mesh.shape["tensor"] == 1:
         return ("data", "pipe", "context", "tensor")
     return ("data", "pipe", "context")
+
+
+def manual_spec(spec: P, manual) -> P:
+    """The part of a PartitionSpec over the manual axes (a shard_map's in/out spec)."""
+    def keep(entry):
+        if isinstance(entry, tuple):
+            kept = tuple(a for a in entry if a in manual)
+            return kept[0] if len(kept) == 1 else (kept or None)
+        return entry if entry in manual else None
+    return P(*[keep(e) for e in spec])
 
 
 def psum_over(x, manual, spec):

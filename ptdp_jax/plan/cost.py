@@ -43,7 +43,8 @@ Communication (ring algorithms, NCCL bus bandwidths of the kind):
     context    (parallel.context = c) a device's tokens are 1/c of a microbatch's and so is its
                share of the causal attention (the chunks' balance); each layer all-gathers the
                key/value heads forward, and again in the backward with a reduce-scatter of
-               their gradients (`context_seconds`); the gradients are reduced over context too.
+               their gradients (`context_seconds`); the gradients are reduced over context too
+               (ZeRO: gathered and reduce-scattered over data x context together).
                A rank's attention runs in cuDNN parts (parallel/context.py) at
                1 / CONTEXT_PARTS_SLOWDOWN of the whole sequence's flash attention; under
                data.document_mask the tiled kernel (parallel/flash.py) runs instead, at
@@ -289,22 +290,26 @@ def dp_allreduce_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> float:
     from ptdp_jax.training.state import zero_stage
     par = cfg.parallel
     n = sum(params_per_device(cfg).values())
-    bw, lat = group_link(gpu, par.tensor, par.data, gpus_per_host)
     zero = zero_stage(cfg)
-    # context parallelism: each gradient (ZeRO: each shard) summed over the context ranks too
+    if zero:    # ZeRO's gathers and reduce-scatters run over data x context together
+        ranks = par.data * par.context
+        bw, lat = group_link(gpu, par.tensor, ranks, gpus_per_host)
+        return _data_seconds(cfg, gpu, n, zero, bw, lat, ranks)
+    # context parallelism: each gradient summed over the context ranks too
+    bw, lat = group_link(gpu, par.tensor, par.data, gpus_per_host)
     cbw, clat = group_link(gpu, par.tensor, par.context, gpus_per_host)
-    over_context = ring_allreduce_seconds(n / (par.data if zero else 1) * _reduce_bytes(cfg, gpu),
-                                          par.context, cbw, clat)
-    return over_context + _data_seconds(cfg, gpu, n, zero, bw, lat)
+    over_context = ring_allreduce_seconds(n * _reduce_bytes(cfg, gpu), par.context, cbw, clat)
+    return over_context + _data_seconds(cfg, gpu, n, zero, bw, lat, par.data)
 
 
-def _data_seconds(cfg, gpu: GpuKind, n: float, zero: int, bw: float, lat: float) -> float:
+def _data_seconds(cfg, gpu: GpuKind, n: float, zero: int, bw: float, lat: float,
+                  ranks: int) -> float:
     par = cfg.parallel
     if not zero:
-        return ring_allreduce_seconds(n * _reduce_bytes(cfg, gpu), par.data, bw, lat)
+        return ring_allreduce_seconds(n * _reduce_bytes(cfg, gpu), ranks, bw, lat)
     compute = 4 if cfg.compute_dtype == "float32" else 2
-    gather = ring_allgather_seconds(n * compute, par.data, bw, lat)
-    scatter = ring_allgather_seconds(n * _reduce_bytes(cfg, gpu), par.data, bw, lat)
+    gather = ring_allgather_seconds(n * compute, ranks, bw, lat)
+    scatter = ring_allgather_seconds(n * _reduce_bytes(cfg, gpu), ranks, bw, lat)
     if zero == 1 or par.pipe > 1:
         return gather + scatter
     if zero == 2:                                   # gathered once, reduced every microbatch

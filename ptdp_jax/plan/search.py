@@ -4,7 +4,7 @@ the rest, rank them.
 A layout: data x pipe x context x tensor = n (context c where 2c divides the sequence and
 dropout is off: parallel/context.py), micro batch b, schedule (1f1b, interleaved with v virtual
 stages, gpipe on request), recompute (none, selective, full), scatter/gather (p > 1, t > 1),
-parallel.zero (d > 1: 0-3 without pipelining, 0 and 1 with it, where 2 and 3 gather a stage's
+parallel.zero (d c > 1: 0-3 without pipelining, 0 and 1 with it, where 2 and 3 gather a stage's
 weights once a step as 1 does).
 Rejected, with the reason in words:
 
@@ -170,7 +170,7 @@ def _layouts(cfg, n: int, gpus_per_host: int, fixed: dict, micro_batches, recomp
                 for rc in pick("train.recompute", recomputes):
                     sgs = [False, True] if (p > 1 and t > 1) else [False]
                     for sg in pick("parallel.scatter_gather", sgs):
-                        for z, sp in _zero_sp(d, p, t, row, pick):
+                        for z, sp in _zero_sp(d * ctx, p, t, row, pick):
                             why = tensor_hard or _sp_reason(sp, t, row) or hard
                             c = Candidate(**base, micro_batch_size=b, schedule=sched,
                                           virtual_stages=v, recompute=rc, scatter_gather=sg,
@@ -206,8 +206,9 @@ def _context_reason(cfg, c: int) -> str:
 
 
 def _zero_sp(d: int, p: int, t: int, seq_len: int, pick):
-    """(parallel.zero, parallel.sequence_parallel) pairs to price: sequence parallelism both
-    ways where t > 1 divides the sequence (it is a no-op at t = 1)."""
+    """(parallel.zero, parallel.sequence_parallel) pairs to price (d: the replicas of the
+    weights, data x context): sequence parallelism both ways where t > 1 divides the sequence
+    (it is a no-op at t = 1)."""
     sps = [False, True] if t > 1 and seq_len % t == 0 else [False]
     return [(z, sp) for z in pick("parallel.zero", _zeros(d, p))
             for sp in pick("parallel.sequence_parallel", sps)]
@@ -228,7 +229,7 @@ def _keep(cfg, fixed: dict, recompute: str) -> bool | str:
 
 
 def _zeros(d: int, p: int) -> tuple[int, ...]:
-    """parallel.zero values worth pricing: none without data parallelism; with pipelining 2
+    """parallel.zero values worth pricing: none with one replica of the weights; with pipelining 2
     and 3 gather a stage's weights once a step, as 1 does (the same step and memory)."""
     return (0,) if d == 1 else (0, 1) if p > 1 else ZEROS
 

@@ -24,7 +24,7 @@ from ptdp_jax.config import decisions as D
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.parallel import context as C
-from ptdp_jax.parallel.sharding import Sharder, manual_axes, psum_over, vary
+from ptdp_jax.parallel.sharding import Sharder, manual_axes, manual_spec, psum_over, vary
 from ptdp_jax.training.state import stage_param_specs
 
 
@@ -57,7 +57,7 @@ def make_eval_fn(cfg, mesh, hidden: bool = False):
                            np.int32)
     n_tokens = cfg.train.global_batch_size * mc.seq_len
     pspecs = stage_param_specs(cfg)
-    manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
+    manual_specs = jax.tree.map(lambda s: manual_spec(s, manual), pspecs)
     data_spec = P("data") if "data" in manual else P()
     eos = None if hidden else D.document_end(cfg)
 

@@ -119,7 +119,7 @@ class MemoryEstimate:
 
 def _tensor_sharded(names: tuple, shape: tuple, ways: dict) -> float:
     """Elements of one tensor on one device: each dim divided by the size of the mesh axis
-    the rule table maps its logical axis to (ways: {'tensor': t, 'data': d})."""
+    the rule table maps its logical axis to (ways: {'tensor': t, ZERO_AXES: d c})."""
     from ptdp_jax.parallel.sharding import LOGICAL_RULES
     n = 1.0
     for name, size in zip(names, shape):
@@ -134,17 +134,17 @@ def params_per_device(cfg, state: bool = False) -> dict[str, float]:
     the model uses them."""
     from ptdp_jax.models.model import arch
     from ptdp_jax.pipeline.balance import chunk_layers
-    from ptdp_jax.parallel.sharding import zero_axes
+    from ptdp_jax.parallel.sharding import ZERO_AXES, zero_axes, zero_ways
     from ptdp_jax.training.state import zero_stage
     m, par = cfg.model, cfg.parallel
     split = state and zero_stage(cfg) > 0
-    ways = {"tensor": par.tensor, "data": par.data if split else 1}
+    ways = {"tensor": par.tensor, ZERO_AXES: zero_ways(par) if split else 1}
     specs = arch(m).param_specs(m)
     counts = chunk_layers(cfg)
     layer_slots = par.virtual_stages * max(counts)
     out = {}
     for group, spec_group in (("embed", "embed"), ("layers", "layer"), ("head", "head")):
-        n = sum(_tensor_sharded(zero_axes(names, shape, par.data, par.tensor) if split
+        n = sum(_tensor_sharded(zero_axes(names, shape, zero_ways(par), par.tensor) if split
                                 else names, shape, ways)
                 for shape, names, _ in specs[spec_group].values())
         out[group] = n * (layer_slots if group == "layers" else 1)

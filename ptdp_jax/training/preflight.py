@@ -91,7 +91,7 @@ def _candidates(cfg, n_devices: int, layouts: bool = True):
         out.append({"train.recompute": r})
         if r == "selective" and cfg.keeps_ffn_activation:
             out.append({"train.recompute": r, "tuning.keep_ffn_activation": False})
-    if par.data > 1:                 # the state split over the data-parallel replicas
+    if par.data * par.context > 1:   # the state split over the replicas of the weights
         out += [{"parallel.zero": z} for z in (1, 2, 3) if z > par.zero]
     mbs = [b for b in range(t.micro_batch_size - 1, 0, -1)
            if t.global_batch_size % (b * par.data) == 0]

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ptdp_jax.models import model as M
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
-from ptdp_jax.parallel.sharding import STACK_AXES, logical_to_spec, zero_axes
+from ptdp_jax.parallel.sharding import STACK_AXES, logical_to_spec, zero_axes, zero_ways
 from ptdp_jax.training import fp8_state as FS
 
 
@@ -209,8 +209,8 @@ def stage_param_specs(cfg):
 
 
 def zero_stage(cfg) -> int:
-    """parallel.zero where it does something (d > 1), else 0."""
-    return cfg.parallel.zero if cfg.parallel.data > 1 else 0
+    """parallel.zero where it does something (data x context > 1), else 0."""
+    return cfg.parallel.zero if zero_ways(cfg.parallel) > 1 else 0
 
 
 def state_param_axes(cfg, stage_layout: bool = False):
@@ -222,8 +222,9 @@ def state_param_axes(cfg, stage_layout: bool = False):
         return axes
     layer = M.arch(cfg.model).param_specs(cfg.model)
     shapes = {"embed": layer["embed"], "layers": layer["layer"], "head": layer["head"]}
-    return {g: {k: zero_axes(names, shapes[g][k][0], cfg.parallel.data, cfg.parallel.tensor)
-                for k, names in grp.items()} for g, grp in axes.items()}
+    ways, t = zero_ways(cfg.parallel), cfg.parallel.tensor
+    return {g: {k: zero_axes(names, shapes[g][k][0], ways, t) for k, names in grp.items()}
+            for g, grp in axes.items()}
 
 
 def stage_state_specs(cfg):

@@ -29,7 +29,8 @@ from ptdp_jax.training import zero as Z
 from ptdp_jax.config.load import ConfigError
 from ptdp_jax.config import decisions as D
 from ptdp_jax.parallel import context as C
-from ptdp_jax.parallel.sharding import Sharder, manual_axes, psum_over, tp_overlap_on, vary
+from ptdp_jax.parallel.sharding import (Sharder, manual_axes, manual_spec, psum_over,
+                                      tp_overlap_on, vary)
 from ptdp_jax.training import fp8_state as FS
 from ptdp_jax.training.state import (TrainState, fp8_stage_spec, init_state, stage_state_specs,
                                      state_shardings, zero_stage)
@@ -79,7 +80,7 @@ def make_grad_fn(cfg, mesh, steady: bool = False):
     pspecs = stage_state_specs(cfg)      # as the state holds them (ZeRO: split over 'data')
     if FS.delayed(cfg):                  # the GEMMs' FP8 rows beside the layer weights
         pspecs["layers"].update({k: fp8_stage_spec() for k in FS.meta_names(cfg)})
-    manual_specs = jax.tree.map(lambda s: P(*[a if a in manual else None for a in s]), pspecs)
+    manual_specs = jax.tree.map(lambda s: manual_spec(s, manual), pspecs)
     data_spec = P("data") if "data" in manual else P()
     n_tokens = cfg.train.global_batch_size * cfg.model.seq_len
     use_dropout = cfg.model.dropout > 0

@@ -1,7 +1,9 @@
-"""ZeRO (parallel.zero): the train state split over 'data', inside the train step's shard_map.
+"""ZeRO (parallel.zero): the train state split over the replicas of the weights, 'data' x
+'context' (sharding.ZERO_AXES; "over 'data'" below means over both), inside the train step's
+shard_map.
 
 The state's layout comes from the rule table (`sharding.zero_axes`: one dim of each parameter,
-and of its AdamW moments, named 'zero' -> 'data'), so each replica holds 1/d of the float32
+and of its AdamW moments, named 'zero' -> ZERO_AXES), so each replica holds 1/(d c) of the float32
 master weights and moments and the optimizer update (outside the shard_map, element-wise) runs
 on that shard. Inside the shard_map the step turns shards into weights and gradients into
 shards:
@@ -44,7 +46,7 @@ from ptdp_jax.models.dense import MasterGrad
 from ptdp_jax.training import fp8_state as FS
 from ptdp_jax.training import grads as G
 from ptdp_jax.models import model as M
-from ptdp_jax.parallel.sharding import Sharder, data_axis, vary
+from ptdp_jax.parallel.sharding import ZERO_AXES, Sharder, data_axis, vary
 
 F32 = jnp.float32
 
@@ -86,16 +88,17 @@ def gather(x, dtype, lay):
         return x
 
     def one(b):
-        return jax.lax.all_gather(b, "data", axis=b.ndim + lay.data_dim, tiled=True)
+        return jax.lax.all_gather(b, ZERO_AXES, axis=b.ndim + lay.data_dim, tiled=True)
     return lay.local(one, x)
 
 
 def reduce_scatter(g, reduce_dtype, lay):
     """Sum over 'data' of a full-size gradient, keeping this replica's shard (float32)."""
     def scatter(b):
-        b = vary(b.astype(reduce_dtype), ("data",))
+        b = vary(b.astype(reduce_dtype), ZERO_AXES)
         axis = b.ndim + lay.data_dim
-        return jax.lax.psum_scatter(b, "data", scatter_dimension=axis, tiled=True).astype(F32)
+        return jax.lax.psum_scatter(b, ZERO_AXES, scatter_dimension=axis,
+                                    tiled=True).astype(F32)
     return lay.local(scatter, g)
 
 
