@@ -237,8 +237,12 @@ def test_checkpoints_move_between_zero_values(tmp_path, data_cache):
         for name in ("params/layers/q_w", "opt/1/0/mu/layers/q_w"):
             assert shapes[name] == (ov["model.num_layers"], 32, 4, 8), (name, shapes[name])
     np.testing.assert_allclose(losses, base.losses, rtol=2e-5, atol=0)
+    # AdamW moves an element by about lr whatever its gradient's size, so where a gradient is
+    # near zero the layouts' other summation order moves it by a share of lr (1.2e-5, 0.4% of
+    # lr, on a 2-core AVX-512 EPYC, 2026-12-02); a layout's mistake moves it by lr itself
+    lr = res.config.train.lr
     for a, b in zip(jax.tree.leaves(res.params), jax.tree.leaves(base.params)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=0.01 * lr)
 
 
 # ----------------------------------------------------------------------------- rule, estimate
