@@ -87,8 +87,8 @@ def _stats_leaf(pull, q, k, v, o) -> int:
     found = [i for i, x in enumerate(jax.tree.leaves(pull)) if id(x) not in known
              and x.dtype == jnp.float32 and x.shape == (b, n, nq)]
     if len(found) != 1:
-        raise NotImplementedError("this jax's cuDNN attention keeps no single (b, n, q) "
-                                  "float32 statistics residual")
+        raise RuntimeError("this jax's cuDNN attention keeps no single (b, n, q) float32 "
+                           "statistics residual")
     return found[0]
 
 
