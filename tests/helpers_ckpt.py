@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import jax
+import numpy as np
 
 # Persistent compilation cache: the many train() calls of these tests compile the same
 # programs (same config and mesh) again; with the cache a resumed run reuses them.
@@ -121,13 +122,27 @@ def trees_equal(a, b) -> bool:
     return len(la) == len(lb) and all(np.array_equal(x, y) for x, y in zip(la, lb))
 
 
-def assert_resume_exact(overrides: dict, mesh, at: int = 3) -> None:
+def same_up_to_rounding(a, b) -> None:
+    """a == b but for float32 rounding: within 1e-6 of b's largest element (two programs
+    of the same sums, which XLA may fuse and vectorize differently on another CPU)."""
+    a, b = np.asarray(a), np.asarray(b)
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * float(np.abs(b).max(initial=0.0)))
+
+
+def assert_resume_exact(overrides: dict, mesh, at: int = 3, exact: bool = True) -> None:
     """The run of `overrides` in one go == the same stopped after step `at` and resumed:
-    the losses and parameters exactly equal (checkpoint.every must save step `at`)."""
+    the losses and parameters exactly equal (checkpoint.every must save step `at`); exact
+    False: up to float32 rounding (`same_up_to_rounding`), where the resumed run compiles
+    other programs (delayed FP8's first step after a resume)."""
     from ptdp_jax.run.loop import train
     base = train(mesh_shape=mesh, overrides={**overrides, "checkpoint.dir": ""}, log=Log())
     first = train(mesh_shape=mesh, overrides={**overrides, "train.stop_at_step": at}, log=Log())
     second = train(mesh_shape=mesh, overrides=overrides, log=Log())
     assert second.start_step == at
-    assert first.losses + second.losses == base.losses
-    assert trees_equal(second.params, base.params)
+    if exact:
+        assert first.losses + second.losses == base.losses
+        assert trees_equal(second.params, base.params)
+        return
+    same_up_to_rounding(first.losses + second.losses, base.losses)
+    for a, b in zip(jax.tree.leaves(second.params), jax.tree.leaves(base.params)):
+        same_up_to_rounding(a, b)
