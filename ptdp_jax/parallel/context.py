@@ -129,8 +129,9 @@ def _scatter(dx_bsnd, c):
 
 
 def _parts(k, v, starts, rank, c: int, j: int, L: int):
-    """Row j's two parts: (keys, values, Part) of the chunks before its chunk (their length
-    at least 1; `before`: whether there are any) and of its own chunk (causal)."""
+    """Row j's two parts, (keys, values, Part) of the chunks before its chunk (a length of at
+    least 1) and of its own chunk (causal), then whether any chunk comes before (else the
+    first part counts for nothing) and where its chunk starts."""
     b = k.shape[0]
     first = chunk_of(rank, j, c) * L
     length = jnp.full((b,), jnp.maximum(first, 1), jnp.int32)
