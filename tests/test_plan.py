@@ -435,8 +435,10 @@ def test_context_parallelism_where_nothing_else_fits():
 
 def test_context_attention_priced_at_its_share_of_the_whole():
     """A context rank's attention (cuDNN parts) costs CONTEXT_PARTS_SLOWDOWN times 1/c of the
-    whole sequence's flash attention; document masking's tiled kernel TILED_SLOWDOWN times
-    the whole; both split by tensor as before."""
+    whole sequence's flash attention; document masking in cuDNN's packed layout as much as
+    the whole (an upper bound), in the tiled kernel (no packed layout) TILED_SLOWDOWN times
+    it; split by tensor as before."""
+    from dataclasses import replace
     from ptdp_jax.plan import cost as K
     gpu = gpu_kind("h200")
     at = lambda **o: K.attention_seconds(load_config("configs/llama3-8b.yaml", {
@@ -446,6 +448,8 @@ def test_context_attention_priced_at_its_share_of_the_whole():
         got = at(**{"parallel.context": c})
         for a, b in zip(got, whole):
             assert a == pytest.approx(b / c * K.CONTEXT_PARTS_SLOWDOWN)
+    assert at(**{"data.document_mask": True}) == pytest.approx(whole)
+    gpu = replace(gpu, packed_attention=False)
     for a, b in zip(at(**{"data.document_mask": True}), whole):
         assert a == pytest.approx(b * K.TILED_SLOWDOWN)
 

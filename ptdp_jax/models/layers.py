@@ -109,20 +109,23 @@ def _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh, *rest):
 
 
 def _blockwise_attention(q_bsnd, k_bsnd, v_bsnd, sh, starts_bs, impl: str):
-    """Attention over a sequence split over 'context' (parallel/context.py; cuDNN's kernel for
-    its parts where `impl` is cuDNN and no document masks), or with document masking
-    (parallel/flash.py's tiled kernel); per device where heads are split over an automatic
-    'tensor'."""
-    from ptdp_jax.parallel import context as C, flash as F
+    """Attention over a sequence split over 'context' (parallel/context.py), or with document
+    masking: in cuDNN's kernels where `impl` is cuDNN (with masking, its packed layout where
+    the GPU has it), else parallel/flash.py's tiled kernel; per device where heads are split
+    over an automatic 'tensor'."""
+    from ptdp_jax.parallel import context as C, flash as F, packed
     scale = 1.0 / float(q_bsnd.shape[-1]) ** 0.5
     split = sh is not None and sh.context > 1
-    kernel = "cudnn" if impl == "cudnn" and starts_bs is None else "tiled"
+    cudnn = impl == "cudnn" and (starts_bs is None or packed.available())
+    kernel = "cudnn" if cudnn else "tiled"
 
     def attend(q, k, v, *starts):
         starts = starts[0] if starts else None
         if split:
             return C.attention(q, k, v, sh.context, jax.lax.axis_index(C.AXIS), scale, starts,
                                kernel)
+        if kernel == "cudnn":
+            return F.document_attention(q, k, v, starts, scale)
         pos = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
         return F.blockwise_attention(q, k, v, pos, scale, starts)
     rest = () if starts_bs is None else (starts_bs,)

@@ -8,8 +8,10 @@ more). Two kernels, one interface:
 
 "tiled": JAX on any backend, tile by tile with an online softmax (no (q, s) score matrix),
 with document starts; "cudnn": cuDNN's flash attention (jax.nn.dot_product_attention), its
-backward given the merged statistics in place of its own. Grouped-query heads: n a multiple
-of kv. `blockwise_attention` is the tiled kernel's whole causal attention at any positions.
+backward given the merged statistics in place of its own; with document starts, cuDNN's
+packed layout (packed.py). Grouped-query heads: n a multiple of kv. `blockwise_attention` is
+the tiled kernel's whole causal attention at any positions; `document_attention` cuDNN's
+whole causal attention within documents.
 """
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jax.ad_checkpoint import checkpoint_name
+
+from ptdp_jax.parallel import packed
 from ptdp_jax.parallel.manual import vary, varying_axes
 
 BLOCK = 512                      # query and key tile of the tiled kernel
@@ -35,9 +40,15 @@ class Part(NamedTuple):
     start: object = None
 
 
+def _documents(kernel: str, part: Part) -> bool:
+    return kernel == "cudnn" and part.start is not None
+
+
 def forward(kernel: str, q, k, v, part: Part, scale: float):
     """(o (b, q, n, d) in q's dtype, lse (b, n, q) float32) of the part's keys; a query that
     sees none of them has lse -inf."""
+    if _documents(kernel, part):
+        return packed.forward(q, k, v, part, scale)
     if kernel == "cudnn":
         o, pull = jax.vjp(_cudnn(part, scale), q, k, v)
         return o, jax.tree.leaves(pull)[_stats_leaf(pull, q, k, v, o)]
@@ -49,6 +60,8 @@ def forward(kernel: str, q, k, v, part: Part, scale: float):
 def backward(kernel: str, q, k, v, part: Part, o, lse, g, scale: float):
     """(dq, dk, dv) of this part of an attention whose whole output is `o` and log-sum-exp
     `lse` (every part's merged), for the output's gradient g."""
+    if _documents(kernel, part):
+        return packed.backward(q, k, v, part, o, lse, g, scale)
     if kernel == "cudnn":
         o_, pull = jax.vjp(_cudnn(part, scale), q, k, v)
         leaves, treedef = jax.tree.flatten(pull)
@@ -72,8 +85,6 @@ def merge(parts):
 
 
 def _cudnn(part: Part, scale: float):
-    if part.start is not None:
-        raise ValueError("the cudnn kernel takes no document starts")
     return lambda q, k, v: jax.nn.dot_product_attention(
         q, k, v, scale=scale, is_causal=part.causal, key_value_seq_lengths=part.length,
         implementation="cudnn")
@@ -106,6 +117,29 @@ def blockwise_attention(q_bqnd, k_bsnd, v_bsnd, pos_bq, scale: float, start_bq=N
     j); queries at any positions `pos_bq` (b, q); `start_bq`: the keys before a query's
     document start are not seen either (their tiles are skipped)."""
     return _attention(q_bqnd, k_bsnd, v_bsnd, pos_bq, start_bq, scale)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def document_attention(q_bqnd, k_bsnd, v_bsnd, start_bq, scale: float):
+    """Causal attention within documents (`start_bq` (b, q): where each query's document
+    begins) in cuDNN's packed layout; its output and log-sum-exp are its residuals, named
+    "attention" (selective recomputation keeps them)."""
+    return forward("cudnn", q_bqnd, k_bsnd, v_bsnd, Part(True, None, start_bq), scale)[0]
+
+
+def _document_fwd(q, k, v, start, scale):
+    o, lse = forward("cudnn", q, k, v, Part(True, None, start), scale)
+    name = lambda x: checkpoint_name(x, "attention")
+    return o, (q, k, v, start, name(o), name(lse))
+
+
+def _document_bwd(scale, res, g):
+    q, k, v, start, o, lse = res
+    dq, dk, dv = backward("cudnn", q, k, v, Part(True, None, start), o, lse, g, scale)
+    return dq, dk.astype(k.dtype), dv.astype(v.dtype), None
+
+
+document_attention.defvjp(_document_fwd, _document_bwd)
 
 
 def _tiles(n: int) -> int:

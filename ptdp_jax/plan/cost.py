@@ -48,9 +48,11 @@ Communication (ring algorithms, NCCL bus bandwidths of the kind):
                t > 1 beside other axes the attention's backward runs its forward again
                (`_attention_runs_again`).
                A rank's attention runs in cuDNN parts (parallel/context.py) at
-               1 / CONTEXT_PARTS_SLOWDOWN of the whole sequence's flash attention; under
-               data.document_mask the tiled kernel (parallel/flash.py) runs instead, at
-               1 / TILED_SLOWDOWN of it.
+               1 / CONTEXT_PARTS_SLOWDOWN of the whole sequence's flash attention.
+    documents  data.document_mask: cuDNN's packed layout (parallel/packed.py, Hopper on) is
+               priced as causal attention, an upper bound (a document's keys only: 0.12-0.52x
+               of causal at 32k-128k, which depends on the data); elsewhere the tiled kernel
+               (parallel/flash.py) runs, at 1 / TILED_SLOWDOWN of flash attention.
 
 Devices are placed tensor fastest, then data, then pipe (Megatron's order and ptdp_jax's
 multi-host mesh), `gpus_per_host` to a host.
@@ -145,12 +147,15 @@ def uses_xla_attention(cfg, gpu: GpuKind) -> bool:
             and cfg.scan_layers_on)
 
 
-def tiled_attention(cfg) -> bool:
+def tiled_attention(cfg, gpu: GpuKind) -> bool:
     """Whether the layers' attention is parallel/flash.py's tiled kernel on a GPU with flash
-    attention (models/layers.causal_attention): under document masking, or split over context
-    where cuDNN does not run (float32, tuning.attention=xla)."""
+    attention (models/layers.causal_attention): where cuDNN does not run (float32,
+    tuning.attention=xla) under document masking or split over context, and under document
+    masking where cuDNN has no packed layout."""
     no_cudnn = cfg.tuning.attention == "xla" or cfg.compute_dtype == "float32"
-    return cfg.data.document_mask or (cfg.parallel.context > 1 and no_cudnn)
+    masked = cfg.data.document_mask
+    return (masked and not gpu.packed_attention) or ((masked or cfg.parallel.context > 1)
+                                                    and no_cudnn)
 
 
 def _attention_runs_again(cfg) -> bool:
@@ -168,9 +173,10 @@ def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
     context rank: 1/c of the causal work)."""
     m, t, c = cfg.model, cfg.parallel.tensor, cfg.parallel.context
     b, s, h = cfg.train.micro_batch_size, m.seq_len, m.hidden_size
-    if (c > 1 or tiled_attention(cfg)) and gpu.attention == "flash":
+    tiled = tiled_attention(cfg, gpu)
+    if (c > 1 or tiled or cfg.data.document_mask) and gpu.attention == "flash":
         causal = 2.0 * b * s * s * h / t / c
-        slower = TILED_SLOWDOWN if tiled_attention(cfg) else CONTEXT_PARTS_SLOWDOWN
+        slower = TILED_SLOWDOWN if tiled else CONTEXT_PARTS_SLOWDOWN if c > 1 else 1.0
         fwd, bwd = (f / slower for f in gpu.flash_fractions(s))
         return causal / (fwd * gpu.peak_flops), 2.5 * causal / (bwd * gpu.peak_flops)
     if uses_xla_attention(cfg, gpu):

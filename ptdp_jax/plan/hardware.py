@@ -75,6 +75,7 @@ class GpuKind:
     # flash attention by sequence length: (s, forward, backward fraction of the peak on causal
     # FLOPs); below the first s, flash_fwd/bwd_efficiency; () for none
     flash_by_seq: tuple[tuple[float, float, float], ...] = ()
+    packed_attention: bool = False       # cuDNN's packed layout (document masking): Hopper on
 
     def flash_fractions(self, s: int) -> tuple[float, float]:
         """(forward, backward) fraction of the peak flash attention reaches at sequence length
@@ -134,7 +135,7 @@ GPU_KINDS: dict[str, GpuKind] = {
         # weight-gradient GEMMs that accumulate (beta 1) run slower than plain ones of their size
         wgrad_accumulate_exposed=0.5,
         step_overhead_s=5e-3, optimizer_bytes_per_param=48.0,
-        grad_bytes=4, activation_bytes=2,
+        grad_bytes=4, activation_bytes=2, packed_attention=True,
         source="ptdp_jax on 4x H100 80GB HBM3 (step times and traces of 2026-11-26)"),
     "a100": GpuKind(
         name="a100", peak_flops=312e12, memory_bytes=81920 * 2 ** 20,

@@ -50,7 +50,9 @@ The model (bytes per device; the most loaded device of the layout):
   bytes (V / (t p) when the head is spread over the pipeline stages, `pipeline/head.py`;
   otherwise the fused head loss holds one chunk of them, `models/fused_loss.py`);
 * workspace: 0.5 GiB for XLA's temporaries and the allocator (fitted), plus the recomputation
-  transient of `full`.
+  transient of `full`, context parallelism's gathered keys and values
+  (`context_attention_bytes`) and packed document attention's gradients
+  (`document_attention_bytes`).
 
 How close it gets, against the step's measured `peak_bytes_in_use` (GPT 1.3B and 7.5B, bf16,
 s 2048, on H100 and H200, 2026-11-26; the rows are in tests/test_memory_estimate.py): within 4%
@@ -170,6 +172,23 @@ def context_attention_bytes(cfg) -> float:
     tokens = cfg.train.micro_batch_size * m.seq_len
     dtype_bytes = 4 if cfg.compute_dtype == "float32" else 2
     return 2 * tokens * kv * (dtype_bytes + 4)
+
+
+def document_attention_bytes(cfg) -> float:
+    """Document masking in cuDNN's packed layout (parallel/packed.py) while one layer's
+    backward runs it: the float32 gradients of the queries and (all of the sequence's, under
+    context parallelism) keys and values, twice (a loop's carry and its next value), and the
+    second segment's cuDNN workspace (8 bytes a query element). 1x H200, 2026-12-02: 2.8 GiB
+    over the unmasked run at 32k (LLaMA-3-8B's layer); this gives 2.5. 0 without it."""
+    m = cfg.model
+    if not cfg.data.document_mask or cfg.compute_dtype == "float32" \
+            or cfg.tuning.attention == "xla":
+        return 0.0
+    t = cfg.parallel.tensor
+    kv = (getattr(m, "kv_heads", None) or m.num_heads) * m.head_dim / t
+    q = m.num_heads * m.head_dim / t
+    tokens, whole = device_tokens(cfg), cfg.train.micro_batch_size * m.seq_len
+    return 2 * 4 * (tokens * q + 2 * whole * kv) + 8 * tokens * q
 
 
 def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float:
@@ -383,7 +402,7 @@ def estimate_memory(cfg) -> MemoryEstimate:
     used = params_per_device(cfg)
     held = params_per_device(cfg, state=True) if zero_stage(cfg) else used
     params, grads, optimizer = state_bytes(cfg, used, sum(held.values()))
-    workspace = WORKSPACE_BYTES + context_attention_bytes(cfg)
+    workspace = WORKSPACE_BYTES + context_attention_bytes(cfg) + document_attention_bytes(cfg)
     if cfg.recompute == "full":     # one layer's full residuals while it is recomputed
         tokens = device_tokens(cfg)
         workspace += layer_activation_bytes_per_token(cfg, "none") * tokens
