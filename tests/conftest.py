@@ -46,6 +46,7 @@ def _no_progress_bar(monkeypatch):
 SLOW = {
     "test_attention.py::test_cudnn_route_backward_does_not_run_the_forward_again": (),
     "test_attention.py::test_cudnn_route_parity": (),
+    "test_packed.py::test_packed_document_mask_parity": ("one",),
     "test_bench_tools.py::test_bench_train_reports_the_layout_that_ran": (),
     "test_checkpoint.py::test_different_model_is_one_clear_error": (),
     "test_checkpoint.py::test_fresh_run_keeps_old_checkpoints_unless_told": (),
