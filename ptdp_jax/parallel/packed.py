@@ -66,7 +66,8 @@ def backward(q, k, v, part, o, lse, g, scale: float):
     def one(call, carry):
         o_c, pull = jax.vjp(lambda *a: segment_attention(*a, call, causal, scale), q, k, v)
         leaves, treedef = jax.tree.flatten(pull)
-        leaves[_stats_leaf(pull, q)] = _stats_of(lse, call, leaves[_stats_leaf(pull, q)])
+        at = _stats_leaf(pull, q)
+        leaves[at] = _stats_of(lse, call, leaves[at])
         leaves[[i for i, x in enumerate(leaves) if x is o_c][0]] = o.astype(o_c.dtype)
         grads = jax.tree.unflatten(treedef, leaves)(g.astype(o_c.dtype))
         keep = (call.q_seg, call.kv_seg, call.kv_seg)
