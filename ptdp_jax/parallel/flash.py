@@ -21,11 +21,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-
 from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.parallel import packed
-from ptdp_jax.parallel.manual import vary, varying_axes
+from ptdp_jax.parallel.manual import vary_like
 
 BLOCK = 512                      # query and key tile of the tiled kernel
 KERNELS = ("tiled", "cudnn")
@@ -146,11 +145,7 @@ def _tiles(n: int) -> int:
     return math.gcd(n, BLOCK)
 
 
-def _like(x, *refs):
-    """x marked varying over the manual axes the refs vary over (a loop's carry must keep
-    one type)."""
-    axes = frozenset().union(*(varying_axes(r) for r in refs))
-    return vary(x, tuple(sorted(axes)))
+_like = vary_like
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))

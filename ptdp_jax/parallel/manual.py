@@ -12,6 +12,13 @@ def varying_axes(x) -> frozenset:
     return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
 
 
+def vary_like(x, *refs):
+    """x marked varying over the manual axes the refs (None: skipped) vary over (a loop's
+    carry must keep one type)."""
+    axes = frozenset().union(*(varying_axes(r) for r in refs if r is not None))
+    return vary(x, tuple(sorted(axes)))
+
+
 def vary(x, axes):
     """Mark x as varying over the given manual axes (those it is not varying over yet)."""
     missing = tuple(a for a in axes if a not in varying_axes(x))

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ptdp_jax.parallel.manual import vary, varying_axes
+from ptdp_jax.parallel.manual import vary_like as _like
 
 PAIR = 2                         # segments a call (the fewest cuDNN's packed layout takes)
 
@@ -160,11 +160,6 @@ def _stats_leaf(pull, q) -> int:
         raise RuntimeError("this jax's packed cuDNN attention keeps no single (segments, n, "
                            "q) float32 statistics residual")
     return found[0]
-
-
-def _like(x, *refs):
-    axes = frozenset().union(*(varying_axes(r) for r in refs if r is not None))
-    return vary(x, tuple(sorted(axes)))
 
 
 def available() -> bool:
