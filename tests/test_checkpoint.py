@@ -239,6 +239,18 @@ def test_different_model_is_one_clear_error(tmp_path, data_cache):
     assert H.snapshot(tmp_path / "ckpt") == before
 
 
+def test_resume_as_another_model_is_refused(tmp_path, small, data_cache):
+    """Resuming with another model.norm_eps (same shapes, another model): refused before
+    anything runs, naming the key and the way to change it on purpose."""
+    cfg, compiled, state = small
+    _write(cfg, compiled, state, tmp_path / "ckpt")
+    ov = H.tiny(tmp_path, data_cache, **{"model.num_layers": 2, "model.norm_eps": 1e-6,
+                                         "train.steps": 4})
+    with pytest.raises(CK.CheckpointError, match=r"model.norm_eps: checkpoint 1e-05, config "
+                       r"1e-06\. .* checkpoint.load_weights="):
+        train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log())
+
+
 def test_fresh_run_keeps_old_checkpoints_unless_told(tmp_path, small, data_cache):
     """checkpoint.resume=false (--no-resume) over a directory with checkpoints: refused
     before anything runs, the old checkpoints untouched; with

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ptdp_jax.checkpoint import saving as SV
 from ptdp_jax.checkpoint.format import (CheckpointError, _check_writable, _scan, check_compatible,
-                                        check_data_tokenizer, check_directory, step_meta)
+                                        check_data_tokenizer, check_directory,
+                                        check_same_numerics, step_meta)
 from ptdp_jax.config.load import Config, ConfigError
 from ptdp_jax.training.state import canonical_abstract_state, make_optimizer
 
@@ -116,6 +117,7 @@ def check_checkpoint_dir(cfg: Config) -> list[int]:
         meta = step_meta(where, resuming=True)
         check_data_tokenizer(meta, where, cfg)      # first: another tokenizer's data has
         check_compatible(meta, cfg, str(where))     # another model.vocab_size too
+        check_same_numerics(meta, cfg, str(where))
     SV.check_disk(cfg, directory, per_checkpoint, len(steps) - len(later), start or 0,
                   reclaimed=len(later) * per_checkpoint)
     return later

@@ -19,7 +19,7 @@ from pathlib import Path
 import jax
 
 from ptdp_jax.checkpoint import saving as SV
-from ptdp_jax.checkpoint.format import (CheckpointError, _shape_tree, check_compatible,
+from ptdp_jax.checkpoint.format import (ROPE_KEYS, CheckpointError, _shape_tree, check_compatible,
                                         check_data_tokenizer, checkpoint_kind, config_from_dict,
                                         read_meta, read_params, resolve_step_dir, run_tokenizer)
 from ptdp_jax.checkpoint.hf import check_tensor_files, hf_model, import_hf
@@ -108,10 +108,6 @@ def _hf_source(path: Path, cfg: Config) -> WeightsSource:
     extended = _check_numerics(like_meta, cfg, str(path))
     _check_hf_tokenizer(path, cfg)
     return WeightsSource(path, extended=extended)
-
-
-ROPE_KEYS = ("rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
-             "rope_high_freq_factor", "rope_original_seq_len")
 
 
 def _check_numerics(meta: dict, cfg: Config, where: str) -> str:

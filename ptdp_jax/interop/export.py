@@ -40,7 +40,7 @@ import numpy as np
 
 from ptdp_jax.checkpoint.format import checkpoint_kind
 from ptdp_jax.paths import unwritable
-from ptdp_jax.checkpoint.manager import CheckpointError, checkpoint_tokenizer, load_params
+from ptdp_jax.checkpoint.manager import checkpoint_tokenizer, load_params
 from ptdp_jax.data.tokenizer import EOS_TOKEN
 
 BYTE_EOS = 256          # the byte tokenizer's end-of-document id
