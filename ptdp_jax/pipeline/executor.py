@@ -83,7 +83,7 @@ from ptdp_jax.pipeline.routing import (  # noqa: F401  (re-exported)
     MSG, MSG_SCATTERED, Branch, Router, TickControl, control_table)
 from ptdp_jax.pipeline.stage_ops import (HeadSums, PipeHead, SplitBackward, StageOps,
                                          WholeBackward)
-from ptdp_jax.pipeline.stash import in_host_memory, stash_store
+from ptdp_jax.pipeline.stash import stash_store
 from ptdp_jax.parallel.sharding import vary
 
 
@@ -199,11 +199,9 @@ def initial_state(ops: StageOps, sched, alloc: Callable, b: int, mc) -> PipeStat
     i32 = jax.ShapeDtypeStruct((), jnp.int32)
     # residual shapes from one abstract trace made like the real ones (varying input, traced
     # layer index and microbatch), so that it yields the same residual structure
-    out = jax.make_jaxpr(
-        lambda x, i, mb: ops.layer_fwd(ops.weights[0][0], vary(x, manual), i, mb)[1])(
-        jax.ShapeDtypeStruct((b, s, h), dtype), i32, i32).out_avals
-    residuals = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out)
-    on_host = tuple(in_host_memory(a) for a in out)      # train.recompute=offload's
+    residuals = jax.eval_shape(
+        lambda x, i, mb: ops.layer_fwd(ops.weights[0][0], vary(x, manual), i, mb)[1],
+        jax.ShapeDtypeStruct((b, s, h), dtype), i32, i32)
     msg = lambda: alloc((b, s, h), dtype)
     zeros = _zeros(manual)
     f32 = lambda t: jax.tree.map(lambda a: zeros(a.shape, jnp.float32), t)
@@ -211,7 +209,7 @@ def initial_state(ops: StageOps, sched, alloc: Callable, b: int, mc) -> PipeStat
                   alloc((sched.num_bwd_slots + 1, b, s, h), dtype))
     wire = Wire(msg(), msg(), msg(), msg())
     mid, head_y = msg(), msg()
-    stash = ops.stash.make(alloc, residuals, lmax, sched.num_stash_slots, on_host)
+    stash = ops.stash.make(alloc, residuals, lmax, sched.num_stash_slots)
     layers = tuple(tuple(f32(grads_of(wl)) for wl in chunk) for chunk in ops.weights)
     wstash = ()
     if isinstance(ops.split, SplitBackward):

@@ -9,10 +9,6 @@ and the W stash (each GEMM's (x, dy) of each layer, written by a zero-bubble B, 
                   at trace time (a switch branch per (op, slot)), so that the
                   layers' kernels write and read the residuals in place
 
-Residuals that train.recompute=offload's policy puts in the host's pinned memory are stashed
-there: their slots are host buffers, so a stage's in-flight microbatches hold no device memory
-for them (the layer's pullback brings them back in the backward).
-
 An entry is one layer's leaves: a tuple of arrays (residuals) or {GEMM weight: (x, dy)}
 (W stash). Both stores put and get whole entries by (branch, tick control, layer); `slot` names
 the slot field both carry ('stash_slot' or 'wstash_slot').
@@ -21,19 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-import jax
-
 from ptdp_jax.pipeline.pipe_state import replace_at
-
-
-def in_host_memory(aval) -> bool:
-    """Whether a traced value lives in host memory (a residual the offload policy moved)."""
-    return getattr(aval, "memory_space", None) == jax.memory.Space.Host
-
-
-def _buffer(alloc: Callable, shape, dtype, host: bool):
-    buf = alloc(shape, dtype)
-    return jax.device_put(buf, jax.memory.Space.Host) if host else buf
 
 
 def map_entry(f, entry, *others):
@@ -52,12 +36,9 @@ class IndexedStash:
     def __init__(self, slot: str):
         self.slot = slot
 
-    def make(self, alloc: Callable, entry, n_layers: int, n_slots: int, host=None) -> tuple:
-        """entry: one layer's leaves as ShapeDtypeStructs; alloc(shape, dtype) -> a buffer;
-        host: per leaf (entry's structure), whether its buffer is in host memory."""
-        host = host if host is not None else map_entry(lambda a: False, entry)
-        return tuple(map_entry(lambda a, on: _buffer(alloc, (n_slots + 1,) + a.shape, a.dtype,
-                                                     on), entry, host)
+    def make(self, alloc: Callable, entry, n_layers: int, n_slots: int) -> tuple:
+        """entry: one layer's leaves as ShapeDtypeStructs; alloc(shape, dtype) -> a buffer."""
+        return tuple(map_entry(lambda a: alloc((n_slots + 1,) + a.shape, a.dtype), entry)
                      for _ in range(n_layers))
 
     def put(self, store, br, ctl, layer: int, entry) -> tuple:
@@ -76,10 +57,8 @@ class StaticStash:
     def __init__(self, slot: str):
         self.slot = slot
 
-    def make(self, alloc: Callable, entry, n_layers: int, n_slots: int, host=None) -> tuple:
-        host = host if host is not None else map_entry(lambda a: False, entry)
-        return tuple(tuple(map_entry(lambda a, on: _buffer(alloc, a.shape, a.dtype, on),
-                                     entry, host)
+    def make(self, alloc: Callable, entry, n_layers: int, n_slots: int) -> tuple:
+        return tuple(tuple(map_entry(lambda a: alloc(a.shape, a.dtype), entry)
                            for _ in range(n_layers)) for _ in range(n_slots))
 
     def put(self, store, br, ctl, layer: int, entry) -> tuple:

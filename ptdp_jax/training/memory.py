@@ -28,11 +28,9 @@ The model (bytes per device; the most loaded device of the layout):
       full       the layer input only, 2 h bytes, plus one layer's `none` residuals while that
                  layer is recomputed in the backward (in `workspace`);
       offload    selective's: they go to the host's pinned memory after the forward
-                 (`offloaded_bytes`). Without pipelining XLA brings them all back before the
-                 backward, so the device's peak is selective's (LLaMA-3-8B shape, 4 layers, 32k
-                 and 64k: 48.4 and 65.5 GiB against 49.8 and 67.1, 1x H200, 2026-12-02); with
-                 it the stash slots are host buffers (`host_stash_bytes`): the device keeps
-                 full's layer inputs per slot and one chunk's residuals on their way;
+                 (`offloaded_bytes`), but XLA brings them all back before the backward, so the
+                 device's peak is selective's (LLaMA-3-8B shape, 4 layers, 32k and 64k: 48.4
+                 and 65.5 GiB against 49.8 and 67.1, 1x H200, 2026-12-02);
 
   with parallel.sequence_parallel (t > 1) the terms not yet divided by t are divided by t
   too (Korthikanti et al.'s 34 s b h / t): the (b, s, h) residuals each tensor rank kept whole
@@ -226,16 +224,6 @@ def offloaded_bytes(cfg) -> float:
     return moved * device_tokens(cfg)
 
 
-def host_stash_bytes(cfg) -> float:
-    """train.recompute=offload with pipelining: the pinned host memory one device's stash
-    slots take (`offloaded_bytes` a layer, the schedule's slots x the largest chunk's layers);
-    0 otherwise."""
-    if cfg.recompute != "offload" or cfg.parallel.pipe == 1:
-        return 0.0
-    from ptdp_jax.pipeline.balance import chunk_layers
-    return stash_slots(cfg) * max(chunk_layers(cfg)) * offloaded_bytes(cfg)
-
-
 def flash_attention_bytes_per_token(cfg) -> float:
     """What selective recomputation keeps of a fused (cuDNN flash) attention, per token and
     layer: its output (h / t values in the compute dtype) and softmax statistics (n / t
@@ -336,10 +324,6 @@ def activation_bytes(cfg) -> float:
     else:
         per_layer = layer_activation_bytes_per_token(cfg) * tokens
         stash = stash_slots(cfg) * max(chunk_layers(cfg)) * per_layer
-        if cfg.recompute == "offload":      # the slots in host memory but the layer inputs;
-            kept = layer_activation_bytes_per_token(cfg, "full") * tokens    # one chunk's
-            stash = stash_slots(cfg) * max(chunk_layers(cfg)) * kept + \
-                max(chunk_layers(cfg)) * (per_layer - kept)                  # on its way
         # fwd/bwd receive buffers (a few slots each) and the per-tick messages, (b, s, h) each
         buffers = (2 * 2 + MESSAGE_BUFFERS) * tokens * m.hidden_size * dtype_bytes
         buffers /= par.tensor if _sequence_parallel(cfg) else 1      # messages split by sequence
