@@ -117,3 +117,18 @@ def test_a_disk_too_small_is_refused_before_compiling(tmp_path, data_cache, monk
     assert "checkpoint.keep=3" in msg and "2 more at once" in msg
     monkeypatch.setattr(SV, "free_bytes", lambda d: int(per * 2.5))
     assert len(train(mesh_shape=(1, 1, 1), overrides=ov, log=lines.append).losses) == 4
+
+
+def test_offload_out_of_host_memory_is_said(monkeypatch):
+    """An allocation the device had room for that fails under train.recompute=offload is the
+    host's pinned memory (XLA's host allocator), said as such, with what to change."""
+    from ptdp_jax.run import phases
+    monkeypatch.setattr(phases, "_in_use_and_limit", lambda: (32 * 2**30, 128 * 2**30, "gpu"))
+    text = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 85.31GiB."
+    line = lambda r: phases.describe("train", 1, load_config(
+        "configs/tiny-llama.yaml", {"train.recompute": r}), text)
+    assert line("offload").startswith(
+        "out of pinned host memory at step 1, in the train step (XLA asked for 85.31 GiB "
+        "while the device had 96.00 GiB free)")
+    assert "train.recompute=full" in line("offload")
+    assert line("selective").startswith("out of device memory at step 1")

@@ -75,12 +75,24 @@ def describe(name: str, step: int, cfg, text: str) -> str:
         numbers.append(f"{gib(in_use)} in use")
     if limit is not None:
         numbers.append(f"a device's limit is {gib(limit)}")
+    if _host_memory(cfg, asked, in_use, limit):
+        return (f"out of pinned host memory at step {step}, in {PHASE_WORDS.get(name, name)} "
+                f"(XLA asked for {gib(asked)} while the device had {gib(limit - in_use)} "
+                f"free): train.recompute=offload keeps selective's residuals in the host's "
+                f"memory. To fit: train.recompute=full, or a smaller train.micro_batch_size")
     where = limit_words(platform)
     fixes = FIXES.get(name, FIXES["train"])
     return (f"out of device memory at step {step}, in {PHASE_WORDS.get(name, name)}"
             + (f" ({', '.join(numbers)})" if numbers else "")
             + (f"; {where}" if where else "")
             + f". To fit: {fixes}, or check that no other process holds memory on the device")
+
+
+def _host_memory(cfg, asked, in_use, limit) -> bool:
+    """Whether an allocation the device had room for failed in host memory: the pinned host
+    buffers of train.recompute=offload."""
+    offload = getattr(cfg, "recompute", None) == "offload"
+    return offload and None not in (asked, in_use, limit) and asked + in_use <= limit
 
 
 @contextmanager
