@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine with Python 3.11+, pip and make:
 #   make demo   trains the default demo (small GPT, embedded corpus, 8 fake CPU devices, mesh 2,2,2)
-#   make test       runs the quick tests (every feature once; 14 min 42 s on a 2-core AMD EPYC
-#                   with AVX2, 2026-12-01)
+#   make test       runs the quick tests (every feature once; 11 min 15 s on a 2-core AMD EPYC
+#                   with AVX2, 2026-12-03)
 #   make test-all   runs the whole suite (what CI runs; 1 h 26 min on the same machine with a
 #                   cold compilation cache, 2026-12-02)
 PYTHON ?= python3

@@ -35,7 +35,7 @@ def _no_progress_bar(monkeypatch):
     monkeypatch.setattr(decisions, "progress_bar", lambda stream=None: False)
 
 
-# `make test` (pytest -m "not slow") is the quick check (14 min 42 s on 2 cores): every test
+# `make test` (pytest -m "not slow") is the quick check (11 min 15 s on 2 cores): every test
 # but those below, which are marked `slow` and run with the rest in `make test-all` (CI).
 # A key is a test function; its value names the parametrized cases that stay quick (empty:
 # all of them are slow). What stays quick touches every feature at least once: each parallel
