@@ -26,6 +26,8 @@ Z3 = {**MB1, "train.global_batch_size": 32, "parallel.zero": 3}
 ZV = {"parallel.schedule": "zb-v", "parallel.virtual_stages": 2}
 B75_32 = {**MB1, "train.global_batch_size": 32, "train.recompute": "selective"}
 BF16R = {"parallel.grad_reduce_dtype": "bfloat16"}
+L3 = str(ROOT / "configs/llama3-8b.yaml")
+LONG = {**MB1, "model.num_layers": 4}
 
 # (config, (d, p, t), overrides, measured peak GiB per GPU, tolerance): 4x H100, 2026-11-26
 # (the one-GPU rows: 1x H100, layers unrolled and the head loss fused).
@@ -103,6 +105,25 @@ MEASURED = [
      0.08),
     (B13, (2, 1, 1), {**NONE, **BF16R, "train.micro_batch_size": 8, "parallel.zero": 2}, 43.31,
      0.09),
+    # 1x H200, 2026-12-02 (196K: 2026-12-03): LLaMA-3-8B's shape, 4 layers (8 in one row), micro
+    # 1, at long context; 2 sequences a step to 64K, 1 beyond; the MLP activation kept where said
+    *[(L3, (1, 1, 1), {**LONG, "model.seq_len": s, "train.global_batch_size": b,
+                       "train.recompute": r, "tuning.keep_ffn_activation": keep, **more}, gib, tol)
+      for s, b, r, keep, more, gib, tol in [
+          (32768, 2, "selective", True, {}, 49.75, 0.05),
+          (65536, 2, "selective", True, {}, 67.10, 0.05),
+          (131072, 1, "selective", True, {}, 96.94, 0.05),
+          (131072, 1, "selective", False, {}, 89.83, 0.05),      # the SwiGLU run again
+          (32768, 2, "full", False, {}, 38.80, 0.05),
+          (131072, 1, "full", False, {}, 57.10, 0.05),
+          (196608, 1, "full", False, {}, 71.93, 0.05),
+          (262144, 1, "full", False, {}, 79.80, 0.05),
+          (131072, 1, "full", False, {"model.num_layers": 8}, 72.40, 0.06),
+          (32768, 2, "offload", True, {}, 48.37, 0.05),
+          (131072, 1, "offload", True, {}, 93.40, 0.05),
+          (32768, 2, "selective", True, {"data.document_mask": True}, 52.55, 0.05),
+          (131072, 1, "selective", False, {"data.document_mask": True}, 101.14, 0.05),
+      ]],
 ]
 
 

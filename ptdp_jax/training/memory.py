@@ -50,7 +50,8 @@ The model (bytes per device; the most loaded device of the layout):
   bytes (V / (t p) when the head is spread over the pipeline stages, `pipeline/head.py`;
   otherwise the fused head loss holds one chunk of them, `models/fused_loss.py`);
 * workspace: 0.5 GiB for XLA's temporaries and the allocator (fitted), plus the recomputation
-  transient of `full`, context parallelism's gathered keys and values
+  transient of `full` (of selective's SwiGLU where it is not kept:
+  `activation_recompute_bytes`), context parallelism's gathered keys and values
   (`context_attention_bytes`) and packed document attention's gradients
   (`document_attention_bytes`).
 
@@ -222,6 +223,17 @@ def offloaded_bytes(cfg) -> float:
     moved = (layer_activation_bytes_per_token(cfg, "selective")
              - layer_activation_bytes_per_token(cfg, "full"))
     return moved * device_tokens(cfg)
+
+
+def activation_recompute_bytes(cfg) -> float:
+    """Selective recomputation without the MLP activation kept: the SwiGLU a LLaMA layer's
+    backward runs again, (T, f / t) in float32, while it runs (LLaMA-3-8B's layers at 128K on
+    1x H200, 2026-12-02: 6.0 GiB over the estimate without it; GPT's GeLU showed none, the
+    1.3B's rows at 2K are over already); 0 otherwise."""
+    if cfg.recompute not in ("selective", "offload") or cfg.keeps_ffn_activation \
+            or cfg.model.arch != "llama":
+        return 0.0
+    return 4.0 * device_tokens(cfg) * cfg.model.ffn / cfg.parallel.tensor
 
 
 def flash_attention_bytes_per_token(cfg) -> float:
@@ -407,6 +419,7 @@ def estimate_memory(cfg) -> MemoryEstimate:
     if cfg.recompute == "full":     # one layer's full residuals while it is recomputed
         tokens = device_tokens(cfg)
         workspace += layer_activation_bytes_per_token(cfg, "none") * tokens
+    workspace += activation_recompute_bytes(cfg)
     return MemoryEstimate(
         params=int(params),
         grads=int(grads),
