@@ -31,6 +31,8 @@ def main(argv=None):
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_intermixed_args(argv)
 
+    from ptdp_jax.config.memory_limit import use_planned_fraction
+    use_planned_fraction()          # the memory limit ptdp-train runs with, before jax's backend
     from ptdp_jax.training import metrics as MX
     from ptdp_jax.config.load import parse_cli_overrides
     from ptdp_jax.run.loop import train
