@@ -138,6 +138,28 @@ IDS = ["c2", "c4-gpt", "c8", "d2-zero3", "t2-sp-gqa", "zb-phased-v2", "interleav
        "1f1b-full", "d2-t2-zero1", "c4-zero3", "d2-c2-zero2"]
 
 
+def test_heads_over_tensor_run_the_attention_once():
+    """With heads over an automatic 'tensor' the attention runs in a per-device region; its
+    backward takes the forward's residuals, so the step holds the same attention work (loops,
+    GEMMs, exponentials) as the one-device step, not a second forward."""
+    from jaxprs import equations
+    from parity import batch_for
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training import state as S, step
+
+    def work(mesh, **extra):
+        cfg = tiny_config("llama", mesh, **{"parallel.context": 2, "model.num_kv_heads": 4},
+                          **extra)
+        tx, _ = S.make_optimizer(cfg)
+        params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
+        grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_dims))
+        names = [eqn.primitive.name for eqn, _ in equations(
+            jax.make_jaxpr(grad_fn)(params, batch_for(cfg), 0).jaxpr)]
+        return {k: names.count(k) for k in ("scan", "while", "dot_general", "exp")}
+    one = work((1, 1, 1))
+    assert work((1, 1, 2), **{"parallel.sequence_parallel": True}) == one and one["exp"] > 0
+
+
 @pytest.mark.parametrize("arch,mesh,extra", LAYOUTS, ids=IDS)
 def test_context_parity(arch, mesh, extra):
     base = {k: v for k, v in extra.items() if k == "model.num_kv_heads"}

@@ -452,19 +452,3 @@ def test_context_attention_priced_at_its_share_of_the_whole():
     gpu = replace(gpu, packed_attention=False)
     for a, b in zip(at(**{"data.document_mask": True}), whole):
         assert a == pytest.approx(b * K.TILED_SLOWDOWN)
-
-
-def test_context_attention_with_tensor_runs_its_forward_again(monkeypatch):
-    """(1,1,2) with context 2: the attention's backward region runs its forward again (and
-    gathers the keys and values again), which selective recomputation would otherwise keep."""
-    from ptdp_jax.plan import cost as K
-    gpu = gpu_kind("h200")
-    base = {"model.seq_len": 65536, "train.micro_batch_size": 1, "parallel.context": 2,
-            "train.recompute": "selective"}
-    cfg = lambda t: load_config("configs/llama3-8b.yaml", {**base, "parallel.tensor": t})
-    assert K._attention_runs_again(cfg(2)) and not K._attention_runs_again(cfg(1))
-    again = K.op_costs(cfg(2), gpu, 8).layer_bwd
-    monkeypatch.setattr(K, "_attention_runs_again", lambda c: False)
-    once = K.op_costs(cfg(2), gpu, 8).layer_bwd
-    extra = K.attention_seconds(cfg(2), gpu)[0] + K.context_seconds(cfg(2), gpu, 8)[0]
-    assert again - once == pytest.approx(extra) and extra > 0

@@ -89,23 +89,21 @@ def causal_attention(q_bsnd, k_bsnd, v_bsnd, impl: str, sh=None, starts_bs=None)
     return _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh)
 
 
-def _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh, *rest):
-    """attend(q, k, v, *rest) in a per-device region whose backward is a region of its own: a
-    custom VJP keeps q, k, v (and `rest`, integer per-row inputs laid out as q's first two
-    dims) as the only residuals and runs the attention again in the backward."""
-    names = (HEADS,) * 3 + (jax.sharding.PartitionSpec(*sh.spec(HEADS)[:2]),) * len(rest)
-    local_fwd = sh.per_device(attend, names, HEADS)
-    local_bwd = sh.per_device(
-        lambda q, k, v, *r_g: jax.vjp(lambda *qkv: attend(*qkv, *r_g[:-1]), q, k, v)[1](r_g[-1]),
-        names + (HEADS,), (HEADS,) * 3)
+def _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh):
+    """attend(q, k, v) in a per-device region whose backward is a region of its own: a custom
+    VJP keeps q, k, v as the only residuals and runs the attention again in the backward (XLA's
+    attention, whose residuals are the s^2 scores)."""
+    local_fwd = sh.per_device(attend, (HEADS,) * 3, HEADS)
+    local_bwd = sh.per_device(lambda q, k, v, g: jax.vjp(attend, q, k, v)[1](g),
+                              (HEADS,) * 4, (HEADS,) * 3)
 
     @jax.custom_vjp
-    def attention(q, k, v, *r):
-        return local_fwd(q, k, v, *r)
+    def attention(q, k, v):
+        return local_fwd(q, k, v)
 
-    attention.defvjp(lambda q, k, v, *r: (local_fwd(q, k, v, *r), (q, k, v) + r),
-                     lambda res, g: local_bwd(*res, g) + (None,) * len(rest))
-    return attention(q_bsnd, k_bsnd, v_bsnd, *rest)
+    attention.defvjp(lambda q, k, v: (local_fwd(q, k, v), (q, k, v)),
+                     lambda res, g: local_bwd(*res, g))
+    return attention(q_bsnd, k_bsnd, v_bsnd)
 
 
 def _blockwise_attention(q_bsnd, k_bsnd, v_bsnd, sh, starts_bs, impl: str):
@@ -132,10 +130,10 @@ def _blockwise_attention(q_bsnd, k_bsnd, v_bsnd, sh, starts_bs, impl: str):
     if (sh is None or sh.mesh is None or not sh.manual or "tensor" in sh.manual
             or sh.mesh.shape["tensor"] == 1):
         return attend(q_bsnd, k_bsnd, v_bsnd, *rest)
-    # heads split over an automatic 'tensor': per device, the backward a region of its own
-    # (autodiff's residuals of a nested region would be split over every mesh axis, 'context'
-    # before the region's manual 'tensor', which Shardy refuses)
-    return _per_device_again(attend, q_bsnd, k_bsnd, v_bsnd, sh, *rest)
+    # heads split over an automatic 'tensor': per device, the residuals handed to the backward
+    # region (autodiff's residuals of a nested region would be split over every mesh axis,
+    # 'context' before the region's manual 'tensor', which Shardy refuses)
+    return _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, sh, *rest)
 
 
 def keeps_residuals(impl: str) -> bool:
@@ -154,43 +152,49 @@ def _local_shape(shape, spec, mesh) -> tuple:
     return tuple(out)
 
 
-def _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, sh):
-    """attend(q, k, v) in a per-device region, differentiable: the forward region hands out
-    its vjp residuals (but q, k, v and the output, which the backward gets anyway) stacked on
-    a new leading axis split over the region's axes, and the backward region takes them back,
-    so the backward runs the attention's backward only, not its forward again. Named
+def _per_device_attention(attend, q_bsnd, k_bsnd, v_bsnd, sh, *rest):
+    """attend(q, k, v, *rest) in a per-device region, differentiable: the forward region hands
+    out its vjp residuals (but q, k, v, the output and `rest`, which the backward gets anyway)
+    stacked on a new leading axis split over the region's axes, and the backward region takes
+    them back, so the backward runs the attention's backward only, not its forward again.
+    rest: integer per-row inputs laid out as q's first two dims (no gradient). Named
     "attention": selective recomputation keeps them."""
     stacked = jax.sharding.PartitionSpec(sh.rest_axes())
+    rows = (jax.sharding.PartitionSpec(*sh.spec(HEADS)[:2]),) * len(rest)
     res = Residuals()
 
-    def local_fwd(q, k, v, res=res):
-        o, pull = jax.vjp(attend, q, k, v)
-        return o, tuple(x[None] for x in res.split(pull, (q, k, v, o)))
+    def local_fwd(q, k, v, *r, res=res):
+        o, pull = jax.vjp(lambda *qkv: attend(*qkv, *r), q, k, v)
+        return o, tuple(x[None] for x in res.split(pull, (q, k, v, o) + r))
 
-    def local_bwd(q, k, v, o, kept, g):
-        return res.join([x[0] for x in kept], (q, k, v, o))(g)
+    def local_bwd(q, k, v, o, *r_kept_g):
+        r, kept, g = r_kept_g[:-2], r_kept_g[-2], r_kept_g[-1]
+        return res.join([x[0] for x in kept], (q, k, v, o) + tuple(r))(g)
 
-    block = lambda a: jax.ShapeDtypeStruct(_local_shape(a.shape, sh.spec(HEADS), sh.mesh),
-                                           a.dtype)
+    def block(a, spec):
+        return jax.ShapeDtypeStruct(_local_shape(a.shape, spec, sh.mesh), a.dtype)
     # how many leaves leave the region: from a trace outside it (its own Residuals: the
     # pullback's structure there holds unvarying types, the region's holds varying ones)
-    n_kept = len(jax.eval_shape(lambda *a: local_fwd(*a, res=Residuals()),
-                                *(block(a) for a in (q_bsnd, k_bsnd, v_bsnd)))[1])
-    fwd = sh.per_device(local_fwd, (HEADS,) * 3, (HEADS, (stacked,) * n_kept))
-    bwd = sh.per_device(local_bwd, (HEADS,) * 4 + ((stacked,) * n_kept, HEADS), (HEADS,) * 3)
+    blocks = [block(a, sh.spec(HEADS)) for a in (q_bsnd, k_bsnd, v_bsnd)]
+    blocks += [block(a, spec) for a, spec in zip(rest, rows)]
+    n_kept = len(jax.eval_shape(lambda *a: local_fwd(*a, res=Residuals()), *blocks)[1])
+    fwd = sh.per_device(local_fwd, (HEADS,) * 3 + rows, (HEADS, (stacked,) * n_kept))
+    bwd = sh.per_device(local_bwd, (HEADS,) * 4 + rows + ((stacked,) * n_kept, HEADS),
+                        (HEADS,) * 3)
     name = lambda x: checkpoint_name(x, "attention")
 
     @jax.custom_vjp
-    def attention(q, k, v):
-        return fwd(q, k, v)[0]
+    def attention(q, k, v, *r):
+        return fwd(q, k, v, *r)[0]
 
-    def attention_fwd(q, k, v):     # the output named too: the out-projection's
-        o, kept = fwd(q, k, v)        # weight gradient reads it
+    def attention_fwd(q, k, v, *r):     # the output named too: the out-projection's
+        o, kept = fwd(q, k, v, *r)        # weight gradient reads it
         o = name(o)
-        return o, (q, k, v, o, tuple(name(x) for x in kept))
+        return o, (q, k, v, o, r, tuple(name(x) for x in kept))
 
-    attention.defvjp(attention_fwd, lambda res, g: bwd(*res[:4], res[4], g))
-    return attention(q_bsnd, k_bsnd, v_bsnd)
+    attention.defvjp(attention_fwd,
+                     lambda res, g: bwd(*res[:4], *res[4], res[5], g) + (None,) * len(rest))
+    return attention(q_bsnd, k_bsnd, v_bsnd, *rest)
 
 
 def gather_seq(sh, y_bsh):

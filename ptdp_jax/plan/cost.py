@@ -44,9 +44,7 @@ Communication (ring algorithms, NCCL bus bandwidths of the kind):
                share of the causal attention (the chunks' balance); each layer all-gathers the
                key/value heads forward, and again in the backward with a reduce-scatter of
                their gradients (`context_seconds`); the gradients are reduced over context too
-               (ZeRO: gathered and reduce-scattered over data x context together). With
-               t > 1 beside other axes the attention's backward runs its forward again
-               (`_attention_runs_again`).
+               (ZeRO: gathered and reduce-scattered over data x context together).
                A rank's attention runs in cuDNN parts (parallel/context.py) at
                1 / CONTEXT_PARTS_SLOWDOWN of the whole sequence's flash attention.
     documents  data.document_mask: cuDNN's packed layout (parallel/packed.py, Hopper on) is
@@ -158,16 +156,6 @@ def tiled_attention(cfg, gpu: GpuKind) -> bool:
                                                     and no_cudnn)
 
 
-def _attention_runs_again(cfg) -> bool:
-    """Whether a layer's backward runs its attention's forward again: context-split or
-    document-masked attention with heads over an automatic 'tensor' (t > 1 beside other
-    axes) is a per-device region whose backward is a region of its own
-    (models/layers._per_device_again)."""
-    par = cfg.parallel
-    return ((par.context > 1 or cfg.data.document_mask) and par.tensor > 1
-            and par.data * par.pipe * par.context > 1)
-
-
 def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's attention core on one tensor rank (and one
     context rank: 1/c of the causal work)."""
@@ -235,8 +223,6 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
         bwd += (0.0 if flash_attention_bytes_per_token(cfg) else attn_fwd) + elem_fwd + quant_fwd
         if cfg.remat.endswith("+act"):     # ... and the activation's output: T f read, written
             bwd -= min(elem_fwd, _memory_seconds(2 * 2 * T * m.ffn / t, gpu))
-    if _attention_runs_again(cfg) and cfg.recompute != "full":
-        bwd += attn_fwd + kv_fwd
     if cfg.recompute == "offload":       # to the host and back: the share the GEMMs do not hide
         moved = OFFLOAD_EXPOSED * offloaded_bytes(cfg) / HOST_LINK_BYTES_PER_S
         fwd, bwd = fwd + moved, bwd + moved
