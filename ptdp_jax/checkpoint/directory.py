@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ptdp_jax.checkpoint import saving as SV
 from ptdp_jax.checkpoint.format import (CheckpointError, _check_writable, _scan, check_compatible,
-                                        check_data_tokenizer, check_directory,
-                                        check_same_numerics, step_meta)
+                                        check_data_tokenizer, check_directory, step_meta)
+from ptdp_jax.checkpoint.numerics import check_same_numerics
 from ptdp_jax.config.load import Config, ConfigError
 from ptdp_jax.training.state import canonical_abstract_state, make_optimizer
 

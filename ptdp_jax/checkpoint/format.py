@@ -138,25 +138,6 @@ def check_compatible(meta: dict, cfg: Config, where: str) -> None:
         raise CheckpointError(f"checkpoint {where} is of a different model: " + "; ".join(diffs))
 
 
-ROPE_KEYS = ("rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
-             "rope_high_freq_factor", "rope_original_seq_len")
-
-
-def check_same_numerics(meta: dict, cfg: Config, where: str) -> None:
-    """A resumed run computes the model it saved: CheckpointError naming model.norm_eps (and
-    LLaMA's model.rope_* keys) where checkpoint and config differ; a deliberate change starts
-    a new run from the weights (checkpoint.load_weights)."""
-    src, m = _meta_config(meta, where).model, cfg.model
-    keys = ("norm_eps",) + (ROPE_KEYS if m.arch == "llama" else ())
-    diffs = [f"model.{k}: checkpoint {getattr(src, k)}, config {getattr(m, k)}"
-             for k in keys if getattr(src, k) != getattr(m, k)]
-    if diffs:
-        raise CheckpointError(
-            f"checkpoint {where} was trained as another model: {'; '.join(diffs)}. Resume "
-            f"with the checkpoint's values, or start a new run from its weights with another "
-            f"checkpoint.dir and checkpoint.load_weights={Path(where).parent}")
-
-
 # ----------------------------------------------------------------------------- directory checks
 
 def _step_of(name: str) -> int | None:

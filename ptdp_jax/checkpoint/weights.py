@@ -19,10 +19,11 @@ from pathlib import Path
 import jax
 
 from ptdp_jax.checkpoint import saving as SV
-from ptdp_jax.checkpoint.format import (ROPE_KEYS, CheckpointError, _shape_tree, check_compatible,
-                                        check_data_tokenizer, checkpoint_kind, config_from_dict,
+from ptdp_jax.checkpoint.format import (CheckpointError, _shape_tree, check_compatible,
+                                        check_data_tokenizer, checkpoint_kind,
                                         read_meta, read_params, resolve_step_dir, run_tokenizer)
 from ptdp_jax.checkpoint.hf import check_tensor_files, hf_model, import_hf
+from ptdp_jax.checkpoint.numerics import check_numerics
 from ptdp_jax.checkpoint.manager import resume_from
 from ptdp_jax.config.load import Config, ConfigError, load_config
 from ptdp_jax.training.state import (canonical_abstract_state, canonical_shardings,
@@ -88,7 +89,7 @@ def _checkpoint_source(path: Path, cfg: Config) -> WeightsSource:
     step_dir = resolve_step_dir(path)
     meta = read_meta(step_dir)
     check_compatible(meta, cfg, str(step_dir))
-    extended = _check_numerics(meta, cfg, str(step_dir))
+    extended = check_numerics(meta, cfg, str(step_dir))
     check_data_tokenizer(meta, step_dir, cfg, instead="")
     return WeightsSource(step_dir, meta, extended)
 
@@ -105,31 +106,9 @@ def _hf_source(path: Path, cfg: Config) -> WeightsSource:
             f" (a GPT of fewer positions: `ptdp-import-hf {path} DIR model.seq_len="
             f"{cfg.model.seq_len}` cuts its position table; load the weights from DIR)"
             if shorter else "")) from None
-    extended = _check_numerics(like_meta, cfg, str(path))
+    extended = check_numerics(like_meta, cfg, str(path))
     _check_hf_tokenizer(path, cfg)
     return WeightsSource(path, extended=extended)
-
-
-def _check_numerics(meta: dict, cfg: Config, where: str) -> str:
-    """CheckpointError naming model.norm_eps (and LLaMA's model.rope_* keys) where the source's
-    differs from cfg's: not a shape, but the same weights would compute another model. A LLaMA
-    run of a longer model.seq_len than the source's may change the rope keys (a context
-    extension): returned in words ("model.seq_len 16 -> 64, model.rope_theta ..."), else ""."""
-    src, m = config_from_dict(meta["config"]).model, cfg.model
-    rope = ROPE_KEYS if m.arch == "llama" else ()
-    longer = m.arch == "llama" and m.seq_len > src.seq_len
-    keys = ("norm_eps",) + (() if longer else rope)
-    diffs = [f"model.{k}: checkpoint {getattr(src, k)}, config {getattr(m, k)}"
-             for k in keys if getattr(src, k) != getattr(m, k)]
-    hint = (" (a longer model.seq_len than the checkpoint's may change the rope keys: a context "
-            "extension, docs/long-context.md)" if any("rope" in d for d in diffs) else "")
-    if diffs:
-        raise CheckpointError(f"checkpoint {where} is of a different model: "
-                              + "; ".join(diffs) + hint)
-    if not longer:
-        return ""
-    changed = [k for k in ("seq_len",) + rope if getattr(src, k) != getattr(m, k)]
-    return ", ".join(f"model.{k} {getattr(src, k)} -> {getattr(m, k)}" for k in changed)
 
 
 def _check_hf_tokenizer(path: Path, cfg: Config) -> None:
