@@ -5,6 +5,7 @@ device's limit comes from and how to change it.
 
     use_planned_fraction()          # in a command's main(), before jax starts its backend
     limit_words(device)             # "... (XLA_PYTHON_CLIENT_MEM_FRACTION=0.92, set by ...)"
+    device_memory_bytes()           # what a device has (None if unknown)
 """
 from __future__ import annotations
 
@@ -53,3 +54,24 @@ def limit_words(platform: str, environ=None) -> str:
     return (f"the limit is {VARIABLE}={fraction:g} of the device's memory ({source}); set "
             f"{VARIABLE} (up to about 0.95; CUDA's libraries need the rest) before the command "
             f"to change it")
+
+
+def device_memory_bytes(device=None) -> int | None:
+    """Memory of one device: a GPU's `memory_stats()['bytes_limit']` when it reports one; a CPU
+    device: the host's RAM (os.sysconf) divided by the number of local devices; None if unknown.
+    device: a jax Device (None: the first local device)."""
+    import jax
+    dev = device if device is not None else jax.local_devices()[0]
+    if dev.platform == "cpu":
+        try:
+            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return None
+        cpus = [d for d in jax.local_devices() if d.platform == "cpu"]
+        return int(ram // max(1, len(cpus)))
+    try:
+        stats = dev.memory_stats() or {}
+    except Exception:          # backends without memory stats
+        return None
+    limit = stats.get("bytes_limit")
+    return int(limit) if limit else None

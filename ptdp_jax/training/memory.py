@@ -68,7 +68,6 @@ an estimate is made.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 GiB = 1024 ** 3
@@ -431,24 +430,9 @@ def estimate_memory(cfg) -> MemoryEstimate:
 
 
 def device_memory_bytes(device=None) -> int | None:
-    """Memory of one device: a GPU's `memory_stats()['bytes_limit']` when it reports one; a CPU
-    device: the host's RAM (os.sysconf) divided by the number of local devices; None if unknown.
-    device: a jax Device (None: the first local device)."""
-    import jax
-    dev = device if device is not None else jax.local_devices()[0]
-    if dev.platform == "cpu":
-        try:
-            ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            return None
-        cpus = [d for d in jax.local_devices() if d.platform == "cpu"]
-        return int(ram // max(1, len(cpus)))
-    try:
-        stats = dev.memory_stats() or {}
-    except Exception:          # backends without memory stats
-        return None
-    limit = stats.get("bytes_limit")
-    return int(limit) if limit else None
+    """What one device has (`config.memory_limit.device_memory_bytes`)."""
+    from ptdp_jax.config.memory_limit import device_memory_bytes as have
+    return have(device)
 
 
 def gib(n_bytes: float) -> float:
