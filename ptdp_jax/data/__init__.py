@@ -16,12 +16,12 @@ from .dataset import (
     data_state,
 )
 from .prepare import (
-    iter_documents,
     prepare_dataset,
     prepare_default_corpus,
     token_dtype,
     write_token_dataset,
 )
+from .readers import iter_documents
 from .sources import check_same_tokenizer, open_datasets, validate_data_config
 from .tokenizer import EOS_TOKEN, BPETokenizer, ByteTokenizer, load_tokenizer
 
