@@ -229,7 +229,7 @@ def _recompute(cfg, n):
          f"keeps only the layer inputs)")
     need(r != "offload" or cfg.parallel.pipe == 1,
          f"train.recompute=offload runs without pipelining (parallel.pipe=1; got "
-         f"parallel.pipe={cfg.parallel.pipe}): a stash in host memory is copied every tick "
+         f"parallel.pipe={cfg.parallel.pipe}): XLA runs a stash in host memory as host compute "
          f"(docs/long-context.md); use selective or full")
 
 
