@@ -12,14 +12,19 @@ ROPE_KEYS = ("rope_theta", "rope_scaling_factor", "rope_low_freq_factor",
              "rope_high_freq_factor", "rope_original_seq_len")
 
 
+def _differences(src, m, keys) -> list[str]:
+    """'model.KEY: checkpoint A, config B' for each of `keys` where the two models differ."""
+    return [f"model.{k}: checkpoint {getattr(src, k)}, config {getattr(m, k)}"
+            for k in keys if getattr(src, k) != getattr(m, k)]
+
+
 def check_same_numerics(meta: dict, cfg: Config, where: str) -> None:
     """A resumed run computes the model it saved: CheckpointError naming model.norm_eps (and
     LLaMA's model.rope_* keys) where checkpoint and config differ; a deliberate change starts
     a new run from the weights (checkpoint.load_weights)."""
     src, m = _meta_config(meta, where).model, cfg.model
     keys = ("norm_eps",) + (ROPE_KEYS if m.arch == "llama" else ())
-    diffs = [f"model.{k}: checkpoint {getattr(src, k)}, config {getattr(m, k)}"
-             for k in keys if getattr(src, k) != getattr(m, k)]
+    diffs = _differences(src, m, keys)
     if diffs:
         raise CheckpointError(
             f"checkpoint {where} was trained as another model: {'; '.join(diffs)}. Resume "
@@ -36,8 +41,7 @@ def check_numerics(meta: dict, cfg: Config, where: str) -> str:
     rope = ROPE_KEYS if m.arch == "llama" else ()
     longer = m.arch == "llama" and m.seq_len > src.seq_len
     keys = ("norm_eps",) + (() if longer else rope)
-    diffs = [f"model.{k}: checkpoint {getattr(src, k)}, config {getattr(m, k)}"
-             for k in keys if getattr(src, k) != getattr(m, k)]
+    diffs = _differences(src, m, keys)
     hint = (" (a longer model.seq_len than the checkpoint's may change the rope keys: a context "
             "extension, docs/long-context.md)" if any("rope" in d for d in diffs) else "")
     if diffs:
