@@ -15,3 +15,21 @@ def equations(jaxpr, depth=0):
                 sub = getattr(sub, "jaxpr", sub)
                 if hasattr(sub, "eqns"):
                     yield from equations(sub, inner)
+
+
+ATTENTION_WORK = ("scan", "while", "dot_general", "exp", "all_gather")
+
+
+def step_work(cfg, names=ATTENTION_WORK) -> dict:
+    """How many of each primitive in `names` the traced gradient step of cfg holds (the
+    attention's loops, GEMMs, exponentials and gathers: what it runs, forward and backward)."""
+    import jax
+    from parity import batch_for
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training import state as S, step
+    tx, _ = S.make_optimizer(cfg)
+    params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
+    grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_dims))
+    found = [eqn.primitive.name for eqn, _ in equations(
+        jax.make_jaxpr(grad_fn)(params, batch_for(cfg), 0).jaxpr)]
+    return {k: found.count(k) for k in names}

@@ -138,26 +138,36 @@ IDS = ["c2", "c4-gpt", "c8", "d2-zero3", "t2-sp-gqa", "zb-phased-v2", "interleav
        "1f1b-full", "d2-t2-zero1", "c4-zero3", "d2-c2-zero2"]
 
 
-def test_heads_over_tensor_run_the_attention_once():
+def test_heads_over_tensor_run_the_attention_once(monkeypatch):
     """With heads over an automatic 'tensor' the attention runs in a per-device region; its
     backward takes the forward's residuals, so the step holds the same attention work (loops,
-    GEMMs, exponentials) as the one-device step, not a second forward."""
-    from jaxprs import equations
-    from parity import batch_for
-    from ptdp_jax.parallel.sharding import make_mesh
-    from ptdp_jax.training import state as S, step
+    GEMMs, exponentials) as the one-device step, not a second forward; and what the region
+    hands its backward is less than one copy of its output (the statistics: the output is
+    the region's own, not kept twice)."""
+    from jaxprs import step_work
+    from ptdp_jax.models import residuals as R
+    cfg = lambda mesh, **extra: tiny_config("llama", mesh, **{"parallel.context": 2,
+                                            "model.num_kv_heads": 4}, **extra)
+    kept, split = [], R.Residuals.split
+    monkeypatch.setattr(R.Residuals, "split", lambda self, pull, known: kept.append(
+        (split(self, pull, known), known[3])) or kept[-1][0])
+    one = step_work(cfg((1, 1, 1)))
+    assert step_work(cfg((1, 1, 2), **{"parallel.sequence_parallel": True})) == one
+    assert one["exp"] > 0 and kept
+    assert all(sum(a.size for a in leaves) < out.size for leaves, out in kept)
 
-    def work(mesh, **extra):
-        cfg = tiny_config("llama", mesh, **{"parallel.context": 2, "model.num_kv_heads": 4},
-                          **extra)
-        tx, _ = S.make_optimizer(cfg)
-        params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
-        grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_dims))
-        names = [eqn.primitive.name for eqn, _ in equations(
-            jax.make_jaxpr(grad_fn)(params, batch_for(cfg), 0).jaxpr)]
-        return {k: names.count(k) for k in ("scan", "while", "dot_general", "exp")}
-    one = work((1, 1, 1))
-    assert work((1, 1, 2), **{"parallel.sequence_parallel": True}) == one and one["exp"] > 0
+
+@pytest.mark.parametrize("mesh,extra", [((1, 1, 1), {}), ((1, 1, 2), {
+    "parallel.sequence_parallel": True, "model.num_kv_heads": 4})], ids=["c2", "c2-t2-sp"])
+def test_selective_runs_the_split_attention_once(mesh, extra):
+    """Selective recomputation keeps the split attention's output and statistics: its
+    backward runs no attention forward again (no second gather of the keys and values), the
+    same attention work as without recomputation."""
+    from jaxprs import step_work
+    work = {r: step_work(tiny_config("llama", mesh, **{"parallel.context": 2,
+                                                        "train.recompute": r}, **extra))
+            for r in ("none", "selective")}
+    assert work["selective"] == work["none"] and work["none"]["all_gather"] > 0
 
 
 @pytest.mark.parametrize("arch,mesh,extra", LAYOUTS, ids=IDS)

@@ -187,3 +187,13 @@ def test_packed_document_mask_parity(mesh, extra, emulated):
     cfg = tiny_config("llama", mesh, **DM, **extra, **{"tuning.attention": "cudnn"})
     assert_close(loss_and_grads(cfg, batch=batch), ref)
     assert True in emulated and (False in emulated) == ("parallel.context" in extra)
+
+
+@pytest.mark.parametrize("attention", ["cudnn", "xla"], ids=["packed", "tiled"])
+def test_selective_runs_the_document_attention_once(attention, emulated):
+    """Selective recomputation keeps the masked attention's output and statistics (the packed
+    kernel's and the tiled one's): its backward runs no attention forward again."""
+    from jaxprs import step_work
+    work = {r: step_work(tiny_config("llama", (1, 1, 1), **DM, **{
+        "train.recompute": r, "tuning.attention": attention})) for r in ("none", "selective")}
+    assert work["selective"] == work["none"] and work["none"]["while"] > 0

@@ -23,7 +23,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.ad_checkpoint import checkpoint_name
 
 from ptdp_jax.parallel import flash as F
 from ptdp_jax.parallel.manual import vary, varying_axes
@@ -154,9 +153,8 @@ def _context_attention(q, k, v, starts, rank, c, scale, kernel):
 
 def _context_fwd(q, k, v, starts, rank, c, scale, kernel):
     out, lse = local_forward(q, _gather(k, c), _gather(v, c), starts, rank, c, scale, kernel)
-    # named: selective recomputation keeps them, as it keeps cuDNN's (models/layers.py)
-    name = lambda x: checkpoint_name(x, "attention")
-    return out, (q, k, v, starts, rank, name(out), name(lse))
+    out = F.name_kept(out)          # selective keeps them, as it keeps cuDNN's outputs
+    return out, (q, k, v, starts, rank, out, F.name_kept(lse))
 
 
 def _context_bwd(c, scale, kernel, res, g):

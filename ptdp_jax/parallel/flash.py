@@ -128,8 +128,15 @@ def document_attention(q_bqnd, k_bsnd, v_bsnd, start_bq, scale: float):
 
 def _document_fwd(q, k, v, start, scale):
     o, lse = forward("cudnn", q, k, v, Part(True, None, start), scale)
-    name = lambda x: checkpoint_name(x, "attention")
-    return o, (q, k, v, start, name(o), name(lse))
+    o = name_kept(o)
+    return o, (q, k, v, start, o, name_kept(lse))
+
+
+def name_kept(x):
+    """Named "attention": selective recomputation keeps it. A kernel's primal output is the
+    named value itself, so that the out-projection's weight gradient reads the kept output
+    instead of running the attention's forward again in the backward."""
+    return checkpoint_name(x, "attention")
 
 
 def _document_bwd(scale, res, g):
@@ -219,7 +226,9 @@ def _forward(q, k, v, pos, start, scale):
 
 
 def _attention_fwd(q, k, v, pos, start, scale):
-    return _forward(q, k, v, pos, start, scale)
+    out, (*inputs, _, lse) = _forward(q, k, v, pos, start, scale)
+    out = name_kept(out)             # the primal output is the kept one (name_kept)
+    return out, (*inputs, out, name_kept(lse))
 
 
 def _attention_bwd(scale, res, g):

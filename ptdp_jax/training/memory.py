@@ -179,7 +179,7 @@ def document_attention_bytes(cfg) -> float:
     backward runs it: the float32 gradients of the queries and (all of the sequence's, under
     context parallelism) keys and values, twice (a loop's carry and its next value), and the
     second segment's cuDNN workspace (8 bytes a query element). Over the unmasked step of
-    LLaMA-3-8B's layers (1x H200, 2026-12-02): 2.8 and 11.3 GiB at 32k and 128k measured,
+    LLaMA-3-8B's layers (1x H200, 2026-12-03): 2.4 and 10.5 GiB at 32k and 128k measured,
     2.5 and 10.0 by this. 0 without it."""
     m = cfg.model
     if not cfg.data.document_mask or cfg.compute_dtype == "float32" \
