@@ -157,6 +157,23 @@ def test_heads_over_tensor_run_the_attention_once(monkeypatch):
     assert all(sum(a.size for a in leaves) < out.size for leaves, out in kept)
 
 
+def test_context_gathers_the_key_value_heads_only():
+    """Grouped-query attention: each layer all-gathers K and V with their own heads (2 of 8
+    here), not repeated to the query heads, so it moves heads / kv_heads fewer bytes."""
+    from jaxprs import equations
+    from parity import batch_for
+    from ptdp_jax.parallel.sharding import make_mesh
+    from ptdp_jax.training import state as S, step
+    cfg = tiny_config("llama", (1, 1, 1), **{"parallel.context": 2, "model.num_kv_heads": 2})
+    tx, _ = S.make_optimizer(cfg)
+    params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
+    grad_fn = step.make_grad_fn(cfg, make_mesh(cfg.parallel.mesh_dims))
+    gathered = [eqn.invars[0].aval.shape for eqn, _ in equations(
+        jax.make_jaxpr(grad_fn)(params, batch_for(cfg), 0).jaxpr)
+        if eqn.primitive.name == "all_gather" and eqn.invars[0].aval.ndim == 4]
+    assert gathered and all(shape[2] == 2 for shape in gathered), gathered
+
+
 @pytest.mark.parametrize("mesh,extra", [((1, 1, 1), {}), ((1, 1, 2), {
     "parallel.sequence_parallel": True, "model.num_kv_heads": 4})], ids=["c2", "c2-t2-sp"])
 def test_selective_runs_the_split_attention_once(mesh, extra):

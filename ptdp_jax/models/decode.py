@@ -36,7 +36,7 @@ def cached_attention(q_btnd, k_btkd, v_btkd, k_bskd, v_bskd, pos):
     """Causal attention of t queries at positions pos .. pos + t - 1: their keys and values
     written into one layer's cache (b, S, kv, d) at pos first (pos + t <= S), then each query
     attends to the cached positions up to its own (kv < n: query head j reads key/value head
-    j // (n / kv), as llama._repeat_kv). Returns (output (b, t, n, d), the cache's k, v)."""
+    j // (n / kv), as Hugging Face's repeat_kv). Returns (output (b, t, n, d), the cache's k, v)."""
     k_bskd = jax.lax.dynamic_update_slice(k_bskd, k_btkd.astype(k_bskd.dtype), (0, pos, 0, 0))
     v_bskd = jax.lax.dynamic_update_slice(v_bskd, v_btkd.astype(v_bskd.dtype), (0, pos, 0, 0))
     t, s = q_btnd.shape[1], k_bskd.shape[1]

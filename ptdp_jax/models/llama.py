@@ -57,7 +57,9 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     pos = None if sh.context == 1 else sh.positions(q.shape[0], q.shape[1])
     freqs_d2 = rope_frequencies(cfg)
     q, k = (rotary(a, freqs_d2, positions_bs=pos) for a in (q, k))
-    k, v = (_repeat_kv(x, cfg, sh) for x in (k, v))
+    # grouped-query attention in the kernels (k, v with their own heads: query head j reads
+    # key/value head j // (n / kv), as Hugging Face's repeat_kv): no repeated copies, and
+    # context parallelism gathers the key/value heads only
     a_bsnd = sh.constrain(causal_attention(q, k, v, impl, sh, starts_of(key_rows)), HEADS)
     attn_bsh = row_dense(sh, a_bsnd, GEMM_SPECS["wo"], weight(p, "wo"))
     x_bsh = x_bsh + dropout(attn_bsh, cfg.dropout, fold_rows(key_rows, 0))
@@ -67,17 +69,6 @@ def layer(p, x_bsh, cfg, sh, key_rows=None):
     mlp_bsh = row_dense(sh, act_bsf, GEMM_SPECS["w_down"], weight(p, "w_down"))
     x_bsh = x_bsh + dropout(mlp_bsh, cfg.dropout, fold_rows(key_rows, 1))
     return sh.constrain(x_bsh, ACT)
-
-
-def _repeat_kv(x_bskd, cfg, sh):
-    """Grouped-query attention: each of the kv key/value heads serves num_heads / kv
-    consecutive query heads (query head j reads kv head j // (n / kv), as Hugging Face's
-    repeat_kv). With tensor parallelism kv % t == 0, so a device's query heads find their
-    key/value heads on the same device: the repeat is local."""
-    group = cfg.num_heads // cfg.kv_heads
-    if group == 1:
-        return x_bskd
-    return sh.constrain(jnp.repeat(x_bskd, group, axis=2), HEADS)
 
 
 def logits(embed_p, head_p, x_bsh, cfg, sh):

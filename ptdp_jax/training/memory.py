@@ -177,10 +177,9 @@ def context_attention_bytes(cfg) -> float:
 def document_attention_bytes(cfg) -> float:
     """Document masking in cuDNN's packed layout (parallel/packed.py) while one layer's
     backward runs it: the float32 gradients of the queries and (all of the sequence's, under
-    context parallelism) keys and values, twice (a loop's carry and its next value), and the
-    second segment's cuDNN workspace (8 bytes a query element). Over the unmasked step of
-    LLaMA-3-8B's layers (1x H200, 2026-12-03): 2.4 and 10.5 GiB at 32k and 128k measured,
-    2.5 and 10.0 by this. 0 without it."""
+    context parallelism) keys and values that its loop over calls carries. Over the unmasked
+    step of LLaMA-3-8B's layers (1x H200, 2026-12-03): 2.4 and about 2 GiB at 32k and 128k
+    measured, 0.75 and 3.0 by this. 0 without it."""
     m = cfg.model
     if not cfg.data.document_mask or cfg.compute_dtype == "float32" \
             or cfg.tuning.attention == "xla":
@@ -189,7 +188,7 @@ def document_attention_bytes(cfg) -> float:
     kv = (getattr(m, "kv_heads", None) or m.num_heads) * m.head_dim / t
     q = m.num_heads * m.head_dim / t
     tokens, whole = device_tokens(cfg), cfg.train.micro_batch_size * m.seq_len
-    return 2 * 4 * (tokens * q + 2 * whole * kv) + 8 * tokens * q
+    return 4 * (tokens * q + 2 * whole * kv)
 
 
 def layer_activation_bytes_per_token(cfg, recompute: str | None = None) -> float:
