@@ -50,7 +50,7 @@ def main(argv=None):
     times = res.step_times[1 + a.skip:-1] or res.step_times
     dt = statistics.median(times)
     n = cfg.parallel.data * cfg.parallel.pipe * cfg.parallel.tensor
-    flops = MX.model_flops_per_iteration(cfg, recompute=False)
+    flops = MX.model_flops_per_iteration(cfg, False, res.attention_share)
     peak = MX.peak_flops_per_device(jax.devices()[0])
     mem = [d.memory_stats() or {} for d in jax.devices()[:n]]
     out = {

@@ -24,6 +24,7 @@ from ptdp_jax.models.model import num_params
 from ptdp_jax.training.metrics import paper_param_count
 from ptdp_jax.plan.hardware import GPU_KINDS, gpu_kind, with_overrides
 from ptdp_jax.plan.search import DEFAULT_TOKENS, LAYOUT_KEYS, Candidate, plan, rejected_summary
+from ptdp_jax.run.resolve import planned_documents
 
 
 def parse_args(argv=None):
@@ -120,7 +121,8 @@ def main(argv=None) -> int:
             raise ConfigError(str(e)) from None
         fixed = {k: getattr(getattr(cfg, k.split(".")[0]), k.split(".")[1])
                  for k in LAYOUT_KEYS if k in overrides}     # (auto values are searched)
-        rows = plan(cfg, args.gpus, kind, args.gpus_per_host, tokens=args.tokens, fixed=fixed)
+        rows = plan(cfg, args.gpus, kind, args.gpus_per_host, tokens=args.tokens, fixed=fixed,
+                    documents=planned_documents(cfg))
     except ConfigError as e:
         print(f"ptdp-plan: config error: {e}", file=sys.stderr)
         return ExitCode.CONFIG

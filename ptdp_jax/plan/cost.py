@@ -47,9 +47,11 @@ Communication (ring algorithms, NCCL bus bandwidths of the kind):
                (ZeRO: gathered and reduce-scattered over data x context together).
                A rank's attention runs in cuDNN parts (parallel/context.py) at
                1 / CONTEXT_PARTS_SLOWDOWN of the whole sequence's flash attention.
-    documents  data.document_mask: cuDNN's packed layout (parallel/packed.py, Hopper on) is
-               priced as causal attention, an upper bound (a document's keys only: 0.12-0.52x
-               of causal at 32k-128k, which depends on the data); elsewhere the tiled kernel
+    documents  data.document_mask: cuDNN's packed layout (parallel/packed.py, Hopper on)
+               given the data's documents (plan/documents.py): their share of the causal
+               pairs at the kernel's efficiency for their length, plus PACKED_CALL_PASSES
+               over the device's query, key and value heads (float32) a call; without them,
+               priced as causal attention, an upper bound. Elsewhere the tiled kernel
                (parallel/flash.py) runs, at 1 / TILED_SLOWDOWN of flash attention.
 
 Devices are placed tensor fastest, then data, then pipe (Megatron's order and ptdp_jax's
@@ -79,6 +81,11 @@ CONTEXT_PARTS_SLOWDOWN = 1.06
 # train.recompute=offload: device <-> pinned host memory (PCIe 5 x16) and the share of those
 # copies the layers' compute does not hide, fitted: LLaMA-3-8B shape, 4 layers, 32k and 64k,
 # offload 1.9524 and 4.8785 s against selective's 1.3729 and 3.6172 s (1x H200, 2026-12-02)
+# document masking in cuDNN's packed layout: a call's merges of its output and gradients into
+# the whole sequence's, passes over the device's (q + k + v heads) x head_dim float32 values,
+# (forward, backward); fitted: LLaMA-3-8B shape, 4 layers, selective, the embedded corpus,
+# masked 1.1480 and 2.7264 s at 32k and 128k (1x H200, 2026-12-03)
+PACKED_CALL_PASSES = (4.0, 10.0)
 HOST_LINK_BYTES_PER_S = 50e9
 OFFLOAD_EXPOSED = 0.47
 
@@ -156,12 +163,16 @@ def tiled_attention(cfg, gpu: GpuKind) -> bool:
                                                     and no_cudnn)
 
 
-def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
+def attention_seconds(cfg, gpu: GpuKind, documents=None) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's attention core on one tensor rank (and one
-    context rank: 1/c of the causal work)."""
+    context rank: 1/c of the causal work). documents: the data's (plan/documents.py
+    `Documents`) where document masking is on, else None."""
     m, t, c = cfg.model, cfg.parallel.tensor, cfg.parallel.context
     b, s, h = cfg.train.micro_batch_size, m.seq_len, m.hidden_size
     tiled = tiled_attention(cfg, gpu)
+    if cfg.data.document_mask and documents is not None and not tiled \
+            and gpu.attention == "flash":
+        return packed_attention_seconds(cfg, gpu, documents)
     if (c > 1 or tiled or cfg.data.document_mask) and gpu.attention == "flash":
         causal = 2.0 * b * s * s * h / t / c
         slower = TILED_SLOWDOWN if tiled else CONTEXT_PARTS_SLOWDOWN if c > 1 else 1.0
@@ -181,8 +192,24 @@ def attention_seconds(cfg, gpu: GpuKind) -> tuple[float, float]:
     return fwd, bwd
 
 
-def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
-    """Seconds per microbatch of each op of cfg's layout on `gpu`."""
+def packed_attention_seconds(cfg, gpu: GpuKind, documents) -> tuple[float, float]:
+    """(forward, backward) seconds of one layer's document-masked attention in cuDNN's packed
+    layout: the documents' share of the causal pairs and the calls' passes."""
+    m, t, c = cfg.model, cfg.parallel.tensor, cfg.parallel.context
+    b, s = cfg.train.micro_batch_size, m.seq_len
+    pairs = documents.share(b, c) * 2.0 * b * s * s * m.hidden_size / t / c
+    slower = CONTEXT_PARTS_SLOWDOWN if c > 1 else 1.0
+    fwd, bwd = (f / slower for f in gpu.flash_fractions(min(documents.length(), s)))
+    kv = getattr(m, "kv_heads", None) or m.num_heads
+    heads = b * s / c * (m.num_heads + 2 * kv) * m.head_dim / t * 4
+    calls = documents.calls(b, c) * heads / gpu.memory_bound_bytes_per_s
+    return (pairs / (fwd * gpu.peak_flops) + PACKED_CALL_PASSES[0] * calls,
+            2.5 * pairs / (bwd * gpu.peak_flops) + PACKED_CALL_PASSES[1] * calls)
+
+
+def op_costs(cfg, gpu: GpuKind, gpus_per_host: int, documents=None) -> OpCosts:
+    """Seconds per microbatch of each op of cfg's layout on `gpu` (documents: see
+    attention_seconds)."""
     m, par, tr = cfg.model, cfg.parallel, cfg.train
     t, p = par.tensor, par.pipe
     h = m.hidden_size
@@ -197,7 +224,7 @@ def op_costs(cfg, gpu: GpuKind, gpus_per_host: int) -> OpCosts:
                                                           in layer_gemms(cfg)), gpu)
         quant_bwd = _memory_seconds(FP8_QUANT_BYTES * sum(M * N for M, K, N
                                                           in layer_gemms(cfg)), gpu)
-    attn_fwd, attn_bwd = attention_seconds(cfg, gpu)
+    attn_fwd, attn_bwd = attention_seconds(cfg, gpu, documents)
     split = REPLICATED_SHARE + (1 - REPLICATED_SHARE) / t
     elem_fwd = _memory_seconds(gpu.elementwise_bytes_fwd * T * h * split, gpu)
     elem_bwd = _memory_seconds(gpu.elementwise_bytes_bwd * T * h * split, gpu)

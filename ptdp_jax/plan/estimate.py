@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from ptdp_jax.config import decisions as D
 from ptdp_jax.training.memory import MemoryEstimate, estimate_memory
+from ptdp_jax.plan.documents import attention_share
 from ptdp_jax.training.metrics import SECONDS_PER_DAY, model_flops_per_iteration
 from ptdp_jax.pipeline.balance import chunk_layers, chunk_placement
 from ptdp_jax.pipeline.head import spread_over_pipe
@@ -48,12 +49,13 @@ class StepEstimate:
         return tokens / tokens_per_step * self.step_time_s / SECONDS_PER_DAY
 
 
-def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int) -> tuple[float, float, float, float]:
+def pipeline_seconds(cfg, gpu: GpuKind, gpus_per_host: int,
+                     documents=None) -> tuple[float, float, float, float]:
     """(played pipeline seconds, ideal seconds of the busiest stage, bubble, ticks) of one step.
     bubble: the played ops (lockstep: without the per-tick costs) over the busiest stage's own
     ops, minus 1 -- the paper's (p-1)/m, or (p-1)/(v m), when ops cost what the theory says."""
     par, m = cfg.parallel, cfg.num_microbatches
-    c = op_costs(cfg, gpu, gpus_per_host)
+    c = op_costs(cfg, gpu, gpus_per_host, documents)
     L = cfg.model.num_layers
     if par.pipe == 1:
         per_mb = L * (c.layer_fwd + c.layer_bwd) + c.head_fwd + c.head_bwd + c.embed_bwd
@@ -104,17 +106,18 @@ def on_gpus(cfg):
     return replace(cfg, train=replace(cfg.train, dtype=D.dtype("auto", "gpu")))
 
 
-def estimate_step(cfg, gpu: GpuKind, gpus_per_host: int) -> StepEstimate:
+def estimate_step(cfg, gpu: GpuKind, gpus_per_host: int, documents=None) -> StepEstimate:
     """The predicted step of cfg's layout (cfg.parallel: data, pipe, tensor, schedule,
-    virtual_stages, scatter_gather; cfg.train: global and micro batch, recompute)."""
+    virtual_stages, scatter_gather; cfg.train: global and micro batch, recompute).
+    documents: the data's, where document masking is on (plan/documents.py), else None."""
     cfg = on_gpus(cfg)
     par = cfg.parallel
-    played, ideal, bubble, ticks = pipeline_seconds(cfg, gpu, gpus_per_host)
+    played, ideal, bubble, ticks = pipeline_seconds(cfg, gpu, gpus_per_host, documents)
     dp = dp_allreduce_seconds(cfg, gpu, gpus_per_host)
     pp = pipe_allreduce_seconds(cfg, gpu, gpus_per_host)
     opt = (optimizer_seconds(cfg, gpu) + accumulate_seconds(cfg, gpu)
            + fp8_weight_seconds(cfg, gpu))
     step = played + dp + pp + opt + gpu.step_overhead_s
-    flops = model_flops_per_iteration(cfg, recompute=cfg.recompute == "full")
+    flops = model_flops_per_iteration(cfg, cfg.recompute == "full", attention_share(documents))
     return StepEstimate(step, played, ideal, bubble, dp, pp, opt, gpu.step_overhead_s, ticks,
                         estimate_memory(cfg), flops, par.num_devices)

@@ -294,11 +294,12 @@ def check_inputs(cfg, num_gpus: int, gpus_per_host: int, tokens: float = DEFAULT
 
 def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8,
          tokens: float = DEFAULT_TOKENS, fixed: dict | None = None,
-         micro_batches=MICRO_BATCHES, recomputes=RECOMPUTES, schedules=SCHEDULES
-         ) -> list[Candidate]:
+         micro_batches=MICRO_BATCHES, recomputes=RECOMPUTES, schedules=SCHEDULES,
+         documents=None) -> list[Candidate]:
     """Every layout of cfg's model and global batch on num_gpus devices of kind `gpu`, the
     recommended first (then the other valid ones by step time, then the rejected ones).
-    fixed: dotted layout keys (LAYOUT_KEYS) the caller pins."""
+    fixed: dotted layout keys (LAYOUT_KEYS) the caller pins. documents: the data's, where
+    document masking is on (plan/documents.py; None: masked attention priced as causal)."""
     gpu = gpu_kind(gpu) if isinstance(gpu, str) else gpu
     if gpu.execution != "lockstep":     # Megatron (the paper's A100 model) has no zb-phased
         schedules = tuple(s for s in schedules if s not in LOCKSTEP_ONLY)
@@ -331,7 +332,7 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
                 f"does not fit: {over(mem.peak, limit)} per device")))
             continue
         rows.append(replace(c, memory=mem, fits=True,
-                            estimate=estimate_step(lcfg, gpu, gpus_per_host)))
+                            estimate=estimate_step(lcfg, gpu, gpus_per_host, documents)))
     if not rows:
         raise ConfigError(f"no layout of --gpus {num_gpus} matches the pinned keys {fixed}")
 
@@ -343,14 +344,15 @@ def plan(cfg, num_gpus: int, gpu: GpuKind | str = "h100", gpus_per_host: int = 8
 
 
 def best_layout(cfg, num_devices: int, gpus_per_host: int, gpu: GpuKind | str | None = None,
-                fixed: dict | None = None) -> Candidate:
+                fixed: dict | None = None, documents=None) -> Candidate:
     """The planner's best layout for the devices at hand (with its predicted step and memory).
     fixed: the user's explicit keys, which are not searched. gpu: a kind, its name, or None for
     the kind of jax's first local device (`hardware.detect_gpu_kind`, with that device's
-    memory). Raises ConfigError when no layout is valid (naming the best and why it failed)."""
+    memory). documents: see `plan`. Raises ConfigError when no layout is valid (naming the
+    best and why it failed)."""
     if gpu is None:
         gpu = detect_gpu_kind()
-    best = plan(cfg, num_devices, gpu, gpus_per_host, fixed=fixed)[0]
+    best = plan(cfg, num_devices, gpu, gpus_per_host, fixed=fixed, documents=documents)[0]
     if not best.ok:
         raise ConfigError(f"the planner: no layout of model.num_layers="
                           f"{cfg.model.num_layers}, train.global_batch_size="

@@ -71,6 +71,7 @@ class TrainResult:
     run_id: str = ""
     layout: str = ""                             # where the layout came from (resolve.Run.note)
     predicted_step_s: float | None = None        # the planner's prediction of it (GPUs)
+    attention_share: float = 1.0                 # document masking's, of the causal pairs (MFU)
 
 
 def resolve_config(config=None, mesh_shape=None, overrides: Mapping[str, Any] | None = None) -> Config:
@@ -139,13 +140,15 @@ def train(config=None, *, mesh_shape=None, overrides: Mapping[str, Any] | None =
     feed, compiled, lr, replaced = setup.feed, setup.compiled, setup.lr, setup.replaced
     with phase("restore", setup.start, cfg):
         state, start, run_id, ckpt = _restore_or_init(cfg, compiled, setup.weights, log)
-    runlog = RunLog(cfg, log, start, run_id, enabled=is_main)
+    runlog = RunLog(cfg, log, start, run_id, enabled=is_main,
+                    attention_share=run.attention_share)
     stopper = Stopper(cfg)                 # from here a signal ends the run cleanly
     runlog.header()
     if replaced:
         runlog.message(CK.replaced_message(cfg, replaced))
     result = TrainResult(losses=[], params=None, config=cfg, start_step=start, run_id=run_id,
-                         layout=run.note, predicted_step_s=run.predicted_step_s)
+                         layout=run.note, predicted_step_s=run.predicted_step_s,
+                         attention_share=run.attention_share)
     end = cfg.train.steps
     if nothing:
         runlog.message(nothing)

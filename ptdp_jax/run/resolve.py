@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ptdp_jax.config import decisions as D
-from ptdp_jax.config.load import Config, load_config
+from ptdp_jax.config.load import Config, ConfigError, load_config
 from ptdp_jax.config.validation import validate
+from ptdp_jax.plan.documents import Documents, attention_share
 from ptdp_jax.pipeline.schedule import check_table
 
 GiB = 2 ** 30
@@ -24,6 +25,7 @@ class Run:
     note: str = ""                  # the layout line printed before compiling ("" on CPU as written)
     predicted_step_s: float | None = None
     memory_gib: float | None = None
+    attention_share: float = 1.0    # document masking's share of the causal pairs (the data's)
 
 
 def for_devices(cfg: Config, explicit, command_line, devices, log=print,
@@ -36,20 +38,37 @@ def for_devices(cfg: Config, explicit, command_line, devices, log=print,
     local = local_devices if local_devices is not None else len(devices)
     cfg = replace(cfg, train=replace(cfg.train, dtype=D.dtype(cfg.train.dtype, on)))
     source = D.layout_source(cfg, set(explicit), set(command_line), len(devices), on)
+    docs = planned_documents(cfg)
     run = Run(cfg) if source == "written" else _planned(
-        cfg, source, set(explicit), set(command_line), len(devices), local, gpu, on)
+        cfg, source, set(explicit), set(command_line), len(devices), local, gpu, on, docs)
     validate(run.config, len(devices))
     check_table(run.config)                  # zb-v's table exists
-    run = replace(run, config=_with_recompute(run.config))
+    run = replace(run, config=_with_recompute(run.config),
+                  attention_share=attention_share(docs))
     if on == "gpu" and source == "written":
-        run = _predicted(run, local, "layout as written", gpu)
+        run = _predicted(run, local, "layout as written", gpu, docs)
     if run.note:
         log(run.note)
     return run
 
 
+def planned_documents(cfg):
+    """With data.document_mask: the documents of the train stream's first rows, which the
+    planner prices masked attention by (plan/documents.py); None without it, or where the
+    data cannot be read (opening it for the run then says why)."""
+    if not cfg.data.document_mask:
+        return None
+    from ptdp_jax.data.documents import stream_documents
+    from ptdp_jax.run.feed import open_streams
+    try:
+        _, stream, _ = open_streams(cfg)
+        return Documents(stream_documents(stream, D.document_end(cfg)))
+    except (ConfigError, OSError):
+        return None
+
+
 def _planned(cfg, source: str, explicit: set, command_line: set, n: int, local: int,
-             gpu=None, on: str = "gpu") -> Run:
+             gpu=None, on: str = "gpu", documents=None) -> Run:
     """The planner's best layout, keeping the keys decisions.planner_fixed says. Its step time
     is predicted for GPUs of the planner's kind: on other devices (`on`, jax's platform) the
     line says so and predicts none."""
@@ -61,7 +80,7 @@ def _planned(cfg, source: str, explicit: set, command_line: set, n: int, local: 
     if set(D.MESH_KEYS) <= keep:
         n = cfg.parallel.num_devices                                     # the mesh is given
     kind = detect_gpu_kind() if gpu is None else gpu_kind(gpu) if isinstance(gpu, str) else gpu
-    best = best_layout(cfg, n, max(1, min(n, local)), kind, fixed=fixed)
+    best = best_layout(cfg, n, max(1, min(n, local)), kind, fixed=fixed, documents=documents)
     chosen = load_config(cfg, {**best.overrides(), **fixed})
     why = "the planner filled in the layout keys nothing set" if source == "fill" else \
         f"{source}: the planner's layout for {n} devices"
@@ -72,13 +91,13 @@ def _planned(cfg, source: str, explicit: set, command_line: set, n: int, local: 
                        f"predicted on {on}", None, gib)
 
 
-def _predicted(run: Run, local: int, why: str, gpu=None) -> Run:
+def _predicted(run: Run, local: int, why: str, gpu=None, documents=None) -> Run:
     """run with the planner's prediction of its layout (GPUs of a kind it knows)."""
     from ptdp_jax.plan.estimate import estimate_step
     from ptdp_jax.plan.hardware import detect_gpu_kind, gpu_kind
     try:
         kind = detect_gpu_kind() if gpu is None else gpu_kind(gpu) if isinstance(gpu, str) else gpu
-        est = estimate_step(run.config, kind, local)
+        est = estimate_step(run.config, kind, local, documents)
     except Exception:            # the line is for the user: a layout the model misses still runs
         return run
     return replace(run, **dict(zip(("note", "predicted_step_s", "memory_gib"),

@@ -85,7 +85,10 @@ class _Mean:
 
 
 class RunLog:
-    def __init__(self, cfg: Config, log, start: int, run_id: str, enabled: bool = True):
+    def __init__(self, cfg: Config, log, start: int, run_id: str, enabled: bool = True,
+                 attention_share: float = 1.0):
+        """attention_share: document masking's share of the causal pairs, for MFU
+        (metrics.model_flops_per_iteration)."""
         self.cfg, self.log, self.start, self.run_id, self.enabled = cfg, log, start, run_id, enabled
         t = cfg.train
         self.total = t.steps
@@ -100,7 +103,7 @@ class RunLog:
                 f"# ptdp_jax run {run_id}, {where}: the resolved config\n"
                 + to_yaml(with_absolute_paths(cfg)))
         self.n_dev = cfg.parallel.num_devices
-        self.flops = MX.model_flops_per_iteration(cfg, recompute=False)
+        self.flops = MX.model_flops_per_iteration(cfg, False, attention_share)
         self.peak = MX.peak_flops_per_device(jax.devices()[0])
         self.tokens_per_step = t.global_batch_size * cfg.model.seq_len
         self._log_mean = _Mean()

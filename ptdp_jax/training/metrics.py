@@ -29,6 +29,9 @@ For GPT with f = 4h, N_layer = 12h^2 and these are exactly the paper's
     F' = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))      (full recomputation)
 
 (tests/test_metrics.py checks the identity with exact rational arithmetic).
+With document masking (data.document_mask) the 4 s h term is scaled by the documents' share
+of the causal pairs (`attention_share`, plan/documents.py), so that MFU does not count the
+attention the mask removes (at 128K with short documents that would read over 100%).
 MFU uses F (the usual convention: recomputation is overhead, not model FLOPs);
 the paper's "achieved TFLOP/s" in Table 1 uses F' since its runs recompute.
 """
@@ -79,9 +82,9 @@ def layer_matmul_params(mcfg) -> int:
 
 def transformer_flops_per_iteration(batch: int, seq_len: int, num_layers: int, hidden: int,
                                     vocab: int, layer_params: int,
-                                    recompute: bool = False) -> int:
-    """The generic count (an exact integer): see the module docstring."""
-    layer_fwd = 2 * layer_params + 4 * seq_len * hidden          # per token, one layer
+                                    recompute: bool = False, attention_share=1) -> int:
+    """The generic count (an exact integer for an integer share): see the module docstring."""
+    layer_fwd = 2 * layer_params + attention_share * 4 * seq_len * hidden   # a token, a layer
     logit_fwd = 2 * hidden * vocab                               # per token
     passes = 4 if recompute else 3
     per_token = passes * num_layers * layer_fwd + 3 * logit_fwd
@@ -98,16 +101,18 @@ def paper_flops_per_iteration(batch, seq_len, num_layers, hidden, vocab,
     return 72 * B * s * l * h ** 2 * (1 + s / (6 * h) + V / (12 * l * h))
 
 
-def model_flops_per_iteration(cfg, recompute: bool = False) -> float:
+def model_flops_per_iteration(cfg, recompute: bool = False, attention_share: float = 1.0
+                              ) -> float:
     """Model FLOPs of one training iteration of cfg (global batch B =
     train.global_batch_size sequences of model.seq_len tokens), V =
     model.vocab_size (unpadded). recompute=True (or "full") counts the extra
     forward of full activation recomputation (the paper's 96 B s l h^2 ... form).
+    attention_share: document masking's share of the causal pairs (1: none).
     GPT or LLaMA; the FFN size is model.ffn."""
     m = _model_cfg(cfg)
     return float(transformer_flops_per_iteration(
         cfg.train.global_batch_size, m.seq_len, m.num_layers, m.hidden_size, m.vocab_size,
-        layer_matmul_params(m), _recompute_flag(recompute)))
+        layer_matmul_params(m), _recompute_flag(recompute), attention_share))
 
 
 def paper_param_count(cfg, vocab_size: int | None = None) -> float:
