@@ -100,3 +100,13 @@ def test_a_run_reads_its_documents():
     docs = planned_documents(cfg)
     assert docs is not None and all(sum(r) == cfg.model.seq_len for r in docs.rows)
     assert planned_documents(tiny_config("llama", (1, 1, 1))) is None
+
+
+def test_a_masked_run_counts_its_documents_share():
+    import jax
+    from ptdp_jax.run.resolve import for_devices
+    cfg = tiny_config("llama", (1, 1, 1), **{"data.document_mask": True})
+    run = for_devices(cfg, (), (), jax.devices()[:1], log=lambda *a: None)
+    assert 0 < run.attention_share < 1
+    assert for_devices(tiny_config("llama", (1, 1, 1)), (), (), jax.devices()[:1],
+                       log=lambda *a: None).attention_share == 1.0
