@@ -250,6 +250,24 @@ def test_val_path_in_training_and_in_ptdp_eval(tmp_path, data_cache, capsys):
     assert f"val loss {loss:.4f}" in capsys.readouterr().out
 
 
+def test_ptdp_eval_with_val_path_needs_no_training_data(tmp_path, data_cache):
+    """ptdp-eval given data.val_path reads only that set: the training data can be gone
+    (evaluated on another machine), and the loss is the run's own on that set."""
+    from ptdp_jax.data import prepare_dataset
+    from ptdp_jax.run.evaluate import evaluate_checkpoint
+    (tmp_path / "train.txt").write_text("Some training text for a tiny model to read. " * 80)
+    (tmp_path / "val.txt").write_text("A validation text of its own, not the training one. " * 40)
+    data = prepare_dataset([tmp_path / "train.txt"], tmp_path / "train")
+    val = prepare_dataset([tmp_path / "val.txt"], tmp_path / "val")
+    ov = H.tiny(tmp_path, data_cache, **{"train.steps": 2, "model.num_layers": 2,
+                                         "data.path": str(data), "data.val_path": str(val)})
+    loss = train(mesh_shape=(1, 1, 1), overrides=ov, log=H.Log()).val_losses[-1][1]
+    for f in tmp_path.glob("train.*"):
+        f.unlink()
+    got = evaluate_checkpoint(tmp_path / "ckpt")["loss"]
+    assert abs(got - loss) <= 1e-5 * loss
+
+
 # ----------------------------------------------------------------------------- resuming, said
 
 def test_each_resume_keeps_its_config_and_names_changed_settings(tmp_path, data_cache):

@@ -4,6 +4,7 @@ ptdp-generate and `ptdp_jax.load`."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import jax
 
@@ -35,7 +36,6 @@ def layout_for_mesh(cfg, mesh_shape, given=(), num_devices: int | None = None):
     where the batch does not divide) that are not `given` (dotted keys the user set) reset
     to defaults that fit the mesh: schedule 1f1b, v = 1, layers split evenly (or balanced
     where the pipe does not divide them). ConfigError where even those do not fit."""
-    from dataclasses import replace
 
     from ptdp_jax.config.load import ConfigError, ParallelConfig
     from ptdp_jax.config.validation import validate
@@ -84,6 +84,8 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     refuse_other_keys(overrides)
     step_dir = resolve_step_dir(checkpoint)
     asked = load_config(checkpoint_config(step_dir), overrides)
+    if asked.data.val_path:         # read alone: the training data may be gone (another host)
+        asked = replace(asked, data=replace(asked.data, path=asked.data.val_path, weights=()))
     meta = read_meta(step_dir)
     check_data_tokenizer(meta, step_dir, asked)     # before the parameters are read
     _, host_params = load_params(step_dir)           # the parameters only, not the moments
@@ -96,7 +98,7 @@ def evaluate_checkpoint(checkpoint, mesh=None, overrides=None) -> dict:
     shardings = state_shardings(cfg, m, make_optimizer(cfg)[0]).params
     params = jax.jit(lambda x: stage_params(cfg, x), out_shardings=shardings)(host_params)
     del host_params
-    feed = Feed(cfg, m)
+    feed = Feed(cfg, m, train=False)      # data.path unread where data.val_path is given
     eval_fn = jax.jit(make_eval_fn(cfg, m), in_shardings=(shardings, feed.sharding))
     loss = evaluate(eval_fn, params, feed.val_batch, cfg.train.eval_batches)
     return {"step": int(meta["step"]), "loss": loss, "perplexity": math.exp(min(loss, 700.0)),

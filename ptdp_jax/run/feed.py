@@ -18,15 +18,21 @@ from ptdp_jax.data import (BlendedStream, batch_for_step, check_same_tokenizer, 
 from ptdp_jax.data.sources import check_val_tokenizer
 
 
-def open_streams(cfg: Config):
+def open_streams(cfg: Config, train: bool = True):
     """(datasets, train stream, validation stream); ConfigError for data that cannot
     serve this model. The validation stream is data.val_path's every window where it is
     given (data.path keeps all of its own for training), else data.path's last
-    data.val_fraction."""
+    data.val_fraction. train=False (evaluation alone) with data.val_path: data.path is not
+    opened (datasets are the validation sets, no train stream)."""
     paths, val_paths = list(cfg.data.path), list(cfg.data.val_path)
     held_out = None if val_paths else cfg.data.val_fraction
     s = cfg.model.seq_len
     try:
+        if val_paths and not train:
+            val_sets = _open_val(cfg, val_paths)
+            return val_sets, None, BlendedStream(val_sets, validate_data_config(
+                val_paths, None, s, None, key="data.val_path"), s, cfg.train.seed,
+                split="val", val_fraction=None)
         weights = validate_data_config(paths, list(cfg.data.weights) or None, s, held_out)
         datasets = open_datasets(paths, D.cache_dir())
         names = paths or ["<embedded corpus>"]
@@ -38,16 +44,21 @@ def open_streams(cfg: Config):
         if not val_paths:
             return datasets, mk(datasets, weights, "train"), mk(datasets, weights, "val")
         val_weights = validate_data_config(val_paths, None, s, None, key="data.val_path")
-        val_sets = open_datasets(val_paths)
+        val_sets = _open_val(cfg, val_paths)
         check_val_tokenizer(repr(names[0]), datasets[0], val_paths, val_sets)
-        _check_fit(cfg, [f"data.val_path[{i}] = {p!r}" for i, p in enumerate(val_paths)],
-                   val_sets, 1)
         return datasets, mk(datasets, weights, "train"), mk(val_sets, val_weights, "val")
     except (ValueError, FileNotFoundError) as e:
         msg = str(e)
         if "seq_len" in msg and "model.seq_len" not in msg:
             msg += f" (model.seq_len={s})"
         raise ConfigError(msg) from None
+
+
+def _open_val(cfg: Config, val_paths):
+    val_sets = open_datasets(val_paths)
+    _check_fit(cfg, [f"data.val_path[{i}] = {p!r}" for i, p in enumerate(val_paths)],
+               val_sets, 1)
+    return val_sets
 
 
 def _check_fit(cfg: Config, names, datasets, windows: int) -> None:
@@ -97,9 +108,9 @@ def global_batch(stream, step: int, cfg: Config, sharding: NamedSharding):
 class Feed:
     """Train and validation batches of a run (see the module doc)."""
 
-    def __init__(self, cfg: Config, mesh=None):
+    def __init__(self, cfg: Config, mesh=None, train: bool = True):
         self.cfg = cfg
-        self.datasets, self.train_stream, self.val_stream = open_streams(cfg)
+        self.datasets, self.train_stream, self.val_stream = open_streams(cfg, train)
         self.sharding = None if mesh is None else NamedSharding(mesh, P("data"))
 
     def use_mesh(self, mesh) -> "Feed":
