@@ -227,10 +227,6 @@ def _recompute(cfg, n):
          f"tuning.keep_ffn_activation keeps what selective recomputation would run again: it "
          f"needs train.recompute=selective or offload (got {r!r}; none keeps it already, full "
          f"keeps only the layer inputs)")
-    need(r != "offload" or cfg.parallel.pipe == 1,
-         f"train.recompute=offload runs without pipelining (parallel.pipe=1; got "
-         f"parallel.pipe={cfg.parallel.pipe}): XLA runs a stash in host memory as host compute "
-         f"(docs/long-context.md); use selective or full")
 
 
 def _tp_comm_overlap(cfg, n):

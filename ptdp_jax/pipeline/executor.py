@@ -27,6 +27,9 @@ the schedule's slot counts; "+1" the trash row that idle stages write):
     stash  [Lmax] (S+1, ...) or [S][Lmax] a forward writes each layer's residuals in one slot,
                                           the backward of that microbatch and chunk reads them
     wstash (W ops only)                  B writes each GEMM's (x, dy), W reads them
+    transit (recompute=offload only)     before the switch: the last forward's offloaded
+                                          leaves to their host slot, the next backward's
+                                          fetched (pipeline/host_stash.py)
     sums  (float32)                      backward and W add layer gradients; the head adds the
                                           loss and the head / embedding gradients; chunk 0's
                                           backward scatter-adds the embedding gradient
@@ -61,7 +64,7 @@ exactly one branch, which either leaves it alone (no copy) or updates one slot o
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable
 
@@ -73,6 +76,7 @@ from ptdp_jax.config import decisions as D
 from ptdp_jax.models import fp8 as F8
 from ptdp_jax.models import model as M
 from ptdp_jax.models.dense import MasterGrad, Probe
+from ptdp_jax.models.residuals import Residuals
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.balance import chunk_layers
 from ptdp_jax.pipeline.head import VocabSlices, spread_over_pipe
@@ -83,6 +87,7 @@ from ptdp_jax.pipeline.routing import (  # noqa: F401  (re-exported)
     MSG, MSG_SCATTERED, Branch, Router, TickControl, control_table)
 from ptdp_jax.pipeline.stage_ops import (HeadSums, PipeHead, SplitBackward, StageOps,
                                          WholeBackward)
+from ptdp_jax.pipeline.host_stash import HostStash, host_leaves, run_order, with_host_columns
 from ptdp_jax.pipeline.stash import stash_store
 from ptdp_jax.parallel.sharding import vary
 
@@ -116,6 +121,8 @@ def pipeline_grads(cfg, sh, params, batch_rs1, keys_r, modes: PipelineModes):
     stage = jax.lax.axis_index("pipe")
     router = Router(sched, sh, cfg.parallel.scatter_gather and cfg.parallel.tensor > 1)
     ops = _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router)
+    if ops.host is not None:
+        table = with_host_columns(table, branches, run_order(sched))
     uninitialised = modes.empty_buffers and cfg.parallel.tensor == 1
     alloc = (_uninitialised if uninitialised else _zeros)(ops.manual)
     state = initial_state(ops, sched, alloc, ops.tokens.shape[1], cfg.model)
@@ -149,7 +156,8 @@ def _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router) 
         return {k: MasterGrad(gemm_weight(k, a[0, j, l]), params["layers"][k][0, j, l])
                 if k in dense else a[0, j, l] for k, a in w["layers"].items()}
     weights = [[layer_weights(j, l) for l in range(lmax)] for j in range(v)]
-    layer = M.layer_fn(mc, sh, cfg.remat)
+    # offload: selective's layers run; the host stash moves the leaves offload's would move
+    layer = M.layer_fn(mc, sh, cfg.remat.replace("offload", "selective"))
     pipe_head = None
     if spread_over_pipe(cfg):
         slices = VocabSlices(cfg)
@@ -161,9 +169,24 @@ def _stage_ops(cfg, sh, params, batch_rs1, keys_r, sched, modes, stage, router) 
         split = SplitBackward(dense, _gemm_shapes(mc, sh, weights[0][0], dense, b, s, dtype),
                               dtype, manual, sh.fp8,
                               stash_store(modes.static_stash, "wstash_slot"))
-    return StageOps(mc, sh, manual, dtype, tokens, keys, params, w, weights, layer,
-                    stash_store(modes.static_stash, "stash_slot"), split, router.send_field,
-                    pipe_head, starts=starts)
+    ops = StageOps(mc, sh, manual, dtype, tokens, keys, params, w, weights, layer,
+                   stash_store(modes.static_stash, "stash_slot"), split, router.send_field,
+                   pipe_head, starts=starts)
+    if cfg.recompute != "offload":
+        return ops
+    offloaded = _residual_avals(replace(ops, layer=M.layer_fn(mc, sh, cfg.remat),
+                                        res=Residuals()), b, s)
+    kept = _residual_avals(replace(ops, res=Residuals()), b, s)
+    return replace(ops, host=HostStash(host_leaves(kept, offloaded), kept, lmax))
+
+
+def _residual_avals(ops: StageOps, b: int, s: int) -> list:
+    """A layer's residual leaves, from one abstract trace made like the real ones (varying
+    input, traced layer index and microbatch), so that it yields the same structure."""
+    i32 = jax.ShapeDtypeStruct((), jnp.int32)
+    x = jax.ShapeDtypeStruct((b, s, ops.mc.hidden_size), ops.dtype)
+    return jax.make_jaxpr(lambda x_, i, mb: ops.layer_fwd(ops.weights[0][0], vary(x_, ops.manual),
+                                                          i, mb)[1])(x, i32, i32).out_avals
 
 
 def _gemm_shapes(mc, sh, wl, dense, b, s, dtype) -> dict:
@@ -209,6 +232,10 @@ def initial_state(ops: StageOps, sched, alloc: Callable, b: int, mc) -> PipeStat
                   alloc((sched.num_bwd_slots + 1, b, s, h), dtype))
     wire = Wire(msg(), msg(), msg(), msg())
     mid, head_y = msg(), msg()
+    transit = ()
+    if ops.host is not None:        # the offloaded leaves: a host stash instead
+        transit = ops.host.make(alloc, zeros, sched.num_stash_slots)
+        residuals = ops.host.split(residuals)[0]
     stash = ops.stash.make(alloc, residuals, lmax, sched.num_stash_slots)
     layers = tuple(tuple(f32(grads_of(wl)) for wl in chunk) for chunk in ops.weights)
     wstash = ()
@@ -218,7 +245,7 @@ def initial_state(ops: StageOps, sched, alloc: Callable, b: int, mc) -> PipeStat
     vocab = {} if ops.pipe_head is None else ops.pipe_head.weights
     sums = Sums(layers, f32(ops.params["embed"]), f32(ops.params["head"]), f32(vocab),
                 zeros((), jnp.float32))
-    return PipeState(inbox, wire, mid, head_y, stash, wstash, sums)
+    return PipeState(inbox, wire, mid, head_y, stash, wstash, sums, transit)
 
 
 def _grads(ops: StageOps, sums: Sums, stage) -> dict:
@@ -284,7 +311,14 @@ class Ticks:
         that brought them need not end before the op."""
         held = {f"recv_{ch}": getattr(state.wire, f"recv_{ch}") for ch in plan.late}
         state = state._replace(wire=state.wire._replace(**dict.fromkeys(held)))
+        host = None
+        if self.ops.host is not None:       # host buffers stay out of the switch
+            transit, fetched = self.ops.host.move(state.transit, ctl)
+            host = transit.host
+            state = state._replace(transit=transit._replace(host=()))
         state = jax.lax.switch(ctl.branch, plan.ops, state, ctl)
+        if host is not None:
+            state = state._replace(transit=state.transit._replace(host=host, incoming=fetched))
         return state._replace(wire=state.wire._replace(**held)) if held else state
 
     def commit(self, state: PipeState, ctl: TickControl, plan: RowPlan) -> PipeState:
@@ -327,7 +361,8 @@ def _slot_sizes(sched) -> dict:
     F, B = sched.num_fwd_slots, sched.num_bwd_slots
     return {"stash_slot": sched.num_stash_slots, "wstash_slot": sched.num_wstash_slots,
             "fwd_in_slot": F, "fwd_recv_slot": F, "bwd_in_slot": B, "loss_ct_slot": B,
-            "bwd_recv_slot": B, "fwd_recv_up_slot": F, "bwd_recv_down_slot": B}
+            "bwd_recv_slot": B, "fwd_recv_up_slot": F, "bwd_recv_down_slot": B,
+            "host_store_slot": sched.num_stash_slots, "host_fetch_slot": sched.num_stash_slots}
 
 
 # ----------------------------------------------------------------------------- the loops

@@ -66,6 +66,7 @@ class PipeState(NamedTuple):
     wstash: tuple           # tables with W ops: {GEMM weight: (x, dy)} of each layer, from B
                             #   to W, by slot; () otherwise
     sums: Sums
+    transit: tuple = ()     # train.recompute=offload: the host stash (host_stash.Transit)
 
 
 def grads_of(tree):

@@ -63,6 +63,9 @@ class TickControl(NamedTuple):
     head_mb: jax.Array          # that forward's microbatch
     fwd_recv_up_slot: jax.Array | None = None    # ZB-V: the up channel's arrival, an activation
     bwd_recv_down_slot: jax.Array | None = None  # ZB-V: the down channel's arrival, a gradient
+    host_store_slot: jax.Array | None = None  # offload: pipeline/host_stash.py's columns
+    host_fetch_slot: jax.Array | None = None
+    host_forwarded: jax.Array | None = None
 
 
 def two_way(sched: S.Schedule) -> bool:
@@ -103,7 +106,7 @@ def control_table(sched: S.Schedule, counts, static_stash: bool = False
             if br.op == S.FWD and br.last:
                 out["head_tick"][t, :], out["head_mb"][t, :] = 1, arr["mb"][t, s]
     for k in TickControl._fields:
-        if k not in out and (k not in TWO_WAY or two_way(sched)):
+        if k not in out and k in arr and (k not in TWO_WAY or two_way(sched)):
             out[k] = arr[k]
     return branches, out
 

@@ -32,6 +32,7 @@ from ptdp_jax.models.layers import Rows
 from ptdp_jax.models.residuals import Residuals
 from ptdp_jax.pipeline import schedule as S
 from ptdp_jax.pipeline.head import VocabSlices, head_over_pipe
+from ptdp_jax.pipeline.host_stash import HostStash
 from ptdp_jax.pipeline.pipe_state import PipeState, f32_add, grads_of
 from ptdp_jax.pipeline.routing import Branch, TickControl
 from ptdp_jax.pipeline.stash import IndexedStash, StaticStash, map_entry
@@ -123,6 +124,7 @@ class StageOps:
     pipe_head: PipeHead | None      # None: the last chunk's forward branch runs the whole head
     res: Residuals = field(default_factory=Residuals)   # pullbacks <-> stashable leaves
     starts: jax.Array | None = None  # (m, b, s) each token's document start (document masking)
+    host: HostStash | None = None    # train.recompute=offload: the leaves kept on the host
 
     def key_rows(self, mb):
         """What the layers take per row of microbatch mb (models/model.layer_rows)."""
@@ -153,12 +155,15 @@ class StageOps:
                         self.key_rows(ctl.mb))
         else:
             x = state.inbox.fwd[ctl.fwd_in_slot]
-        stash, weights = state.stash, self.weights[branch.vchunk]
+        stash, transit, weights = state.stash, state.transit, self.weights[branch.vchunk]
         for l in range(branch.n_layers):
             x, leaves = self.layer_fwd(weights[l], x, ctl.first_layer + l, ctl.mb)
             leaves = tuple(vary(a, self.manual) for a in leaves)
+            if self.host is not None:
+                leaves, moved = self.host.split(leaves)
+                transit = self.host.write(transit, l, moved)
             stash = self.stash.put(stash, branch, ctl, l, leaves)
-        state = state._replace(stash=stash)
+        state = state._replace(stash=stash, transit=transit)
         if branch.last:
             if self.pipe_head is not None:
                 return state._replace(head_y=x.astype(self.dtype))
@@ -174,7 +179,10 @@ class StageOps:
         sums, wstash = list(state.sums.layers[branch.vchunk]), state.wstash
         for l in reversed(_layer_range(part, branch.n_layers)):
             layer_w = self.split.vjp_weights(self.weights[branch.vchunk][l])
-            pull = self.res.join(self.stash.get(state.stash, branch, ctl, l), layer_w)
+            leaves = self.stash.get(state.stash, branch, ctl, l)
+            if self.host is not None:
+                leaves = self.host.join(leaves, self.host.read(state.transit, ctl, l))
+            pull = self.res.join(leaves, layer_w)
             w_grads, grad = pull(grad)
             w_grads, wstash = self.split.weight_grads(w_grads, wstash, branch, ctl, l, part)
             sums[l] = dict(sums[l], **f32_add({k: sums[l][k] for k in w_grads},

@@ -28,9 +28,11 @@ The model (bytes per device; the most loaded device of the layout):
       full       the layer input only, 2 h bytes, plus one layer's `none` residuals while that
                  layer is recomputed in the backward (in `workspace`);
       offload    selective's: they go to the host's pinned memory after the forward
-                 (`offloaded_bytes`), but XLA brings them all back before the backward, so the
-                 device's peak is selective's (LLaMA-3-8B shape, 4 layers, 32k and 64k: 48.4
-                 and 65.5 GiB against 49.8 and 67.1, 1x H200, 2026-12-02);
+                 (`offloaded_bytes`). Without pipelining XLA brings them all back before the
+                 backward, so the device's peak is selective's (docs/performance.md); with it
+                 the stash slots keep the layer inputs (full's) on the device and the rest in
+                 host buffers (`host_stash_bytes`, pipeline/host_stash.py), with
+                 `TRANSIT_CHUNKS` chunks' worth on their way;
 
   with parallel.sequence_parallel (t > 1) the terms not yet divided by t are divided by t
   too (Korthikanti et al.'s 34 s b h / t): the (b, s, h) residuals each tensor rank kept whole
@@ -223,6 +225,20 @@ def offloaded_bytes(cfg) -> float:
     return moved * device_tokens(cfg)
 
 
+TRANSIT_CHUNKS = 2      # offload with pipelining: the last forward's and the next backward's
+
+
+def host_stash_bytes(cfg) -> float:
+    """train.recompute=offload with pipelining: the pinned host memory of one device's stash
+    (`offloaded_bytes` a layer, the schedule's slots and the trash slot x the largest chunk's
+    layers); 0 otherwise."""
+    if cfg.recompute != "offload" or cfg.parallel.pipe == 1:
+        return 0.0
+    from ptdp_jax.pipeline.balance import chunk_layers
+    slots = stash_slots(cfg) + (1 if cfg.static_stash_on else 0)
+    return slots * max(chunk_layers(cfg)) * offloaded_bytes(cfg)
+
+
 def activation_recompute_bytes(cfg) -> float:
     """Selective recomputation without the MLP activation kept: the SwiGLU a LLaMA layer's
     backward runs again, (T, f / t) in float32, while it runs (LLaMA-3-8B's layers at 128K on
@@ -334,6 +350,10 @@ def activation_bytes(cfg) -> float:
     else:
         per_layer = layer_activation_bytes_per_token(cfg) * tokens
         stash = stash_slots(cfg) * max(chunk_layers(cfg)) * per_layer
+        if cfg.recompute == "offload":      # the slots keep the layer inputs; the rest is on
+            kept = layer_activation_bytes_per_token(cfg, "full") * tokens      # the host
+            stash = max(chunk_layers(cfg)) * (stash_slots(cfg) * kept
+                                              + TRANSIT_CHUNKS * (per_layer - kept))
         # fwd/bwd receive buffers (a few slots each) and the per-tick messages, (b, s, h) each
         buffers = (2 * 2 + MESSAGE_BUFFERS) * tokens * m.hidden_size * dtype_bytes
         buffers /= par.tensor if _sequence_parallel(cfg) else 1      # messages split by sequence

@@ -27,6 +27,7 @@ them in every run measured).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 
 from ptdp_jax.config.load import ConfigError
@@ -202,6 +203,7 @@ def check_memory(cfg, log=print):
     the MemoryEstimate (None when skipped or the device's memory is unknown)."""
     if cfg.tuning.skip_memory_check:
         return None
+    _check_host_stash(cfg)
     from ptdp_jax.training.memory import estimate_memory
     have = _device_memory()
     if have is None:
@@ -211,6 +213,31 @@ def check_memory(cfg, log=print):
         raise _refusal(cfg, "this run", est.peak, have,
                        f" by the estimate ({est.describe().replace(' per device', '')})")
     return est
+
+
+HOST_STASH_SHARE = 0.5      # of the host's RAM: the rest for data, saves and the processes
+
+
+def _check_host_stash(cfg):
+    """train.recompute=offload with pipelining: the stash's pinned host memory of this host's
+    devices against its RAM."""
+    import jax
+    from ptdp_jax.pipeline.balance import chunk_layers
+    from ptdp_jax.training.memory import host_stash_bytes, stash_slots
+    per_device = host_stash_bytes(cfg)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    n = jax.local_device_count()
+    if per_device * n > HOST_STASH_SHARE * ram:
+        raise MemoryCheckError(
+            f"train.recompute=offload keeps {per_device * n / GiB:.1f} GiB of the pipeline's "
+            f"stash in this host's pinned memory ({n} devices x {per_device / GiB:.1f} GiB: "
+            f"{stash_slots(cfg)} slots of parallel.schedule={cfg.parallel.schedule} x "
+            f"{max(chunk_layers(cfg))} layers), more than {HOST_STASH_SHARE:.0%} of its "
+            f"{ram / GiB:.0f} GiB of RAM: use train.recompute=full, or a smaller "
+            f"train.micro_batch_size")
 
 
 def compiled_bytes(executable) -> int | None:
