@@ -29,17 +29,22 @@ def test_offload_parity(arch, mesh, extra):
 
 
 PIPELINES = [
-    ("gpt", {"parallel.schedule": "1f1b"}),                                # a static stash
-    ("gpt", {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2,
-             "tuning.static_stash": False}),                               # an indexed one
-    ("llama", {"parallel.schedule": "zb-phased", "parallel.virtual_stages": 2}),  # + W stash
+    ("gpt", (1, 2, 1), {"parallel.schedule": "1f1b"}),                     # a static stash
+    ("gpt", (1, 2, 1), {"parallel.schedule": "interleaved", "parallel.virtual_stages": 2,
+                        "tuning.static_stash": False}),                    # an indexed one
+    ("llama", (1, 2, 1), {"parallel.schedule": "zb-phased",
+                          "parallel.virtual_stages": 2}),                  # + the W stash
+    ("llama", (1, 2, 2), {"parallel.schedule": "1f1b", "parallel.sequence_parallel": True}),
+    ("llama", (1, 2, 1), {"parallel.schedule": "1f1b-phased", "parallel.context": 2}),
+    ("gpt", (2, 2, 1), {"parallel.schedule": "1f1b", "parallel.zero": 1}),
 ]
-PIPELINE_IDS = ["1f1b", "interleaved-indexed", "zb-phased-v2"]
+PIPELINE_IDS = ["1f1b", "interleaved-indexed", "zb-phased-v2", "tensor2-sp", "context2-phased",
+                "data2-zero1"]
 
 
-@pytest.mark.parametrize("arch,extra", PIPELINES, ids=PIPELINE_IDS)
-def test_offload_pipeline_parity(arch, extra):
-    cfg = tiny_config(arch, (1, 2, 1), **OFFLOAD, **extra)
+@pytest.mark.parametrize("arch,mesh,extra", PIPELINES, ids=PIPELINE_IDS)
+def test_offload_pipeline_parity(arch, mesh, extra):
+    cfg = tiny_config(arch, mesh, **OFFLOAD, **extra)
     assert_close(loss_and_grads(cfg), reference(arch))
 
 
