@@ -185,8 +185,8 @@ def _residual_avals(ops: StageOps, b: int, s: int) -> list:
     input, traced layer index and microbatch), so that it yields the same structure."""
     i32 = jax.ShapeDtypeStruct((), jnp.int32)
     x = jax.ShapeDtypeStruct((b, s, ops.mc.hidden_size), ops.dtype)
-    return jax.make_jaxpr(lambda x_, i, mb: ops.layer_fwd(ops.weights[0][0], vary(x_, ops.manual),
-                                                          i, mb)[1])(x, i32, i32).out_avals
+    return tuple(jax.make_jaxpr(lambda x_, i, mb: ops.layer_fwd(
+        ops.weights[0][0], vary(x_, ops.manual), i, mb)[1])(x, i32, i32).out_avals)
 
 
 def _gemm_shapes(mc, sh, wl, dense, b, s, dtype) -> dict:
@@ -219,12 +219,7 @@ def initial_state(ops: StageOps, sched, alloc: Callable, b: int, mc) -> PipeStat
     trash rows), so it comes from `alloc`."""
     s, h, dtype, manual = ops.tokens.shape[2] - 1, mc.hidden_size, ops.dtype, ops.manual
     lmax = len(ops.weights[0])
-    i32 = jax.ShapeDtypeStruct((), jnp.int32)
-    # residual shapes from one abstract trace made like the real ones (varying input, traced
-    # layer index and microbatch), so that it yields the same residual structure
-    residuals = jax.eval_shape(
-        lambda x, i, mb: ops.layer_fwd(ops.weights[0][0], vary(x, manual), i, mb)[1],
-        jax.ShapeDtypeStruct((b, s, h), dtype), i32, i32)
+    residuals = _residual_avals(ops, b, s)
     msg = lambda: alloc((b, s, h), dtype)
     zeros = _zeros(manual)
     f32 = lambda t: jax.tree.map(lambda a: zeros(a.shape, jnp.float32), t)

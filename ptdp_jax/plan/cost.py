@@ -61,9 +61,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ptdp_jax.training.memory import (device_tokens, flash_attention_bytes_per_token,
-                                     layer_activation_bytes_per_token, layer_gemms,
-                                     offloaded_bytes, params_per_device)
+from ptdp_jax.training.activation_memory import (device_tokens, flash_attention_bytes_per_token,
+                                                 layer_activation_bytes_per_token,
+                                                 offloaded_bytes)
+from ptdp_jax.training.memory import layer_gemms, params_per_device
 from ptdp_jax.plan.hardware import GpuKind
 
 REPLICATED_SHARE = 10 / 34      # element-wise work on (b, s, h) tensors every tensor rank repeats
