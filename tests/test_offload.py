@@ -141,6 +141,8 @@ def test_the_pipeline_stash_leaves_the_device(monkeypatch):
     assert memory.stash_slots(cfg) > memory.TRANSIT_CHUNKS
     assert memory.activation_bytes(cfg) < memory.activation_bytes(selective)
     assert memory.host_stash_bytes(cfg) > 0 == memory.host_stash_bytes(selective)
+    assert "pinned host memory" in memory.estimate_memory(cfg).describe()      # the dry run's
+    assert "host" not in memory.estimate_memory(selective).describe()
     monkeypatch.setattr(preflight, "HOST_STASH_SHARE", 1e-12)
     with pytest.raises(preflight.MemoryCheckError, match=r"train.recompute=offload keeps .* "
                        r"slots of parallel.schedule=.* train.micro_batch_size"):

@@ -65,7 +65,8 @@ class MemoryEstimate:
     """Bytes per device, for the most loaded device of the layout: the train step's parts
     (`total`), and the run's other peaks, which hold the train state but none of the step's
     temporaries: `evaluation` (the forward of one microbatch) and `save` (a checkpoint's copy
-    of one array on its way to host memory, checkpoint/saving.py). `peak` is the largest."""
+    of one array on its way to host memory, checkpoint/saving.py). `peak` is the largest.
+    `host`: the pinned host memory of train.recompute=offload's pipeline stash, not the device's."""
     params: int
     grads: int
     optimizer: int
@@ -73,6 +74,7 @@ class MemoryEstimate:
     workspace: int
     evaluation: int = 0
     save: int = 0
+    host: int = 0
 
     @property
     def total(self) -> int:
@@ -87,7 +89,8 @@ class MemoryEstimate:
         text = " + ".join(f"{k} {getattr(self, k) / GiB:.2f}" for k in parts)
         others = (f"; evaluation {self.evaluation / GiB:.2f} and a save "
                   f"{self.save / GiB:.2f} GiB per device" if self.evaluation or self.save else "")
-        return f"{text} = {self.total / GiB:.2f} GiB per device{others}"
+        host = f"; the stash's pinned host memory {self.host / GiB:.2f} GiB" if self.host else ""
+        return f"{text} = {self.total / GiB:.2f} GiB per device{others}{host}"
 
 
 # ----------------------------------------------------------------------------- parameters
@@ -317,7 +320,8 @@ def estimate_memory(cfg) -> MemoryEstimate:
         activations=int(activation_bytes(cfg)),
         workspace=int(workspace),
         evaluation=int(evaluation_bytes(cfg)),
-        save=int(save_bytes(cfg)))
+        save=int(save_bytes(cfg)),
+        host=int(host_stash_bytes(cfg)))
 
 
 def device_memory_bytes(device=None) -> int | None:
