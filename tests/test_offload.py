@@ -48,6 +48,14 @@ def test_offload_pipeline_parity(arch, mesh, extra):
     assert_close(loss_and_grads(cfg), reference(arch))
 
 
+def test_offload_pipeline_parity_fp8():
+    from parity import assert_close_fp8
+    fp8 = {"train.fp8": True}
+    cfg = tiny_config("llama", (1, 2, 1), **OFFLOAD, **fp8, **{"parallel.schedule": "1f1b"})
+    assert_close_fp8(loss_and_grads(cfg), reference("llama", tuple(fp8.items())),
+                     reference("llama"))
+
+
 def _grad_jaxpr(cfg):
     tx, _ = S.make_optimizer(cfg)
     params = jax.eval_shape(lambda: S.init_state(cfg, tx)["params"])
