@@ -37,12 +37,16 @@ def in_host_memory(aval) -> bool:
     return getattr(aval, "memory_space", None) == jax.memory.Space.Host
 
 
+def _kind(a) -> tuple:
+    return tuple(a.shape), str(a.dtype)
+
+
 def host_leaves(kept, offloaded) -> tuple:
     """Per leaf of selective's residuals (`kept`), whether it goes to the host: as many of each
     shape and dtype as the offload policy's residuals (`offloaded`, the same leaves in another
     order) hold in host memory, the first of each kind (the layer's input) left on the device.
     Leaves of one shape and dtype weigh the same, so which of them moves changes no byte."""
-    key = lambda a: (tuple(a.shape), str(a.dtype))
+    key = _kind
     moves = {}
     for a in offloaded:
         moves[key(a)] = moves.get(key(a), 0) + in_host_memory(a)
@@ -90,10 +94,6 @@ class Transit(NamedTuple):
                             #   offloaded leaves (n: of them in all layers), by stash slot
     pending: tuple          # device: [Lmax] the last forward's leaves, stored the tick after
     incoming: tuple         # device: [Lmax] the leaves this tick's backward reads
-
-
-def _kind(a) -> tuple:
-    return tuple(a.shape), str(a.dtype)
 
 
 class HostStash:
