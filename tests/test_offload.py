@@ -35,10 +35,10 @@ PIPELINES = [
     ("llama", (1, 2, 1), {"parallel.schedule": "zb-phased",
                           "parallel.virtual_stages": 2}),                  # + the W stash
     ("llama", (1, 2, 2), {"parallel.schedule": "1f1b", "parallel.sequence_parallel": True}),
-    ("llama", (1, 2, 1), {"parallel.schedule": "1f1b-phased", "parallel.context": 2}),
+    ("llama", (1, 2, 1), {"parallel.schedule": "zb-phased", "parallel.context": 2}),
     ("gpt", (2, 2, 1), {"parallel.schedule": "1f1b", "parallel.zero": 1}),
 ]
-PIPELINE_IDS = ["1f1b", "interleaved-indexed", "zb-phased-v2", "tensor2-sp", "context2-phased",
+PIPELINE_IDS = ["1f1b", "interleaved-indexed", "zb-phased-v2", "tensor2-sp", "context2-zb-phased",
                 "data2-zero1"]
 
 
