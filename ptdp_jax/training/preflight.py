@@ -225,6 +225,8 @@ def _check_host_stash(cfg):
     from ptdp_jax.pipeline.balance import chunk_layers
     from ptdp_jax.training.memory import host_stash_bytes, stash_slots
     per_device = host_stash_bytes(cfg)
+    if not per_device:
+        return
     try:
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
